@@ -1,0 +1,22 @@
+# Two commands do everything on a fresh clone:
+#   make train   - train the default agent (installs into .venv on first use)
+#   make test    - run the test suite
+VENV := .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= test,playground,brax
+
+.PHONY: train test bench
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+train: $(VENV)/.installed
+	$(VENV)/bin/nnx-ppo train $(ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q $(ARGS)
+
+bench: $(VENV)/.installed
+	$(PY) bench/run_all.py

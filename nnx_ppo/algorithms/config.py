@@ -1,0 +1,138 @@
+"""Configuration dataclasses. Frozen, documented, passed whole.
+
+Field names follow the original nnx-ppo where it had them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["PPOConfig", "EvalConfig", "TrainConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """Hyperparameters of PPO.
+
+    Attributes:
+      n_envs: environments stepped in parallel (the batch B).
+      rollout_length: steps per env per iteration (the horizon T).
+      total_steps: env steps to train for (rounded up to whole iterations).
+      gae_lambda: GAE lambda.
+      discounting_factor: discount gamma.
+      clip_range: PPO ratio clipping epsilon.
+      learning_rate: optimizer step size.
+      learning_rate_decay: decay the learning rate linearly to 0 over training.
+      normalize_advantages: standardize advantages per minibatch.
+      combine_advantages: with dict rewards, sum the per-key advantages into one.
+      n_epochs: passes over each rollout.
+      n_minibatches: groups of whole env sequences per epoch; must divide n_envs.
+      critic_loss_weight: weight of the value loss.
+      value_clip_range: clip the value update like the policy ratio (None: off).
+      gradient_clipping: global-norm clip (None: off).
+      weight_decay: AdamW weight decay (None: plain Adam).
+      bootstrap_on_truncation: a time-limit truncation bootstraps from the value
+        of the true final observation; off, truncation cuts the return like a
+        termination.
+    """
+
+    n_envs: int = 256
+    rollout_length: int = 32
+    total_steps: int = 1_000_000
+    gae_lambda: float = 0.95
+    discounting_factor: float = 0.99
+    clip_range: float = 0.2
+    learning_rate: float = 3e-4
+    learning_rate_decay: bool = False
+    normalize_advantages: bool = True
+    combine_advantages: bool = False
+    n_epochs: int = 4
+    n_minibatches: int = 4
+    critic_loss_weight: float = 0.5
+    value_clip_range: float | None = None
+    gradient_clipping: float | None = 0.5
+    weight_decay: float | None = None
+    bootstrap_on_truncation: bool = True
+
+    def __post_init__(self):
+        for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"PPOConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_envs % self.n_minibatches:
+            raise ValueError(
+                f"PPOConfig: n_envs ({self.n_envs}) must be divisible by n_minibatches "
+                f"({self.n_minibatches}); minibatches hold whole env sequences"
+            )
+        if not 0.0 <= self.discounting_factor <= 1.0:
+            raise ValueError(f"PPOConfig.discounting_factor must be in [0, 1], got {self.discounting_factor}")
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError(f"PPOConfig.gae_lambda must be in [0, 1], got {self.gae_lambda}")
+        if self.clip_range <= 0:
+            raise ValueError(f"PPOConfig.clip_range must be positive, got {self.clip_range}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"PPOConfig.learning_rate must be positive, got {self.learning_rate}")
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps collected by one iteration: ``n_envs * rollout_length``."""
+        return self.n_envs * self.rollout_length
+
+    @property
+    def n_iterations(self) -> int:
+        """Iterations needed to reach ``total_steps``."""
+        return -(-self.total_steps // self.steps_per_iteration)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Periodic deterministic evaluation.
+
+    Attributes:
+      enabled: run evaluations (also once at the end of training).
+      every_steps: env steps between evaluations.
+      n_envs: episodes per evaluation (one per env).
+      max_episode_length: steps an evaluation episode may last.
+      deterministic: take the policy's mode/mean (``network.eval()``).
+    """
+
+    enabled: bool = True
+    every_steps: int = 100_000
+    n_envs: int = 16
+    max_episode_length: int = 1000
+    deterministic: bool = True
+
+    def __post_init__(self):
+        for name in ("every_steps", "n_envs", "max_episode_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"EvalConfig.{name} must be a positive integer, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything ``train_ppo`` needs besides the env and the network.
+
+    Attributes:
+      ppo: PPO hyperparameters.
+      eval: evaluation settings.
+      seed: seeds the training RNG (env resets, shuffling).
+      iterations_per_call: iterations fused into one compiled call; Python
+        sees every iteration's metrics either way.
+      checkpoint_every_steps: env steps between checkpoints (None: only
+        when ``checkpoint_dir`` is given, at the end).
+      keep_checkpoints: how many recent checkpoints to keep.
+    """
+
+    ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    seed: int = 0
+    iterations_per_call: int = 1
+    checkpoint_every_steps: int | None = None
+    keep_checkpoints: int = 3
+
+    def __post_init__(self):
+        if self.iterations_per_call <= 0:
+            raise ValueError(f"TrainConfig.iterations_per_call must be positive, got {self.iterations_per_call}")
+        if self.keep_checkpoints <= 0:
+            raise ValueError(f"TrainConfig.keep_checkpoints must be positive, got {self.keep_checkpoints}")

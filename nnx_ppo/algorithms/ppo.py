@@ -1,0 +1,429 @@
+"""PPO training: one compiled program per call, any stateful network.
+
+Reading order: :func:`train_iteration` (rollout -> advantages -> epochs of
+minibatch replay and updates -> statistics), then :func:`train_ppo` (the
+Python loop that calls the compiled iterations, evaluates and logs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
+from nnx_ppo.algorithms.gae import compute_gae
+from nnx_ppo.algorithms.losses import Minibatch, ppo_loss
+from nnx_ppo.algorithms.rollout import RolloutState, Trajectory, apply_network, collect_rollout, sum_leaves
+
+__all__ = [
+    "TrainingState",
+    "TrainResult",
+    "NonFiniteError",
+    "make_optimizer",
+    "new_training_state",
+    "train_iteration",
+    "make_train_fn",
+    "evaluate",
+    "train_ppo",
+]
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised when rewards, observations or the loss stop being finite."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingState:
+    """Everything that changes during training (a pytree; donated each call).
+
+    Attributes:
+      params: the network's ``nnx.Param`` state.
+      rest: every other network variable (normalizer statistics, RNG streams).
+      opt_state: optax state.
+      rollout: env states, network carries and running episode statistics.
+      key: the training PRNG key (env resets, minibatch shuffling).
+      iteration: completed iterations (int32 scalar).
+    """
+
+    params: Any
+    rest: Any
+    opt_state: Any
+    rollout: RolloutState
+    key: jax.Array
+    iteration: jax.Array
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What :func:`train_ppo` returns.
+
+    Attributes:
+      state: the final :class:`TrainingState` (the network was updated in place too).
+      metrics: metrics of the last iteration.
+      eval_history: ``(env_steps, eval metrics)`` of every evaluation.
+      total_steps: env steps trained.
+      total_iterations: iterations run.
+      compile_seconds: time of the first (compiling) call.
+    """
+
+    state: TrainingState
+    metrics: dict[str, float]
+    eval_history: list[tuple[int, dict[str, float]]]
+    total_steps: int
+    total_iterations: int
+    compile_seconds: float
+
+
+def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
+    """Adam (AdamW with ``weight_decay``), optional global-norm clipping and
+    linear learning-rate decay to zero over ``total_steps``."""
+    lr: Any = config.learning_rate
+    if config.learning_rate_decay:
+        updates_per_iteration = config.n_epochs * config.n_minibatches
+        lr = optax.linear_schedule(config.learning_rate, 0.0, config.n_iterations * updates_per_iteration)
+    adam = optax.adamw(lr, weight_decay=config.weight_decay) if config.weight_decay else optax.adam(lr)
+    if config.gradient_clipping is None:
+        return adam
+    return optax.chain(optax.clip_by_global_norm(config.gradient_clipping), adam)
+
+
+def _check_network_matches_env(env, network, config: PPOConfig) -> None:
+    """Fail early, with names, when the network's value output does not match
+    the reward structure or its outputs have the wrong batch shape."""
+    B = config.n_envs
+    env_state = jax.eval_shape(lambda k: jax.vmap(env.reset)(jax.random.split(k, B)), jax.random.key(0))
+    graphdef, params, rest = nnx.split(network, nnx.Param, ...)
+
+    def forward(params, rest, obs):
+        carry = nnx.merge(graphdef, params, rest).initialize_state(B)
+        return apply_network(graphdef, params, rest, carry, obs)[0].output
+
+    out = jax.eval_shape(forward, params, rest, env_state.obs)
+    reward_tree = jax.tree.structure(env_state.reward)
+    value_tree = jax.tree.structure(out.value_estimates)
+    if reward_tree != value_tree:
+        raise ValueError(
+            f"the network's value_estimates have structure {value_tree} but the env's rewards have "
+            f"structure {reward_tree}; give the value port one head per reward key"
+        )
+    for name, tree in (("value_estimates", out.value_estimates), ("loglikelihoods", out.loglikelihoods)):
+        for leaf in jax.tree.leaves(tree):
+            if leaf.shape != (B,):
+                raise ValueError(f"the network's {name} have shape {leaf.shape}, expected ({B},) = (n_envs,)")
+
+
+def new_training_state(env, network, config: TrainConfig) -> TrainingState:
+    """Initial training state: resets ``config.ppo.n_envs`` envs, initializes the
+    network carry and the optimizer. Does not modify ``network``."""
+    ppo = config.ppo
+    _check_network_matches_env(env, network, ppo)
+    key = jax.random.key(config.seed)
+    key, reset_key = jax.random.split(key)
+    env_state = jax.jit(lambda k: jax.vmap(env.reset)(jax.random.split(k, ppo.n_envs)))(reset_key)
+    _, params, rest = nnx.split(network, nnx.Param, ...)
+    carry = network.initialize_state(ppo.n_envs)
+    _, _, rest = nnx.split(network, nnx.Param, ...)  # initialize_state may draw from the module's Rngs
+    rollout = RolloutState(
+        env_state=env_state,
+        carry=carry,
+        episode_return=jnp.zeros((ppo.n_envs,), jnp.float32),
+        episode_length=jnp.zeros((ppo.n_envs,), jnp.int32),
+    )
+    return TrainingState(
+        params=params,
+        rest=rest,
+        opt_state=make_optimizer(ppo).init(params),
+        rollout=rollout,
+        key=key,
+        iteration=jnp.zeros((), jnp.int32),
+    )
+
+
+def _advantages(traj: Trajectory, last_values, config: PPOConfig):
+    """Per-reward-key GAE: ``(advantages, returns)``, leaves ``[T, B]``."""
+
+    def gae(rewards, values, last, final):
+        return compute_gae(
+            rewards,
+            values,
+            last,
+            traj.terminated,
+            traj.truncated,
+            final,
+            config.discounting_factor,
+            config.gae_lambda,
+            config.bootstrap_on_truncation,
+        )
+
+    pairs = jax.tree.map(gae, traj.rewards, traj.values, last_values, traj.final_values)
+    is_pair = lambda x: isinstance(x, tuple)
+    advantages = jax.tree.map(lambda p: p[0], pairs, is_leaf=is_pair)
+    returns = jax.tree.map(lambda p: p[1], pairs, is_leaf=is_pair)
+    return advantages, returns
+
+
+def _minibatches(key, data: Minibatch, n_minibatches: int) -> Minibatch:
+    """Permute the env axis and split it: leaves ``[n_minibatches, T, M, ...]``."""
+    B = data.trajectory.reset.shape[1]
+    perm = jax.random.permutation(key, B)
+
+    def split(x):
+        x = jnp.take(x, perm, axis=1)
+        x = jnp.reshape(x, (x.shape[0], n_minibatches, B // n_minibatches) + x.shape[2:])
+        return jnp.swapaxes(x, 0, 1)
+
+    return jax.tree.map(split, data)
+
+
+def _update_epochs(graphdef, optimizer, params, opt_state, rest, data: Minibatch, key, config: PPOConfig):
+    """``n_epochs`` passes of ``n_minibatches`` gradient steps (nested scans).
+    Returns the new params, optimizer state and the mean metrics."""
+    grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
+
+    def minibatch_step(carry, batch):
+        params, opt_state = carry
+        (_, metrics), grads = grad_fn(params, graphdef, rest, batch, config)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics["optimizer/grad_norm"] = optax.global_norm(grads)
+        return (params, opt_state), metrics
+
+    def epoch(carry, epoch_key):
+        return jax.lax.scan(minibatch_step, carry, _minibatches(epoch_key, data, config.n_minibatches))
+
+    keys = jax.random.split(key, config.n_epochs)
+    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), keys)
+    return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+
+def _update_statistics(graphdef, params, rest, extras):
+    """``network.update_statistics`` on the rollout's ``[T, B, ...]`` extras."""
+    net = nnx.merge(graphdef, params, rest)
+    net.update_statistics(extras)
+    _, _, rest = nnx.split(net, nnx.Param, ...)
+    return rest
+
+
+def _explained_variance(values, returns):
+    values, returns = sum_leaves(values), sum_leaves(returns)
+    return 1.0 - jnp.var(returns - values) / (jnp.var(returns) + 1e-8)
+
+
+def train_iteration(env, graphdef, optimizer, config: PPOConfig, state: TrainingState):
+    """One PPO iteration (pure; traced inside :func:`make_train_fn`).
+
+    1. rollout ``[T, B]`` from the carried env states and network carries;
+    2. GAE advantages ``[T, B]``;
+    3. ``n_epochs x n_minibatches`` replays of whole env sequences and updates;
+    4. ``update_statistics`` with the rollout's extras.
+
+    Returns ``(next_state, metrics)`` with scalar metrics.
+    """
+    key, rollout_key, epoch_key = jax.random.split(state.key, 3)
+    traj, rollout, last_values, rest, stats = collect_rollout(
+        env, graphdef, state.params, state.rest, state.rollout, rollout_key,
+        config.rollout_length, config.bootstrap_on_truncation,
+    )
+    advantages, returns = _advantages(traj, last_values, config)
+    data = Minibatch(trajectory=traj, advantages=advantages, returns=returns)
+    params, opt_state, loss_metrics = _update_epochs(
+        graphdef, optimizer, state.params, state.opt_state, rest, data, epoch_key, config
+    )
+    rest = _update_statistics(graphdef, params, rest, traj.extras)
+
+    episodes = stats.pop("completed_episodes")
+    metrics = {
+        **loss_metrics,
+        **stats,
+        "value/explained_variance": _explained_variance(traj.values, returns),
+        "train/reward_mean": jnp.mean(sum_leaves(traj.rewards)),
+        "train/completed_episodes": episodes,
+        "train/episode_return": stats.pop("completed_return_sum") / jnp.maximum(episodes, 1.0),
+        "train/episode_length": stats.pop("completed_length_sum") / jnp.maximum(episodes, 1.0),
+        "finite_loss": jnp.isfinite(loss_metrics["loss/total"]),
+    }
+    for k in ("completed_return_sum", "completed_length_sum"):
+        metrics.pop(k, None)
+    next_state = TrainingState(
+        params=params, rest=rest, opt_state=opt_state, rollout=rollout, key=key, iteration=state.iteration + 1
+    )
+    return next_state, metrics
+
+
+def make_train_fn(env, graphdef, config: PPOConfig, n_iterations: int) -> Callable:
+    """Compile ``n_iterations`` iterations into one program:
+    ``fn(state) -> (state, metrics with leaves [n_iterations])``. The input
+    state's buffers are donated."""
+    optimizer = make_optimizer(config)
+
+    def run(state):
+        return jax.lax.scan(
+            lambda s, _: train_iteration(env, graphdef, optimizer, config, s), state, None, length=n_iterations
+        )
+
+    return jax.jit(run, donate_argnums=0)
+
+
+def make_eval_fn(env, graphdef, n_envs: int, max_episode_length: int) -> Callable:
+    """``fn(params, rest, key) -> metrics``: one episode per env, up to
+    ``max_episode_length`` steps; statistics of the first episode's return and length."""
+
+    def run(params, rest, key):
+        net = nnx.merge(graphdef, params, rest)
+        carry = net.initialize_state(n_envs)
+        env_state = jax.vmap(env.reset)(jax.random.split(key, n_envs))
+
+        def step(c, _):
+            rest, env_state, carry, ret, length, alive = c
+            out, rest = apply_network(graphdef, params, rest, carry, env_state.obs)
+            env_state = jax.vmap(env.step)(env_state, out.output.actions)
+            ret = ret + alive * sum_leaves(env_state.reward)
+            length = length + alive
+            alive = alive * (1.0 - (env_state.done > 0))
+            return (rest, env_state, out.next_state, ret, length, alive), None
+
+        zeros = jnp.zeros((n_envs,), jnp.float32)
+        init = (rest, env_state, carry, zeros, zeros, jnp.ones((n_envs,), jnp.float32))
+        (_, _, _, ret, length, _), _ = jax.lax.scan(step, init, None, length=max_episode_length)
+        return {
+            "eval/episode_return": jnp.mean(ret),
+            "eval/episode_return_std": jnp.std(ret),
+            "eval/episode_return_min": jnp.min(ret),
+            "eval/episode_return_max": jnp.max(ret),
+            "eval/episode_length": jnp.mean(length),
+        }
+
+    return jax.jit(run)
+
+
+def evaluate(env, network, *, n_envs: int = 16, max_episode_length: int = 1000, seed: int = 0,
+             deterministic: bool = True) -> dict[str, float]:
+    """Run ``n_envs`` episodes with ``network`` (mode/mean actions when
+    ``deterministic``) and return return/length statistics."""
+    if deterministic:
+        network.eval()
+    try:
+        graphdef, params, rest = nnx.split(network, nnx.Param, ...)
+    finally:
+        network.train()
+    fn = make_eval_fn(env, graphdef, n_envs, max_episode_length)
+    return {k: float(v) for k, v in fn(params, rest, jax.random.key(seed)).items()}
+
+
+def _host_metrics(metrics: dict[str, jax.Array]) -> list[dict[str, float]]:
+    """Stacked ``[n]`` metrics to one dict of floats per iteration."""
+    host = jax.device_get(metrics)
+    n = len(next(iter(host.values())))
+    return [{k: float(np.asarray(v)[i]) for k, v in host.items()} for i in range(n)]
+
+
+def _check_finite(row: dict[str, float], iteration: int) -> None:
+    for flag, what in (("finite_reward", "rewards"), ("finite_obs", "observations"), ("finite_loss", "the loss")):
+        if row.get(flag, 1.0) < 0.5:
+            raise NonFiniteError(
+                f"non-finite values (NaN or inf) in {what} at iteration {iteration}; "
+                "check the environment (or the learning rate, for the loss)"
+            )
+
+
+def train_ppo(
+    env,
+    network,
+    config: TrainConfig,
+    *,
+    log_fn: Callable[[dict[str, float], int], None] | None = None,
+    eval_env=None,
+    state: TrainingState | None = None,
+) -> TrainResult:
+    """Train ``network`` on ``env`` with PPO; the network is updated in place.
+
+    Args:
+      env: an env with the ``reset(key)`` / ``step(state, action)`` API
+        (see :mod:`nnx_ppo.envs`).
+      network: a :class:`StatefulModule` whose output is a
+        :class:`PPONetworkOutput` (e.g. from :mod:`nnx_ppo.networks.factories`).
+      config: the :class:`TrainConfig`.
+      log_fn: called as ``log_fn(metrics, env_steps)`` after every iteration
+        and every evaluation, with flat ``/``-joined keys.
+      eval_env: env for evaluation (default ``env``).
+      state: continue from this training state instead of a fresh one.
+
+    Raises:
+      NonFiniteError: NaN/inf in rewards, observations or the loss, at the
+        iteration where it happened.
+    """
+    ppo = config.ppo
+    eval_env = eval_env if eval_env is not None else env
+    if state is None:
+        state = new_training_state(env, network, config)
+    graphdef, _, _ = nnx.split(network, nnx.Param, ...)
+    if config.eval.enabled:
+        network.eval()
+        eval_graphdef, _, _ = nnx.split(network, nnx.Param, ...)
+        network.train()
+        eval_fn = make_eval_fn(eval_env, eval_graphdef if config.eval.deterministic else graphdef,
+                               config.eval.n_envs, config.eval.max_episode_length)
+
+    total_iterations = ppo.n_iterations
+    start_iteration = int(state.iteration)
+    compiled: dict[int, Callable] = {}
+    eval_history: list[tuple[int, dict[str, float]]] = []
+    last_metrics: dict[str, float] = {}
+    compile_seconds = 0.0
+    last_eval_steps = -1
+    tick = time.perf_counter()
+
+    def run_eval(steps: int) -> None:
+        nonlocal last_eval_steps
+        eval_key = jax.random.fold_in(jax.random.key(config.seed + 1), steps)
+        row = {k: float(v) for k, v in eval_fn(state.params, state.rest, eval_key).items()}
+        eval_history.append((steps, row))
+        last_eval_steps = steps
+        if log_fn is not None:
+            log_fn(row, steps)
+
+    iteration = start_iteration
+    while iteration < total_iterations:
+        n = min(config.iterations_per_call, total_iterations - iteration)
+        if n not in compiled:
+            compiled[n] = make_train_fn(env, graphdef, ppo, n)
+        first_call = not compile_seconds and iteration == start_iteration
+        t0 = time.perf_counter()
+        state, metrics = compiled[n](state)
+        rows = _host_metrics(metrics)
+        elapsed = time.perf_counter() - t0
+        if first_call:
+            compile_seconds = elapsed
+        for row in rows:
+            iteration += 1
+            _check_finite(row, iteration)
+            row["time/steps_per_second"] = n * ppo.steps_per_iteration / max(elapsed, 1e-9)
+            row["time/elapsed_seconds"] = time.perf_counter() - tick
+            last_metrics = row
+            if log_fn is not None:
+                log_fn(row, iteration * ppo.steps_per_iteration)
+        steps = iteration * ppo.steps_per_iteration
+        if config.eval.enabled and (
+            last_eval_steps < 0 or steps - last_eval_steps >= config.eval.every_steps or iteration == total_iterations
+        ):
+            run_eval(steps)
+
+    nnx.update(network, state.params, state.rest)
+    return TrainResult(
+        state=state,
+        metrics=last_metrics,
+        eval_history=eval_history,
+        total_steps=iteration * ppo.steps_per_iteration,
+        total_iterations=iteration,
+        compile_seconds=compile_seconds,
+    )

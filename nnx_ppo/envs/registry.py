@@ -1,0 +1,139 @@
+"""``make(spec)`` and ``list_envs()``: build environments from string specs."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from nnx_ppo.envs.tasks import CartpoleNoVelocity, ConstantReward, CueMemory
+from nnx_ppo.envs.types import RLEnv
+from nnx_ppo.envs.wrappers import TimeLimit
+
+__all__ = ["make", "list_envs", "register"]
+
+# name -> (constructor, default episode length or None for self-terminating tasks)
+_BUILTINS: dict[str, tuple[Callable[..., RLEnv], int | None]] = {
+    "cue_memory": (CueMemory, None),
+    "cartpole_no_velocity": (CartpoleNoVelocity, 200),
+    "constant_reward": (ConstantReward, 1000),
+}
+
+_GYMNAX_EXAMPLES = [
+    "gymnax:CartPole-v1",
+    "gymnax:Pendulum-v1",
+    "gymnax:Acrobot-v1",
+    "gymnax:MountainCarContinuous-v0",
+    "gymnax:MemoryChain-bsuite",
+]
+_PLAYGROUND_EXAMPLES = ["playground:CartpoleBalance", "playground:PendulumSwingup", "playground:CheetahRun"]
+_BRAX_EXAMPLES = ["brax:inverted_pendulum", "brax:ant", "brax:halfcheetah"]
+
+_PREFIXES = ("gymnax", "playground", "brax")
+
+
+def register(name: str, constructor: Callable[..., RLEnv], episode_length: int | None = None) -> None:
+    """Register a built-in-style env under a plain name (no ``:``)."""
+    if ":" in name:
+        raise ValueError(f"plain env names cannot contain ':', got {name!r}")
+    _BUILTINS[name] = (constructor, episode_length)
+
+
+def list_envs() -> list[str]:
+    """Built-in names, plus example specs for the gymnax/playground/brax adapters."""
+    return sorted(_BUILTINS) + _GYMNAX_EXAMPLES + _PLAYGROUND_EXAMPLES + _BRAX_EXAMPLES
+
+
+def _missing(extra: str, package: str, err: ImportError) -> ImportError:
+    return ImportError(
+        f"{package} is needed for '{extra}:' environments but could not be imported ({err}). "
+        f'Install it with: pip install "nnx_ppo[{extra}]"'
+    )
+
+
+def _time_limit(env: RLEnv, episode_length, random_initial_steps: bool) -> RLEnv:
+    if episode_length is None:
+        return env
+    return TimeLimit(env, int(episode_length), random_initial_steps=random_initial_steps)
+
+
+def make(spec: str, **kwargs) -> RLEnv:
+    """Build an environment from a spec string.
+
+    * ``"NAME"``: a built-in task (see ``list_envs()``); kwargs go to its
+      constructor, except ``episode_length`` (wraps in ``TimeLimit``; built-in
+      default: 200 for cartpole_no_velocity, 1000 for constant_reward, none for
+      cue_memory) and ``random_initial_steps``.
+    * ``"gymnax:NAME"``: kwargs override gymnax env params (e.g.
+      ``max_steps_in_episode=100``).
+    * ``"playground:NAME"``: kwargs are Playground config overrides, plus
+      ``episode_length`` (default: the config's ``episode_length``, else 1000)
+      and ``random_initial_steps``. ``impl`` defaults to ``"jax"``.
+    * ``"brax:NAME"``: kwargs go to ``brax.envs.get_environment``, plus
+      ``episode_length`` (default 1000) and ``random_initial_steps``.
+    """
+    if not isinstance(spec, str):
+        raise TypeError(f"make expects a string spec, got {spec!r}")
+    random_initial_steps = bool(kwargs.pop("random_initial_steps", False))
+    prefix, sep, name = spec.partition(":")
+
+    if not sep:
+        if spec not in _BUILTINS:
+            raise ValueError(f"Unknown environment {spec!r}. Available: {', '.join(list_envs())}")
+        ctor, default_len = _BUILTINS[spec]
+        episode_length = kwargs.pop("episode_length", default_len)
+        return _time_limit(ctor(**kwargs), episode_length, random_initial_steps)
+
+    if prefix not in _PREFIXES or not name:
+        raise ValueError(
+            f"Unknown environment spec {spec!r}: expected a built-in name or one of the prefixes "
+            f"{', '.join(p + ':' for p in _PREFIXES)}. Available: {', '.join(list_envs())}"
+        )
+
+    if prefix == "gymnax":
+        import gymnax
+
+        from nnx_ppo.envs.adapters import GymnaxEnv
+
+        if name not in gymnax.registered_envs:
+            raise ValueError(
+                f"Unknown environment {spec!r}: gymnax has no {name!r}. "
+                f"Available gymnax envs: {', '.join(gymnax.registered_envs)}"
+            )
+        episode_length = kwargs.pop("episode_length", None)
+        if episode_length is not None:
+            kwargs["max_steps_in_episode"] = int(episode_length)
+        env = GymnaxEnv(name, **kwargs)
+        return TimeLimit(env, int(env.params.max_steps_in_episode), random_initial_steps) if random_initial_steps else env
+
+    if prefix == "playground":
+        try:
+            from mujoco_playground import registry as pg_registry
+        except ImportError as e:
+            raise _missing("playground", "mujoco_playground", e) from e
+        from nnx_ppo.envs.adapters import PlaygroundEnv
+
+        if name not in pg_registry.ALL_ENVS:
+            raise ValueError(
+                f"Unknown environment {spec!r}: MuJoCo Playground has no {name!r}. "
+                f"Available: {', '.join(pg_registry.ALL_ENVS)}"
+            )
+        episode_length = kwargs.pop("episode_length", None)
+        overrides = {"impl": "jax", **kwargs}
+        pg_env = pg_registry.load(name, config_overrides=overrides)
+        if episode_length is None:
+            cfg = getattr(pg_env, "_config", None)
+            episode_length = cfg.get("episode_length", 1000) if cfg is not None and hasattr(cfg, "get") else 1000
+        return TimeLimit(PlaygroundEnv(pg_env, name), int(episode_length), random_initial_steps)
+
+    # brax
+    try:
+        import brax.envs as brax_envs
+    except ImportError as e:
+        raise _missing("brax", "brax", e) from e
+    from nnx_ppo.envs.adapters import BraxEnv
+
+    if name not in brax_envs._envs:  # noqa: SLF001 -- brax exposes no public listing
+        raise ValueError(
+            f"Unknown environment {spec!r}: brax has no {name!r}. Available: {', '.join(sorted(brax_envs._envs))}"
+        )
+    episode_length = kwargs.pop("episode_length", 1000)
+    return TimeLimit(BraxEnv(brax_envs.get_environment(name, **kwargs), name), int(episode_length), random_initial_steps)

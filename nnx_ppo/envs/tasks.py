@@ -1,0 +1,255 @@
+"""Built-in pure-JAX tasks, registered under plain names in :func:`nnx_ppo.envs.make`.
+
+All are tiny and fast, designed to test stateful (recurrent) agents:
+
+* ``cue_memory`` (:class:`CueMemory`): remember a cue over a delay. Optimal
+  return 1.0; any memoryless policy gets exactly ``1 / n_cues`` in expectation.
+* ``cartpole_no_velocity`` (:class:`CartpoleNoVelocity`): continuous-action
+  cart-pole balancing observing only cart position and pole angle. Optimal
+  return = episode length (200 by default, all episodes truncated).
+* ``constant_reward`` (:class:`ConstantReward`): reward 1 every step, never
+  terminates; with a time limit, tests value learning with truncation bootstrapping.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nnx_ppo.envs.spaces import Box, Discrete
+from nnx_ppo.envs.types import EnvState, RLEnv
+
+__all__ = ["CueMemory", "CartpoleNoVelocity", "ConstantReward"]
+
+def _f32(x):
+    return jnp.asarray(x, dtype=jnp.float32)
+
+
+class CueMemory(RLEnv):
+    """Remember a cue across a delay, then report it.
+
+    Timeline of one episode (``delay + 2`` steps, always *terminated*, never
+    truncated). The observation has ``n_cues + 1`` channels: a one-hot cue and
+    a query flag.
+
+    * reset (t = 0): obs = one-hot(cue), query flag 0. The cue is drawn
+      uniformly from the reset key.
+    * t = 1 .. delay: obs = all zeros.
+    * t = delay + 1: obs = zeros with the query flag set to 1.
+    * The action taken at the query (``Discrete(n_cues)``) is scored: reward 1
+      if it equals the cue, else 0, and the episode terminates (``done = 1``,
+      ``info["truncated"] = 0``). Actions before the query are ignored (reward 0).
+
+    ``metrics["success"]`` is 1.0 on the final step if the answer was right,
+    0 otherwise (and 0 on all other steps).
+
+    **Optimal return: 1.0.** A memoryless policy sees the same query
+    observation whatever the cue, so it gets exactly ``1 / n_cues`` in
+    expectation (0.5 for the default two cues).
+    """
+
+    def __init__(self, n_cues: int = 2, delay: int = 4):
+        if n_cues < 2 or delay < 0:
+            raise ValueError(f"CueMemory needs n_cues >= 2 and delay >= 0, got {n_cues}, {delay}")
+        self.n_cues = int(n_cues)
+        self.delay = int(delay)
+
+    @property
+    def episode_steps(self) -> int:
+        return self.delay + 2
+
+    @property
+    def observation_space(self):
+        return Box((self.n_cues + 1,), 0.0, 1.0)
+
+    @property
+    def action_space(self):
+        return Discrete(self.n_cues)
+
+    def _obs(self, cue, t):
+        cue_part = jax.nn.one_hot(cue, self.n_cues, dtype=jnp.float32) * _f32(t == 0)
+        query = _f32(t == self.delay + 1).reshape((1,))
+        return jnp.concatenate([cue_part, query])
+
+    def reset(self, key):
+        cue = jax.random.randint(key, (), 0, self.n_cues, dtype=jnp.int32)
+        t = jnp.zeros((), jnp.int32)
+        return EnvState(
+            obs=self._obs(cue, t),
+            reward=_f32(0.0),
+            done=_f32(0.0),
+            metrics={"success": _f32(0.0)},
+            info={"truncated": _f32(0.0)},
+            data={"cue": cue, "t": t},
+        )
+
+    def step(self, state, action):
+        cue, t = state.data["cue"], state.data["t"]
+        already_done = state.done > 0
+        is_query = jnp.logical_and(t == self.delay + 1, jnp.logical_not(already_done))
+        correct = jnp.asarray(action, jnp.int32).reshape(()) == cue
+        reward = _f32(jnp.logical_and(is_query, correct))
+        t_next = t + 1
+        done = jnp.maximum(state.done, _f32(t_next >= self.delay + 2))
+        return EnvState(
+            obs=self._obs(cue, t_next),
+            reward=reward,
+            done=done,
+            metrics={"success": reward},
+            info={**state.info, "truncated": _f32(0.0)},
+            data={"cue": cue, "t": t_next},
+        )
+
+    def __repr__(self):
+        return f"CueMemory(n_cues={self.n_cues}, delay={self.delay})"
+
+
+class CartpoleNoVelocity(RLEnv):
+    """Cart-pole balancing with a continuous force, observing no velocities.
+
+    Classic cart-pole dynamics (gravity 9.8, cart 1 kg, pole 0.1 kg, half-length
+    0.5 m, Euler step 0.02 s). The action in ``[-1, 1]`` is scaled to a force
+    in ``[-force_mag, force_mag]`` (10 N). The initial state is uniform in
+    ``[-0.05, 0.05]`` for all four state variables (drawn from the reset key).
+    The episode terminates when ``|x| > 2.4`` or ``|theta| > 12 deg``. Reward
+    is 1.0 for every step taken while the pole is up (including the step that
+    terminates), 0 afterwards.
+
+    The observation is ``[x, theta]`` only (``full_observation=True`` appends
+    ``[x_dot, theta_dot]``), so a policy has to infer velocities from the
+    history: a memory task. Use with a time limit: ``make("cartpole_no_velocity")``
+    applies ``TimeLimit(200)``, so episodes that keep the pole up are truncated.
+
+    **Optimal return: the episode length (200 by default).** A linear state-
+    feedback controller that sees velocities achieves it from every initial
+    state; the same controller with velocities zeroed (a good memoryless
+    policy) drops the pole well before the time limit.
+    """
+
+    gravity = 9.8
+    masscart = 1.0
+    masspole = 0.1
+    length = 0.5
+    tau = 0.02
+    x_threshold = 2.4
+    theta_threshold = 12 * 2 * math.pi / 360
+
+    def __init__(self, force_mag: float = 10.0, full_observation: bool = False):
+        self.force_mag = float(force_mag)
+        self.full_observation = bool(full_observation)
+
+    @property
+    def observation_space(self):
+        low = [-2 * self.x_threshold, -2 * self.theta_threshold]
+        high = [2 * self.x_threshold, 2 * self.theta_threshold]
+        if self.full_observation:
+            low += [-np.inf, -np.inf]
+            high += [np.inf, np.inf]
+        return Box((len(low),), np.array(low), np.array(high))
+
+    @property
+    def action_space(self):
+        return Box((1,), -1.0, 1.0)
+
+    def _obs(self, phys):
+        if self.full_observation:
+            return phys
+        return jnp.stack([phys[0], phys[2]])
+
+    def _terminated(self, phys):
+        return jnp.logical_or(
+            jnp.abs(phys[0]) > self.x_threshold, jnp.abs(phys[2]) > self.theta_threshold
+        )
+
+    def reset(self, key):
+        phys = jax.random.uniform(key, (4,), minval=-0.05, maxval=0.05, dtype=jnp.float32)
+        return EnvState(
+            obs=self._obs(phys),
+            reward=_f32(0.0),
+            done=_f32(0.0),
+            metrics={},
+            info={"truncated": _f32(0.0)},
+            data=phys,
+        )
+
+    def step(self, state, action):
+        phys = state.data
+        x, x_dot, theta, theta_dot = phys[0], phys[1], phys[2], phys[3]
+        a = jnp.clip(jnp.asarray(action, jnp.float32).reshape(-1)[0], -1.0, 1.0)
+        force = a * self.force_mag
+        total_mass = self.masscart + self.masspole
+        polemass_length = self.masspole * self.length
+        cos, sin = jnp.cos(theta), jnp.sin(theta)
+        temp = (force + polemass_length * theta_dot**2 * sin) / total_mass
+        theta_acc = (self.gravity * sin - cos * temp) / (
+            self.length * (4.0 / 3.0 - self.masspole * cos**2 / total_mass)
+        )
+        x_acc = temp - polemass_length * theta_acc * cos / total_mass
+        new = jnp.stack(
+            [
+                x + self.tau * x_dot,
+                x_dot + self.tau * x_acc,
+                theta + self.tau * theta_dot,
+                theta_dot + self.tau * theta_acc,
+            ]
+        ).astype(jnp.float32)
+        was_done = state.done > 0
+        new = jnp.where(was_done, phys, new)  # frozen once the pole has fallen
+        reward = _f32(jnp.logical_not(was_done))
+        done = jnp.maximum(state.done, _f32(self._terminated(new)))
+        return EnvState(
+            obs=self._obs(new),
+            reward=reward,
+            done=done,
+            metrics={},
+            info={**state.info, "truncated": _f32(0.0)},
+            data=new,
+        )
+
+    def __repr__(self):
+        return f"CartpoleNoVelocity(force_mag={self.force_mag}, full_observation={self.full_observation})"
+
+
+class ConstantReward(RLEnv):
+    """Reward 1.0 every step; never terminates; the observation is constant (all ones).
+
+    Meant to be wrapped in a time limit: ``make("constant_reward", episode_length=8)``
+    gives 8-step episodes that are all truncated (``info["truncated"] = 1``). With
+    truncation bootstrapping the true value of every state is ``1 / (1 - gamma)``
+    (50 for gamma = 0.98); without it, the return of the first state is
+    ``(1 - gamma**T) / (1 - gamma)``. **Optimal return: the episode length.**
+    """
+
+    def __init__(self, obs_size: int = 2, continuous: bool = False):
+        self.obs_size = int(obs_size)
+        self.continuous = bool(continuous)
+
+    @property
+    def observation_space(self):
+        return Box((self.obs_size,), 1.0, 1.0)
+
+    @property
+    def action_space(self):
+        # Actions are ignored; pick the kind of policy head to exercise.
+        return Box((1,), -1.0, 1.0) if self.continuous else Discrete(2)
+
+    def reset(self, key):
+        del key
+        return EnvState(
+            obs=jnp.ones((self.obs_size,), jnp.float32),
+            reward=_f32(0.0),
+            done=_f32(0.0),
+            metrics={},
+            info={"truncated": _f32(0.0)},
+            data=None,
+        )
+
+    def step(self, state, action):
+        del action
+        return state.replace(reward=_f32(1.0), done=_f32(0.0), info={**state.info, "truncated": _f32(0.0)})
+
+    def __repr__(self):
+        return f"ConstantReward(obs_size={self.obs_size}, continuous={self.continuous})"

@@ -1,0 +1,207 @@
+"""Environment wrappers. Each wraps an :class:`RLEnv` and is itself one."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nnx_ppo.envs.spaces import Box
+from nnx_ppo.envs.types import EnvState, RLEnv
+
+__all__ = ["Wrapper", "TimeLimit", "RewardScale", "ObservationMask", "ActionRepeat"]
+
+
+def _f32(x) -> jax.Array:
+    return jnp.asarray(x, dtype=jnp.float32)
+
+
+class Wrapper(RLEnv):
+    """Forwards everything to the wrapped env; subclasses override what they change."""
+
+    def __init__(self, env: RLEnv):
+        self.env = env
+
+    def reset(self, key):
+        return self.env.reset(key)
+
+    def step(self, state, action):
+        return self.env.step(state, action)
+
+    @property
+    def observation_space(self):
+        return self.env.observation_space
+
+    @property
+    def action_space(self):
+        return self.env.action_space
+
+    def render(self, states, **kwargs):
+        return self.env.render(states, **kwargs)
+
+    @property
+    def unwrapped(self):
+        return self.env.unwrapped
+
+    def __getattr__(self, name):
+        # Only reached when normal lookup fails: expose the inner env's extras.
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.env!r})"
+
+
+class TimeLimit(Wrapper):
+    """Ends episodes after ``max_steps`` steps, marking them truncated.
+
+    Writes ``info["steps"]`` (int32 step count) and ``info["truncated"]``.
+    When the count reaches ``max_steps`` and the wrapped env did not itself end
+    the episode at that step, sets ``done = 1`` and ``info["truncated"] = 1``.
+    A termination on the last step stays a termination (truncated = 0).
+
+    With ``random_initial_steps=True`` the counter starts uniformly in
+    ``[0, max_steps)`` at reset (drawn from the reset key), so the first
+    episodes of vmapped envs end at different times.
+    """
+
+    def __init__(self, env: RLEnv, max_steps: int, random_initial_steps: bool = False):
+        super().__init__(env)
+        if int(max_steps) < 1:
+            raise ValueError(f"TimeLimit max_steps must be >= 1, got {max_steps}")
+        self.max_steps = int(max_steps)
+        self.random_initial_steps = bool(random_initial_steps)
+
+    def reset(self, key):
+        state = self.env.reset(key)
+        if self.random_initial_steps:
+            steps = jax.random.randint(
+                jax.random.fold_in(key, 0x7153), (), 0, self.max_steps, dtype=jnp.int32
+            )
+        else:
+            steps = jnp.zeros((), jnp.int32)
+        inner_trunc = _f32(state.info.get("truncated", 0.0))
+        return state.replace(info={**state.info, "steps": steps, "truncated": inner_trunc})
+
+    def step(self, state, action):
+        nxt = self.env.step(state, action)
+        steps = state.info["steps"] + 1
+        inner_done = _f32(nxt.done)
+        inner_trunc = _f32(nxt.info.get("truncated", 0.0))
+        hit_limit = jnp.logical_and(steps >= self.max_steps, inner_done == 0.0)
+        truncated = jnp.where(hit_limit, 1.0, inner_trunc).astype(jnp.float32)
+        done = jnp.where(hit_limit, 1.0, inner_done).astype(jnp.float32)
+        return nxt.replace(done=done, info={**nxt.info, "steps": steps, "truncated": truncated})
+
+    def __repr__(self):
+        return f"TimeLimit({self.env!r}, max_steps={self.max_steps})"
+
+
+class RewardScale(Wrapper):
+    """Multiplies the reward (every leaf, for dict rewards) by ``scale``."""
+
+    def __init__(self, env: RLEnv, scale: float):
+        super().__init__(env)
+        self.scale = float(scale)
+
+    def _scale(self, state):
+        return state.replace(
+            reward=jax.tree_util.tree_map(lambda r: (r * self.scale).astype(r.dtype), state.reward)
+        )
+
+    def reset(self, key):
+        return self._scale(self.env.reset(key))
+
+    def step(self, state, action):
+        return self._scale(self.env.step(state, action))
+
+
+class ObservationMask(Wrapper):
+    """Removes parts of the observation (e.g. velocities, to make a memory task).
+
+    ``hide`` is a list of keys for dict observations, or a list of integer
+    indices along the last axis for flat (array) observations. The removed
+    entries also disappear from ``observation_space``.
+    """
+
+    def __init__(self, env: RLEnv, hide: Sequence):
+        super().__init__(env)
+        self.hide = list(hide)
+        space = env.observation_space
+        if isinstance(space, dict):
+            missing = [k for k in self.hide if k not in space]
+            if missing:
+                raise ValueError(f"ObservationMask: keys {missing} not in observation keys {list(space)}")
+            self._keep = None
+        elif isinstance(space, Box):
+            if not space.shape:
+                raise ValueError("ObservationMask: cannot mask a scalar observation")
+            width = space.shape[-1]
+            bad = [i for i in self.hide if not (-width <= int(i) < width)]
+            if bad:
+                raise ValueError(f"ObservationMask: indices {bad} out of range for width {width}")
+            hidden = {int(i) % width for i in self.hide}
+            self._keep = np.array([i for i in range(width) if i not in hidden], dtype=np.int32)
+        else:
+            raise TypeError(f"ObservationMask: unsupported observation space {space!r}")
+
+    def _mask(self, obs):
+        if self._keep is None:
+            return {k: v for k, v in obs.items() if k not in self.hide}
+        return jnp.take(obs, jnp.asarray(self._keep), axis=-1)
+
+    def reset(self, key):
+        s = self.env.reset(key)
+        return s.replace(obs=self._mask(s.obs))
+
+    def step(self, state, action):
+        # Inner envs keep their own state in `data`, so they never read the masked obs.
+        s = self.env.step(state, action)
+        return s.replace(obs=self._mask(s.obs))
+
+    @property
+    def observation_space(self):
+        space = self.env.observation_space
+        if self._keep is None:
+            return {k: v for k, v in space.items() if k not in self.hide}
+        return Box(
+            space.shape[:-1] + (len(self._keep),),
+            space.low[..., self._keep],
+            space.high[..., self._keep],
+            space.dtype,
+        )
+
+
+class ActionRepeat(Wrapper):
+    """Repeats each action ``repeat`` times, summing rewards.
+
+    Stops repeating as soon as the wrapped env reports ``done``: the returned
+    state is the one of the step that ended the episode.
+    """
+
+    def __init__(self, env: RLEnv, repeat: int):
+        super().__init__(env)
+        if int(repeat) < 1:
+            raise ValueError(f"ActionRepeat repeat must be >= 1, got {repeat}")
+        self.repeat = int(repeat)
+
+    def step(self, state, action):
+        first = self.env.step(state, action)
+        if self.repeat == 1:
+            return first
+
+        def body(_, carry):
+            s, total = carry
+            nxt = self.env.step(s, action)
+            ended = s.done > 0
+            total = jax.tree_util.tree_map(
+                lambda t, r: jnp.where(ended, t, t + r).astype(t.dtype), total, nxt.reward
+            )
+            s = jax.tree_util.tree_map(lambda a, b: jnp.where(ended, a, b), s, nxt)
+            return s, total
+
+        last, total = jax.lax.fori_loop(0, self.repeat - 1, body, (first, first.reward))
+        return last.replace(reward=total)

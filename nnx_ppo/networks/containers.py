@@ -1,0 +1,219 @@
+"""Containers: compose :class:`StatefulModule` children into one module.
+
+Every container routes the carry (``state``), the ``rollout_extras`` and
+``update_statistics`` to its children in the same tree shape it holds them
+in (a tuple for :class:`Sequential`, a dict for the others), sums the
+children's ``regularization_loss`` and prefixes their metrics with the
+child's index or name (``"1/entropy"``, ``"value/kl"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+__all__ = ["Sequential", "Parallel", "Concat", "Splitter", "resolve_components"]
+
+
+def resolve_components(
+    owner: str, modules: Mapping[str, StatefulModule] | None, kwargs: dict[str, StatefulModule]
+) -> dict[str, StatefulModule]:
+    """Accept ``Container({"a": m})`` or ``Container(a=m)`` (not both, not empty)."""
+    if modules is not None and kwargs:
+        raise ValueError(f"{owner}: pass either a positional dict or keyword arguments, not both")
+    components = dict(modules if modules is not None else kwargs)
+    if not components:
+        raise ValueError(f"{owner}: needs at least one child module")
+    for name, child in components.items():
+        if not isinstance(child, StatefulModule):
+            raise TypeError(
+                f"{owner}: child {name!r} must be a StatefulModule, got {type(child).__name__}"
+            )
+    return components
+
+
+def prefix_metrics(metrics: dict[str, Any], prefix: Any, child_metrics: dict[str, Any]) -> None:
+    """Add ``child_metrics`` to ``metrics`` under ``"{prefix}/{key}"``."""
+    for key, value in child_metrics.items():
+        metrics[f"{prefix}/{key}"] = value
+
+
+def child_extras(rollout_extras: Any, key: Any) -> Any:
+    """The replayed extras of one child (``None`` during a rollout)."""
+    return None if rollout_extras is None else rollout_extras[key]
+
+
+class _DictContainer(StatefulModule):
+    """Shared plumbing for containers that hold named children."""
+
+    def __init__(self, modules=None, /, **kwargs):
+        self.components = nnx.Dict(resolve_components(type(self).__name__, modules, kwargs))
+
+    def _run_children(self, state, inputs, rollout_extras):
+        """Run each child on ``inputs[name]``; returns the merged pieces."""
+        next_state, outputs, extras, metrics = {}, {}, {}, {}
+        regularization = jnp.zeros((), jnp.float32)
+        for name, child in self.components.items():
+            out = child(state[name], inputs[name], child_extras(rollout_extras, name))
+            next_state[name] = out.next_state
+            outputs[name] = out.output
+            extras[name] = out.rollout_extras
+            regularization = regularization + out.regularization_loss
+            prefix_metrics(metrics, name, out.metrics)
+        return next_state, outputs, extras, regularization, metrics
+
+    def _output(self, state, inputs, rollout_extras, combine=lambda outputs: outputs):
+        next_state, outputs, extras, regularization, metrics = self._run_children(
+            state, inputs, rollout_extras
+        )
+        return StatefulModuleOutput(
+            next_state=next_state,
+            output=combine(outputs),
+            regularization_loss=regularization,
+            metrics=metrics,
+            rollout_extras=extras,
+        )
+
+    def _dispatch(self, x):
+        """Per-key dispatch: child ``name`` sees ``x[name]``."""
+        if not isinstance(x, Mapping):
+            raise ValueError(
+                f"{type(self).__name__}: x must be a dict with keys {list(self.components)}, "
+                f"got {type(x).__name__}"
+            )
+        missing = [k for k in self.components if k not in x]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__}: x is missing keys {missing}; expected at least "
+                f"{list(self.components)}, got {list(x)}"
+            )
+        return {name: x[name] for name in self.components}
+
+    def initialize_state(self, batch_size):
+        return {name: c.initialize_state(batch_size) for name, c in self.components.items()}
+
+    def reset_state(self, prev_state):
+        return {name: c.reset_state(prev_state[name]) for name, c in self.components.items()}
+
+    def update_statistics(self, rollout_extras):
+        for name, child in self.components.items():
+            child.update_statistics(rollout_extras[name])
+
+    def __getitem__(self, name):
+        return self.components[name]
+
+
+class Sequential(StatefulModule):
+    """Chain of modules: the output of child ``i`` is the input of child ``i+1``.
+
+    ``Sequential([a, b, c])`` or ``Sequential(a, b, c)``. Carry and extras are
+    tuples with one entry per child.
+    """
+
+    def __init__(self, *layers: StatefulModule | Sequence[StatefulModule]):
+        if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
+            layers = tuple(layers[0])
+        if not layers:
+            raise ValueError("Sequential: needs at least one layer")
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, StatefulModule):
+                raise TypeError(
+                    f"Sequential: layer {i} must be a StatefulModule, got {type(layer).__name__}"
+                )
+        self.layers = nnx.List(layers)
+
+    def __call__(self, state, x, rollout_extras=None):
+        next_state, extras, metrics = [], [], {}
+        regularization = jnp.zeros((), jnp.float32)
+        for i, layer in enumerate(self.layers):
+            out = layer(state[i], x, child_extras(rollout_extras, i))
+            x = out.output
+            next_state.append(out.next_state)
+            extras.append(out.rollout_extras)
+            regularization = regularization + out.regularization_loss
+            prefix_metrics(metrics, i, out.metrics)
+        return StatefulModuleOutput(
+            next_state=tuple(next_state),
+            output=x,
+            regularization_loss=regularization,
+            metrics=metrics,
+            rollout_extras=tuple(extras),
+        )
+
+    def initialize_state(self, batch_size):
+        return tuple(layer.initialize_state(batch_size) for layer in self.layers)
+
+    def reset_state(self, prev_state):
+        return tuple(layer.reset_state(s) for layer, s in zip(self.layers, prev_state))
+
+    def update_statistics(self, rollout_extras):
+        for layer, extras in zip(self.layers, rollout_extras):
+            layer.update_statistics(extras)
+
+    def __getitem__(self, index):
+        return self.layers[index]
+
+    def __len__(self):
+        return len(self.layers)
+
+
+class Parallel(_DictContainer):
+    """Run every child on the **same** input; output ``{name: child_output}``.
+
+    ``Parallel(actor=a, critic=c)`` or ``Parallel({"actor": a, "critic": c})``.
+    """
+
+    def __call__(self, state, x, rollout_extras=None):
+        return self._output(state, {name: x for name in self.components}, rollout_extras)
+
+
+class Concat(_DictContainer):
+    """Per-key dispatch then concatenation: child ``name`` sees ``x[name]``;
+    the children's ``[B, F_i]`` outputs are concatenated on the last axis
+    (in construction order)."""
+
+    def __call__(self, state, x, rollout_extras=None):
+        def combine(outputs):
+            pieces = [jnp.reshape(o, (o.shape[0], -1)) for o in outputs.values()]
+            return jnp.concatenate(pieces, axis=-1)
+
+        return self._output(state, self._dispatch(x), rollout_extras, combine)
+
+
+class Splitter(StatefulModule):
+    """Split a ``[B, F]`` input into named slices of its last axis.
+
+    ``Splitter(action_params=4, value=1)`` maps ``[B, 5]`` to
+    ``{"action_params": [B, 4], "value": [B, 1]}``, slices taken in argument
+    order. The input must have at least the sum of the sizes as features.
+    Stateless (carry ``()``).
+    """
+
+    def __init__(self, sizes: Mapping[str, int] | None = None, /, **kwargs: int):
+        if sizes is not None and kwargs:
+            raise ValueError("Splitter: pass either a positional dict or keyword arguments, not both")
+        sizes = dict(sizes if sizes is not None else kwargs)
+        if not sizes:
+            raise ValueError("Splitter: needs at least one named slice")
+        for name, size in sizes.items():
+            if int(size) <= 0:
+                raise ValueError(f"Splitter: size of slice {name!r} must be positive, got {size}")
+        self.sizes = tuple((name, int(size)) for name, size in sizes.items())
+
+    def __call__(self, state, x, rollout_extras=None):
+        total = sum(size for _, size in self.sizes)
+        if jnp.ndim(x) < 2 or x.shape[-1] < total:
+            raise ValueError(
+                f"Splitter: x has shape {jnp.shape(x)}, expected (B, >= {total}) "
+                f"for slices {dict(self.sizes)}"
+            )
+        output, start = {}, 0
+        for name, size in self.sizes:
+            output[name] = x[..., start : start + size]
+            start += size
+        return StatefulModuleOutput(next_state=(), output=output)

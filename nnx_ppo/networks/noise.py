@@ -1,0 +1,196 @@
+"""Stochastic activation layers with per-env PRNG keys in the carry.
+
+:class:`GaussianNoise`, :class:`DropoutMask` and :class:`BernoulliGate` all
+follow the randomness rule of ``docs/custom_modules.md``:
+
+* The carry is a typed PRNG key array of shape ``[B]``, one key per env,
+  seeded in :meth:`initialize_state` with ``jax.random.split(self.rngs(), B)``
+  from the construction-time ``nnx.Rngs``.
+* ``__call__`` splits each env's key locally into (next key, sample key) and
+  never reads the class-level ``nnx.Rngs``; the output is a pure function of
+  ``(x, carry)``. Running a batch or any split of it into sub-batches gives the
+  same per-env results, which is what the loss replay and minibatching need.
+* ``reset_state`` keeps the key chain (``fresh_keys_on_reset=False``, the
+  default) or draws fresh keys from the class-level ``nnx.Rngs``
+  (``fresh_keys_on_reset=True``).
+* Each layer has a ``deterministic`` attribute (default ``False``).
+  ``module.eval()`` (``nnx``'s ``set_attributes(deterministic=True)``) turns the
+  noise off for evaluation; ``module.train()`` turns it back on. The key chain
+  still advances in deterministic mode, so switching modes does not shift which
+  random numbers later steps see.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, batch_size_of
+
+__all__ = ["GaussianNoise", "DropoutMask", "BernoulliGate"]
+
+
+def _as_rngs(rngs: Any) -> nnx.Rngs:
+    return rngs if isinstance(rngs, nnx.Rngs) else nnx.Rngs(rngs)
+
+
+class _PerEnvKeyModule(StatefulModule):
+    """Carry handling shared by the stochastic layers (carry: keys ``[B]``)."""
+
+    def __init__(self, rngs: nnx.Rngs, fresh_keys_on_reset: bool, deterministic: bool):
+        self.rngs = _as_rngs(rngs)
+        self.fresh_keys_on_reset = bool(fresh_keys_on_reset)
+        self.deterministic = bool(deterministic)
+
+    def initialize_state(self, batch_size: int) -> jax.Array:
+        return jax.random.split(self.rngs(), batch_size)
+
+    def reset_state(self, prev_state: jax.Array) -> jax.Array:
+        if self.fresh_keys_on_reset:
+            return jax.random.split(self.rngs(), batch_size_of(prev_state))
+        return prev_state
+
+    def _split(self, keys: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Validate and split: ``[B]`` keys -> (next keys ``[B]``, sample keys ``[B]``)."""
+        name = type(self).__name__
+        if jnp.ndim(x) < 1:
+            raise ValueError(f"{name}: x has shape {tuple(jnp.shape(x))}, expected (B, ...)")
+        if not (hasattr(keys, "dtype") and jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)):
+            raise ValueError(f"{name}: state must be a typed PRNG key array of shape (B,) "
+                             f"(from initialize_state), got {keys!r}")
+        if tuple(keys.shape) != (x.shape[0],):
+            raise ValueError(f"{name}: state has shape {tuple(keys.shape)}, expected "
+                             f"({x.shape[0]},) (one key per env, B from x)")
+        both = jax.vmap(jax.random.split)(keys)  # [B, 2]
+        return both[:, 0], both[:, 1]
+
+
+class GaussianNoise(_PerEnvKeyModule):
+    """Additive Gaussian noise, e.g. a noisy neuron population::
+
+        y = x + stddev * eps,   eps ~ N(0, I) per env and step (from the carry key)
+        y = x                   when deterministic
+
+    Args:
+      stddev: noise standard deviation, ``>= 0``.
+      rngs: ``nnx.Rngs`` (or an int seed) used only to seed / re-seed the per-env keys.
+      fresh_keys_on_reset: draw fresh keys on reset instead of keeping the chain.
+      deterministic: start in evaluation (noise-free) mode.
+    """
+
+    def __init__(self, stddev: float, rngs: nnx.Rngs, *, fresh_keys_on_reset: bool = False,
+                 deterministic: bool = False):
+        if not stddev >= 0:
+            raise ValueError(f"GaussianNoise: stddev must be >= 0, got {stddev!r}")
+        super().__init__(rngs, fresh_keys_on_reset, deterministic)
+        self.stddev = float(stddev)
+
+    def __call__(self, state: jax.Array, x: jax.Array,
+                 rollout_extras: Any = None) -> StatefulModuleOutput:
+        next_keys, sample_keys = self._split(state, x)
+        if self.deterministic or self.stddev == 0.0:
+            y = x
+        else:
+            eps = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:], dtype=x.dtype))(sample_keys)
+            y = x + self.stddev * eps
+        return StatefulModuleOutput(next_state=next_keys, output=y, regularization_loss=0.0,
+                                    metrics={}, rollout_extras=None)
+
+
+class DropoutMask(_PerEnvKeyModule):
+    """Inverted dropout with a fresh mask per env and step::
+
+        m ~ Bernoulli(1 - rate)  elementwise, from the carry key
+        y = m * x / (1 - rate)
+        y = x                    when deterministic (or rate == 0)
+
+    Args:
+      rate: drop probability, in ``[0, 1)``.
+      rngs: ``nnx.Rngs`` (or an int seed) used only to seed / re-seed the per-env keys.
+      fresh_keys_on_reset: draw fresh keys on reset instead of keeping the chain.
+      deterministic: start in evaluation (no-dropout) mode.
+    """
+
+    def __init__(self, rate: float, rngs: nnx.Rngs, *, fresh_keys_on_reset: bool = False,
+                 deterministic: bool = False):
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"DropoutMask: rate must be in [0, 1), got {rate!r}")
+        super().__init__(rngs, fresh_keys_on_reset, deterministic)
+        self.rate = float(rate)
+
+    def __call__(self, state: jax.Array, x: jax.Array,
+                 rollout_extras: Any = None) -> StatefulModuleOutput:
+        next_keys, sample_keys = self._split(state, x)
+        if self.deterministic or self.rate == 0.0:
+            y = x
+        else:
+            keep = 1.0 - self.rate
+            mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, x.shape[1:]))(sample_keys)
+            y = jnp.where(mask, x / keep, jnp.zeros_like(x))
+        return StatefulModuleOutput(next_state=next_keys, output=y, regularization_loss=0.0,
+                                    metrics={}, rollout_extras=None)
+
+
+class BernoulliGate(_PerEnvKeyModule):
+    """A stochastic binary gate: ``x`` are logits, the output is a 0/1 sample.
+
+    Forward value (elementwise, ``u ~ Uniform(0, 1)`` from the carry key and
+    ``ℓ = log u - log(1 - u)`` logistic noise)::
+
+        g = 1[x + ℓ > 0]          # exactly a Bernoulli(sigmoid(x)) sample
+        g = 1[sigmoid(x) > 0.5]   # when deterministic (i.e. 1[x > 0])
+
+    The value is always the hard 0/1 gate; the gradient is that of a smooth
+    surrogate ``s`` (``g + s - stop_gradient(s)``), chosen by ``estimator``:
+
+    * ``"straight_through"`` (default): ``s = sigmoid(x / temperature)``; with
+      ``temperature=1`` the gradient is exactly that of ``sigmoid(x)``. Smaller
+      temperatures give the slope-annealed variant.
+    * ``"gumbel_straight_through"``: ``s = sigmoid((x + ℓ) / temperature)``, the
+      relaxed-Bernoulli (binary Concrete) surrogate with the same noise as the
+      hard sample. In deterministic mode ``ℓ = 0``.
+
+    ``metrics = {"gate_open_fraction": mean(g)}``.
+
+    Args:
+      rngs: ``nnx.Rngs`` (or an int seed) used only to seed / re-seed the per-env keys.
+      temperature: surrogate temperature, ``> 0``.
+      estimator: ``"straight_through"`` or ``"gumbel_straight_through"``.
+      fresh_keys_on_reset: draw fresh keys on reset instead of keeping the chain.
+      deterministic: start in evaluation mode (gate = ``sigmoid(x) > 0.5``).
+    """
+
+    ESTIMATORS = ("straight_through", "gumbel_straight_through")
+
+    def __init__(self, rngs: nnx.Rngs, *, temperature: float = 1.0,
+                 estimator: str = "straight_through", fresh_keys_on_reset: bool = False,
+                 deterministic: bool = False):
+        if not temperature > 0:
+            raise ValueError(f"BernoulliGate: temperature must be > 0, got {temperature!r}")
+        if estimator not in self.ESTIMATORS:
+            raise ValueError(f"BernoulliGate: estimator must be one of {self.ESTIMATORS}, "
+                             f"got {estimator!r}")
+        super().__init__(rngs, fresh_keys_on_reset, deterministic)
+        self.temperature = float(temperature)
+        self.estimator = estimator
+
+    def __call__(self, state: jax.Array, x: jax.Array,
+                 rollout_extras: Any = None) -> StatefulModuleOutput:
+        next_keys, sample_keys = self._split(state, x)
+        if self.deterministic:
+            noise = jnp.zeros_like(x)
+        else:
+            noise = jax.vmap(lambda k: jax.random.logistic(k, x.shape[1:], dtype=x.dtype))(
+                sample_keys)
+        hard = (x + noise > 0).astype(x.dtype)
+        if self.estimator == "straight_through":
+            soft = jax.nn.sigmoid(x / self.temperature)
+        else:
+            soft = jax.nn.sigmoid((x + jax.lax.stop_gradient(noise)) / self.temperature)
+        gate = hard + (soft - jax.lax.stop_gradient(soft))
+        return StatefulModuleOutput(next_state=next_keys, output=gate, regularization_loss=0.0,
+                                    metrics={"gate_open_fraction": jnp.mean(hard)},
+                                    rollout_extras=None)

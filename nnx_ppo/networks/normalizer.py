@@ -1,0 +1,141 @@
+"""Running mean/variance input normalisation: :class:`Normalizer`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+__all__ = ["Normalizer", "NormalizerStatistics"]
+
+
+class NormalizerStatistics(nnx.Variable):
+    """Running statistics of a :class:`Normalizer`.
+
+    A separate variable type (not ``nnx.Param``): optimizers built on
+    ``nnx.Param`` leave it alone, while ``nnx.state(model)`` and checkpoints
+    still include it.
+    """
+
+
+def _is_shape(s: Any) -> bool:
+    return (isinstance(s, int) and not isinstance(s, bool)) or (
+        isinstance(s, tuple) and all(isinstance(d, int) and not isinstance(d, bool) for d in s))
+
+
+def _as_shape(s: Any) -> tuple[int, ...]:
+    shape = (s,) if isinstance(s, int) else tuple(s)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"Normalizer: shape {s!r} has a negative dimension")
+    return shape
+
+
+class Normalizer(StatefulModule):
+    """Normalises inputs with running statistics gathered from rollouts.
+
+    For every leaf, with ``n`` samples seen so far, running mean ``μ`` and sum of
+    squared deviations ``M2``::
+
+        σ² = M2 / n            (population variance; σ² = 1 while n = 0)
+        y  = (x - μ) / sqrt(σ² + epsilon)
+        y  = clip(y, -clip, clip)   if clip is not None
+
+    ``__call__`` only *reads* the statistics (write rule) and emits its input
+    ``x`` as ``rollout_extras``; :meth:`update_statistics` folds a rollout's
+    ``[T, B, ...]`` stack of those extras into the statistics with the
+    parallel (Chan et al.) merge, which stays accurate for large counts.
+    The carry is ``()``.
+
+    Args:
+      shape: the per-sample shape: an int, a tuple of ints, or a pytree (e.g. a
+        dict) whose leaves are ints / tuples of ints; ``x`` must have the same
+        tree structure with leaves ``[B, *shape]``.
+      epsilon: added to the variance before the square root.
+      clip: if given, the normalised output is clipped to ``[-clip, clip]``.
+    """
+
+    def __init__(self, shape: Any, *, epsilon: float = 1e-8, clip: float | None = None):
+        shapes, treedef = jax.tree.flatten(shape, is_leaf=_is_shape)
+        if not shapes or not all(_is_shape(s) for s in shapes):
+            raise ValueError(f"Normalizer: shape must be an int, a tuple of ints or a pytree of "
+                             f"those, got {shape!r}")
+        if epsilon < 0:
+            raise ValueError(f"Normalizer: epsilon must be >= 0, got {epsilon!r}")
+        if clip is not None and clip <= 0:
+            raise ValueError(f"Normalizer: clip must be > 0 or None, got {clip!r}")
+        self._treedef = treedef
+        self._shapes = tuple(_as_shape(s) for s in shapes)
+        self.epsilon = float(epsilon)
+        self.clip = None if clip is None else float(clip)
+        self.count = NormalizerStatistics(jnp.zeros((), jnp.float32))
+        self.mean = nnx.List([NormalizerStatistics(jnp.zeros(s, jnp.float32)) for s in self._shapes])
+        self.m2 = nnx.List([NormalizerStatistics(jnp.zeros(s, jnp.float32)) for s in self._shapes])
+
+    # -- statistics ---------------------------------------------------------------
+
+    def _variances(self) -> list[jax.Array]:
+        n = self.count[...]
+        return [jnp.where(n > 0, m2[...] / jnp.maximum(n, 1.0), jnp.ones_like(m2[...]))
+                for m2 in self.m2]
+
+    @property
+    def running_mean(self) -> Any:
+        """The current mean, with the structure of ``shape``."""
+        return jax.tree.unflatten(self._treedef, [m[...] for m in self.mean])
+
+    @property
+    def running_variance(self) -> Any:
+        """The current (population) variance, with the structure of ``shape``; 1 before any data."""
+        return jax.tree.unflatten(self._treedef, self._variances())
+
+    def _check(self, name: str, tree: Any, n_lead: int, lead: str) -> list[jax.Array]:
+        leaves, treedef = jax.tree.flatten(tree)
+        if treedef != self._treedef:
+            raise ValueError(f"Normalizer: {name} has tree structure {treedef}, expected "
+                             f"{self._treedef} (the structure of shape)")
+        for i, (leaf, shape) in enumerate(zip(leaves, self._shapes)):
+            got = tuple(jnp.shape(leaf))
+            if len(got) != n_lead + len(shape) or got[n_lead:] != shape:
+                where = "" if len(leaves) == 1 else f" leaf {i}"
+                expected = "(" + ", ".join([lead] + [str(d) for d in shape]) + ")"
+                raise ValueError(f"Normalizer: {name}{where} has shape {got}, expected "
+                                 f"{expected} (shape={shape})")
+        return leaves
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        """Fold ``[T, B, *shape]`` samples (the emitted inputs) into the statistics."""
+        if rollout_extras is None:
+            return None
+        leaves = self._check("rollout_extras", rollout_extras, 2, "T, B")
+        n_a = self.count[...]
+        n_b = jnp.asarray(leaves[0].shape[0] * leaves[0].shape[1], jnp.float32)
+        if leaves[0].shape[0] * leaves[0].shape[1] == 0:
+            return None
+        total = n_a + n_b
+        for leaf, shape, mean_v, m2_v in zip(leaves, self._shapes, self.mean, self.m2):
+            data = jnp.reshape(leaf, (-1,) + shape).astype(jnp.float32)
+            mean_b = jnp.mean(data, axis=0)
+            m2_b = jnp.sum(jnp.square(data - mean_b[None]), axis=0)
+            mean_a, m2_a = mean_v[...], m2_v[...]
+            delta = mean_b - mean_a
+            mean_v[...] = mean_a + delta * (n_b / total)
+            m2_v[...] = m2_a + m2_b + jnp.square(delta) * (n_a * n_b / total)
+        self.count[...] = total
+        return None
+
+    # -- forward -----------------------------------------------------------------------
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        leaves = self._check("x", x, 1, "B")
+        outs = []
+        for leaf, mean_v, var in zip(leaves, self.mean, self._variances()):
+            y = (leaf - mean_v[...][None]) / jnp.sqrt(var + self.epsilon)[None]
+            if self.clip is not None:
+                y = jnp.clip(y, -self.clip, self.clip)
+            outs.append(y)
+        return StatefulModuleOutput(next_state=(), output=jax.tree.unflatten(self._treedef, outs),
+                                    regularization_loss=0.0, metrics={}, rollout_extras=x)

@@ -1,0 +1,160 @@
+"""Action samplers: the last layer of a policy.
+
+A sampler turns distribution parameters ``[B, P]`` into a sampler dict
+``{"action": [B, ...], "log_likelihood": [B]}``.
+
+* Rollout (``rollout_extras=None``): sample with the module's own
+  ``nnx.Rngs`` (the one place a class-level RNG is allowed) and emit the raw
+  sample in ``rollout_extras``.
+* Loss replay (``rollout_extras`` given): no sampling; the log-likelihood is
+  computed for the stored raw action, so the ratio compares the action that
+  was actually taken.
+* ``deterministic=True`` (set by ``network.eval()``, cleared by
+  ``network.train()``): take the mode/mean instead of sampling.
+
+The entropy bonus is returned as ``regularization_loss = -entropy_weight * mean entropy``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+__all__ = ["ActionSampler", "NormalTanhSampler", "NormalSampler", "CategoricalSampler"]
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+class ActionSampler(StatefulModule):
+    """Base class of samplers. Subclasses implement ``distribution_size`` and
+    ``_sample_and_score``; the carry is ``()``."""
+
+    deterministic: bool = False
+
+    def __init__(self, rngs: nnx.Rngs, entropy_weight: float = 0.0):
+        if entropy_weight < 0:
+            raise ValueError(f"{type(self).__name__}: entropy_weight must be >= 0, got {entropy_weight}")
+        self.rngs = rngs
+        self.entropy_weight = float(entropy_weight)
+        self.deterministic = False
+
+    def _check_input(self, x: jax.Array) -> None:
+        raise NotImplementedError
+
+    def _sample_and_score(self, x, raw_action):
+        """Returns ``(raw_action, action, log_likelihood [B], entropy [B], metrics)``;
+        ``raw_action`` is ``None`` when it must be drawn here."""
+        raise NotImplementedError
+
+    def __call__(self, state, x, rollout_extras=None):
+        self._check_input(x)
+        raw, action, loglik, entropy, metrics = self._sample_and_score(x, rollout_extras)
+        metrics = {"entropy": jnp.mean(entropy), **metrics}
+        return StatefulModuleOutput(
+            next_state=(),
+            output={"action": action, "log_likelihood": loglik},
+            regularization_loss=-self.entropy_weight * jnp.mean(entropy),
+            metrics=metrics,
+            rollout_extras=jax.lax.stop_gradient(raw),
+        )
+
+
+def _normal_logpdf(x, mean, std):
+    z = (x - mean) / std
+    return -0.5 * z * z - jnp.log(std) - _HALF_LOG_2PI
+
+
+def _log_one_minus_tanh_sq(x):
+    """``log(1 - tanh(x)**2)``, stable for large ``|x|``."""
+    return 2.0 * (math.log(2.0) - x - jax.nn.softplus(-2.0 * x))
+
+
+class NormalSampler(ActionSampler):
+    """Diagonal Gaussian policy, unsquashed: input ``[B, 2A]`` = mean and a std
+    pre-activation; ``std = (softplus(pre) + min_std) * std_scale``."""
+
+    def __init__(
+        self,
+        rngs: nnx.Rngs,
+        entropy_weight: float = 0.0,
+        min_std: float = 1e-3,
+        std_scale: float = 1.0,
+    ):
+        super().__init__(rngs, entropy_weight)
+        if min_std < 0 or std_scale <= 0:
+            raise ValueError(
+                f"{type(self).__name__}: min_std must be >= 0 and std_scale > 0, got "
+                f"{min_std} and {std_scale}"
+            )
+        self.min_std = float(min_std)
+        self.std_scale = float(std_scale)
+
+    def _check_input(self, x):
+        if jnp.ndim(x) != 2 or x.shape[-1] % 2:
+            raise ValueError(
+                f"{type(self).__name__}: x has shape {tuple(jnp.shape(x))}, expected (B, 2 * action_size) "
+                "(means then std pre-activations)"
+            )
+
+    def _distribution(self, x):
+        mean, pre_std = jnp.split(x, 2, axis=-1)
+        std = (jax.nn.softplus(pre_std) + self.min_std) * self.std_scale
+        return mean, std
+
+    def _raw(self, mean, std, stored):
+        if stored is not None:
+            return stored
+        if self.deterministic:
+            return mean
+        return mean + std * jax.random.normal(self.rngs.action(), mean.shape)
+
+    def _sample_and_score(self, x, stored):
+        mean, std = self._distribution(x)
+        raw = jax.lax.stop_gradient(self._raw(mean, std, stored))
+        loglik = jnp.sum(_normal_logpdf(raw, mean, std), axis=-1)
+        entropy = jnp.sum(0.5 + _HALF_LOG_2PI + jnp.log(std), axis=-1)
+        return raw, raw, loglik, entropy, {"std": jnp.mean(std)}
+
+
+class NormalTanhSampler(NormalSampler):
+    """Gaussian squashed by ``tanh`` into ``(-1, 1)``.
+
+    The log-likelihood includes the change of variables,
+    ``log N(u; mean, std) - sum log(1 - tanh(u)^2)`` for the raw sample ``u``.
+    The entropy (for the bonus and the metric) is the Gaussian's plus the
+    log-determinant of the squashing at ``u``, a one-sample estimate.
+    """
+
+    def _sample_and_score(self, x, stored):
+        raw, _, gaussian_loglik, gaussian_entropy, metrics = super()._sample_and_score(x, stored)
+        log_det = jnp.sum(_log_one_minus_tanh_sq(raw), axis=-1)
+        return raw, jnp.tanh(raw), gaussian_loglik - log_det, gaussian_entropy + log_det, metrics
+
+
+class CategoricalSampler(ActionSampler):
+    """Categorical policy over ``n`` actions: input logits ``[B, n]``, action
+    an ``int32`` index ``[B]``; deterministic mode takes the argmax."""
+
+    def _check_input(self, x):
+        if jnp.ndim(x) != 2 or x.shape[-1] < 2:
+            raise ValueError(
+                f"CategoricalSampler: x has shape {tuple(jnp.shape(x))}, expected (B, n_actions) logits "
+                "with n_actions >= 2"
+            )
+
+    def _sample_and_score(self, logits, stored):
+        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        if stored is not None:
+            action = stored.astype(jnp.int32)
+        elif self.deterministic:
+            action = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        else:
+            action = jax.random.categorical(self.rngs.action(), logits, axis=-1).astype(jnp.int32)
+        loglik = jnp.take_along_axis(log_probs, action[:, None], axis=-1)[:, 0]
+        entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+        return action, action, loglik, entropy, {}

@@ -1,0 +1,214 @@
+"""``check_env``: catch common mistakes in an :class:`~nnx_ppo.envs.RLEnv`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nnx_ppo.envs import spaces as _spaces
+from nnx_ppo.envs.types import EnvState
+
+__all__ = ["check_env", "EnvCheckError", "EnvCheckReport"]
+
+
+class EnvCheckError(ValueError):
+    """Raised by :func:`check_env`; the message names the offending field."""
+
+
+@dataclasses.dataclass
+class EnvCheckReport:
+    """What ``check_env`` observed; arrays have shape ``(n_steps, n_envs)``."""
+
+    n_envs: int
+    n_steps: int
+    reward: np.ndarray
+    done: np.ndarray
+    truncated: np.ndarray
+
+
+def _fail(msg: str):
+    raise EnvCheckError(msg)
+
+
+def _path(prefix: str, path) -> str:
+    return prefix + jax.tree_util.keystr(path)
+
+
+def _is_key(x) -> bool:
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return False
+    if jnp.issubdtype(dt, jax.dtypes.prng_key):
+        return True
+    return dt == jnp.uint32 and x.ndim >= 1 and x.shape[-1] == 2
+
+
+def _shape(x):
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def _dtype(x):
+    return x.dtype if hasattr(x, "dtype") else jnp.result_type(x)
+
+
+def _leaves_with_paths(tree, prefix):
+    return {_path(prefix, p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _compare_structure(name, a, b, what_a="reset", what_b="step"):
+    pa, pb = _leaves_with_paths(a, name), _leaves_with_paths(b, name)
+    only_a, only_b = sorted(set(pa) - set(pb)), sorted(set(pb) - set(pa))
+    if only_a or only_b or jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b):
+        parts = []
+        if only_a:
+            parts.append(f"only in {what_a}: {only_a}")
+        if only_b:
+            parts.append(f"only in {what_b}: {only_b}")
+        if not parts:
+            parts.append(f"{jax.tree_util.tree_structure(a)} vs {jax.tree_util.tree_structure(b)}")
+        _fail(f"{name}: pytree structure differs between {what_a} and {what_b} states ({'; '.join(parts)})")
+    for k in pa:
+        xa, xb = pa[k], pb[k]
+        sa, sb = _shape(xa), _shape(xb)
+        da, db = _dtype(xa), _dtype(xb)
+        if sa != sb:
+            _fail(f"{k}: shape differs between {what_a} {sa} and {what_b} {sb}")
+        if da != db:
+            _fail(f"{k}: dtype differs between {what_a} ({da}) and {what_b} ({db})")
+
+
+def _check_scalar_per_env(name, tree, n_envs, dtype=jnp.float32):
+    for k, x in _leaves_with_paths(tree, name).items():
+        if _shape(x) != (n_envs,):
+            _fail(
+                f"{k}: must be a scalar per environment (batched shape ({n_envs},)), "
+                f"got per-env shape {_shape(x)[1:]}"
+            )
+        if _dtype(x) != dtype:
+            _fail(f"{k}: dtype must be {jnp.dtype(dtype).name}, got {_dtype(x)}")
+
+
+def _check_finite(name, tree):
+    for k, x in _leaves_with_paths(tree, name).items():
+        if jnp.issubdtype(_dtype(x), jnp.inexact) and not bool(jnp.all(jnp.isfinite(x))):
+            _fail(f"{k}: contains NaN or inf")
+
+
+def _check_obs_space(obs, space, n_envs):
+    leaves, treedef = jax.tree_util.tree_flatten(space, is_leaf=_spaces.is_space)
+    try:
+        obs_leaves = treedef.flatten_up_to(obs)
+    except (ValueError, TypeError) as e:
+        _fail(f"obs: structure does not match observation_space ({e})")
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(space, is_leaf=_spaces.is_space)[0]]
+    for p, s, x in zip(paths, leaves, obs_leaves):
+        k = _path("obs", p)
+        if _shape(x)[1:] != s.shape:
+            _fail(f"{k}: shape {_shape(x)[1:]} does not match observation_space shape {s.shape}")
+        if _dtype(x) != s.dtype:
+            _fail(f"{k}: dtype {_dtype(x)} does not match observation_space dtype {s.dtype}")
+
+
+def _check_state(state, n_envs, obs_space, what):
+    if not isinstance(state, EnvState):
+        _fail(f"{what} must return an EnvState, got {type(state).__name__}")
+    if not isinstance(state.info, dict) or "truncated" not in state.info:
+        _fail(f'info["truncated"]: missing from the {what} state (set it to 0.0 at reset, 1.0 on time-limit ends)')
+    _check_scalar_per_env("reward", state.reward, n_envs)
+    _check_scalar_per_env("done", state.done, n_envs)
+    _check_scalar_per_env("info['truncated']", state.info["truncated"], n_envs)
+    for k, x in _leaves_with_paths(state.metrics, "metrics").items():
+        if _shape(x) != (n_envs,):
+            _fail(f"{k}: metrics must be scalars per environment, got per-env shape {_shape(x)[1:]}")
+    _check_obs_space(state.obs, obs_space, n_envs)
+    _check_finite("obs", state.obs)
+    _check_finite("reward", state.reward)
+    d, t = np.asarray(state.done), np.asarray(state.info["truncated"])
+    if not np.all((d == 0) | (d == 1)):
+        _fail(f"done: must be 0.0 or 1.0, got {d}")
+    if not np.all((t == 0) | (t == 1)):
+        _fail(f"info['truncated']: must be 0.0 or 1.0, got {t}")
+    if np.any(t > d):
+        _fail("info['truncated']: set to 1 on a step where done is 0 (truncated implies done)")
+
+
+def _stored_keys(state):
+    found = {}
+    found.update({k: x for k, x in _leaves_with_paths(state.data, "data").items() if _is_key(x)})
+    found.update({k: x for k, x in _leaves_with_paths(state.info, "info").items() if _is_key(x)})
+    return found
+
+
+def _key_bits(x):
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(x))
+    return np.asarray(x)
+
+
+def check_env(env, *, n_envs: int = 4, n_steps: int = 8, seed: int = 0, check_keys: bool = True) -> EnvCheckReport:
+    """Reset and step ``env`` under ``jax.jit(jax.vmap(...))`` with random valid actions.
+
+    Raises :class:`EnvCheckError` naming the offending field when:
+
+    * reset/step return something other than an EnvState, or states whose
+      pytree structure, leaf shapes or dtypes differ (the differing keys are named);
+    * obs does not match ``observation_space`` (shape/dtype), or contains NaN/inf;
+    * reward, done or ``info["truncated"]`` are not float32 scalars per env, or
+      ``info["truncated"]`` is missing; done/truncated not 0/1, truncated without done;
+    * metrics are not scalars;
+    * reward contains NaN/inf;
+    * (``check_keys``) a PRNG key stored in ``data`` or ``info`` (a typed key, or a
+      uint32 array whose last axis is 2) is identical before and after a step in
+      every env: a stochastic env that never advances its key repeats its "noise".
+
+    Returns an :class:`EnvCheckReport` with the rewards/dones/truncations seen.
+    """
+    key = jax.random.PRNGKey(seed)
+    key, reset_key, act_key = jax.random.split(key, 3)
+    obs_space, act_space = env.observation_space, env.action_space
+
+    reset_fn = jax.jit(jax.vmap(env.reset))
+    step_fn = jax.jit(jax.vmap(env.step))
+    sample_fn = jax.jit(jax.vmap(lambda k: _spaces.sample(act_space, k)))
+
+    s0 = reset_fn(jax.random.split(reset_key, n_envs))
+    _check_state(s0, n_envs, obs_space, "reset")
+
+    rewards, dones, truncs = [], [], []
+    state = s0
+    for t in range(n_steps):
+        act_key, k = jax.random.split(act_key)
+        action = sample_fn(jax.random.split(k, n_envs))
+        try:
+            nxt = step_fn(state, action)
+        except (TypeError, ValueError) as e:
+            _fail(f"step failed on a state returned by {'reset' if t == 0 else 'step'}: {type(e).__name__}: {e}")
+        if not isinstance(nxt, EnvState):
+            _fail(f"step must return an EnvState, got {type(nxt).__name__}")
+        _compare_structure("state", s0, nxt, "reset", "step")
+        _check_state(nxt, n_envs, obs_space, "step")
+        if check_keys and t == 0:
+            before, after = _stored_keys(state), _stored_keys(nxt)
+            for k, x in before.items():
+                if k in after and np.array_equal(_key_bits(x), _key_bits(after[k])):
+                    _fail(
+                        f"{k}: PRNG key stored in the state never changes after a step; split it "
+                        "on every step (or pass check_keys=False if it is only used at reset)"
+                    )
+        rewards.append(np.asarray(jax.tree_util.tree_leaves(nxt.reward)[0]))
+        dones.append(np.asarray(nxt.done))
+        truncs.append(np.asarray(nxt.info["truncated"]))
+        state = nxt
+
+    # A second reset must also agree with step states (e.g. not depend on Python state).
+    _compare_structure("state", reset_fn(jax.random.split(key, n_envs)), state, "reset", "step")
+    return EnvCheckReport(
+        n_envs=n_envs,
+        n_steps=n_steps,
+        reward=np.stack(rewards) if rewards else np.zeros((0, n_envs), np.float32),
+        done=np.stack(dones) if dones else np.zeros((0, n_envs), np.float32),
+        truncated=np.stack(truncs) if truncs else np.zeros((0, n_envs), np.float32),
+    )
