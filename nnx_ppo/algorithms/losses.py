@@ -76,8 +76,7 @@ def replay_network(graphdef, params, rest, trajectory: Trajectory) -> ReplayResu
     T, M = trajectory.reset.shape
     if not jax.tree.leaves(trajectory.carry):
         flat = lambda tree: jax.tree.map(lambda x: jnp.reshape(x, (T * M,) + x.shape[2:]), tree)
-        carry = jax.tree.map(lambda x: x, trajectory.carry)  # an empty structure
-        carry = jax.tree.map(lambda x: x[0], carry)
+        carry = jax.tree.map(lambda x: x[0], trajectory.carry)  # an empty structure
         out, _ = apply_network(graphdef, params, rest, carry, flat(trajectory.obs), flat(trajectory.extras))
         unflat = lambda tree: jax.tree.map(lambda x: jnp.reshape(x, (T, M) + x.shape[1:]), tree)
         return ReplayResult(
@@ -87,16 +86,20 @@ def replay_network(graphdef, params, rest, trajectory: Trajectory) -> ReplayResu
             carry=trajectory.carry,
         )
 
-    def step(carry, inputs):
+    def step(scan_carry, inputs):
+        # ``rest`` rides along so RNG streams touched by ``reset_state`` are
+        # traced at this level; its updates are discarded after the replay.
+        carry, rest_t = scan_carry
         obs, extras, reset, stored = inputs
-        fresh, _ = reset_network_state(graphdef, params, rest, carry)
+        fresh, rest_t = reset_network_state(graphdef, params, rest_t, carry)
         carry_in = select_where(reset, _straight_through(stored, fresh), carry)
-        out, _ = apply_network(graphdef, params, rest, carry_in, obs, extras)
-        return out.next_state, (out.output, jnp.asarray(out.regularization_loss, jnp.float32), out.metrics, carry)
+        out, rest_t = apply_network(graphdef, params, rest_t, carry_in, obs, extras)
+        regularization = jnp.asarray(out.regularization_loss, jnp.float32)
+        return (out.next_state, rest_t), (out.output, regularization, out.metrics, carry)
 
     start = jax.tree.map(lambda x: x[0], trajectory.carry)
     xs = (trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
-    _, (output, regularization, metrics, carries) = jax.lax.scan(step, start, xs)
+    _, (output, regularization, metrics, carries) = jax.lax.scan(step, (start, rest), xs)
     return ReplayResult(
         output=output,
         regularization_loss=jnp.mean(regularization),

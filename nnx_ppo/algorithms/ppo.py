@@ -122,6 +122,22 @@ def _check_network_matches_env(env, network, config: PPOConfig) -> None:
                 raise ValueError(f"the network's {name} have shape {leaf.shape}, expected ({B},) = (n_envs,)")
 
 
+def _unalias(tree: Any) -> Any:
+    """Copy leaves that appear more than once (e.g. an LSTM's ``h`` and ``c``
+    built from one zeros array), so the whole tree can be donated."""
+    seen: set[int] = set()
+
+    def leaf(x):
+        if id(x) in seen:
+            return jnp.copy(x) if not jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(
+                jnp.copy(jax.random.key_data(x)), impl=jax.random.key_impl(x)
+            )
+        seen.add(id(x))
+        return x
+
+    return jax.tree.map(leaf, tree)
+
+
 def new_training_state(env, network, config: TrainConfig) -> TrainingState:
     """Initial training state: resets ``config.ppo.n_envs`` envs, initializes the
     network carry and the optimizer. Does not modify ``network``."""
@@ -195,7 +211,7 @@ def _update_epochs(graphdef, optimizer, params, opt_state, rest, data: Minibatch
         (_, metrics), grads = grad_fn(params, graphdef, rest, batch, config)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics["optimizer/grad_norm"] = optax.global_norm(grads)
+        metrics["optimizer/grad_norm"] = optax.tree.norm(grads)
         return (params, opt_state), metrics
 
     def epoch(carry, epoch_key):
@@ -260,16 +276,32 @@ def train_iteration(env, graphdef, optimizer, config: PPOConfig, state: Training
     return next_state, metrics
 
 
-def make_train_fn(env, graphdef, config: PPOConfig, n_iterations: int) -> Callable:
-    """Compile ``n_iterations`` iterations into one program:
-    ``fn(state) -> (state, metrics with leaves [n_iterations])``. The input
-    state's buffers are donated."""
+def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int) -> Callable:
+    """Compile up to ``max_iterations`` iterations into one program:
+    ``fn(state, n) -> (state, metrics)`` runs ``n <= max_iterations``
+    iterations (``n`` is a runtime value, so a shorter last call does not
+    recompile); metric leaves are ``[max_iterations]``, rows ``>= n`` unused.
+    The input state's buffers are donated."""
     optimizer = make_optimizer(config)
+    iteration = lambda s: train_iteration(env, graphdef, optimizer, config, s)
 
-    def run(state):
-        return jax.lax.scan(
-            lambda s, _: train_iteration(env, graphdef, optimizer, config, s), state, None, length=n_iterations
-        )
+    if max_iterations == 1:
+        def run(state, n):
+            del n
+            state, metrics = iteration(state)
+            return state, jax.tree.map(lambda m: m[None], metrics)
+    else:
+        def run(state, n):
+            shapes = jax.eval_shape(iteration, state)[1]
+            buffer = jax.tree.map(lambda m: jnp.zeros((max_iterations,) + m.shape, m.dtype), shapes)
+
+            def body(i, carry):
+                state, buffer = carry
+                state, metrics = iteration(state)
+                buffer = jax.tree.map(lambda b, m: b.at[i].set(m), buffer, metrics)
+                return state, buffer
+
+            return jax.lax.fori_loop(0, n, body, (state, buffer))
 
     return jax.jit(run, donate_argnums=0)
 
@@ -344,6 +376,10 @@ def train_ppo(
     log_fn: Callable[[dict[str, float], int], None] | None = None,
     eval_env=None,
     state: TrainingState | None = None,
+    checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
+    checkpoint_metadata: dict | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Train ``network`` on ``env`` with PPO; the network is updated in place.
 
@@ -357,6 +393,15 @@ def train_ppo(
         and every evaluation, with flat ``/``-joined keys.
       eval_env: env for evaluation (default ``env``).
       state: continue from this training state instead of a fresh one.
+      checkpoint_dir: save the whole training state here every
+        ``config.checkpoint_every_steps`` env steps (keeping the last
+        ``config.keep_checkpoints``) and at the end.
+      resume_from: a checkpoint directory (or one checkpoint in it) to
+        continue from; the latest complete checkpoint is used.
+      checkpoint_metadata: JSON-serializable data saved with each checkpoint
+        (e.g. how to rebuild the network for inference).
+      should_stop: polled between compiled calls; returning True ends
+        training early (the state so far is saved and returned).
 
     Raises:
       NonFiniteError: NaN/inf in rewards, observations or the loss, at the
@@ -366,6 +411,21 @@ def train_ppo(
     eval_env = eval_env if eval_env is not None else env
     if state is None:
         state = new_training_state(env, network, config)
+    if resume_from is not None:
+        from nnx_ppo.algorithms import checkpointing
+
+        state = checkpointing.restore_training_state(resume_from, state)
+    state = _unalias(state)
+    last_checkpoint_steps = int(state.iteration) * ppo.steps_per_iteration
+
+    def save_checkpoint(steps: int) -> None:
+        nonlocal last_checkpoint_steps
+        from nnx_ppo.algorithms import checkpointing
+
+        checkpointing.save_training_state(
+            checkpoint_dir, state, config, step=steps, keep=config.keep_checkpoints, metadata=checkpoint_metadata
+        )
+        last_checkpoint_steps = steps
     graphdef, _, _ = nnx.split(network, nnx.Param, ...)
     if config.eval.enabled:
         network.eval()
@@ -376,7 +436,7 @@ def train_ppo(
 
     total_iterations = ppo.n_iterations
     start_iteration = int(state.iteration)
-    compiled: dict[int, Callable] = {}
+    train_fn = make_train_fn(env, graphdef, ppo, config.iterations_per_call)
     eval_history: list[tuple[int, dict[str, float]]] = []
     last_metrics: dict[str, float] = {}
     compile_seconds = 0.0
@@ -395,12 +455,10 @@ def train_ppo(
     iteration = start_iteration
     while iteration < total_iterations:
         n = min(config.iterations_per_call, total_iterations - iteration)
-        if n not in compiled:
-            compiled[n] = make_train_fn(env, graphdef, ppo, n)
-        first_call = not compile_seconds and iteration == start_iteration
+        first_call = iteration == start_iteration
         t0 = time.perf_counter()
-        state, metrics = compiled[n](state)
-        rows = _host_metrics(metrics)
+        state, metrics = train_fn(state, jnp.asarray(n, jnp.int32))
+        rows = _host_metrics(metrics)[:n]
         elapsed = time.perf_counter() - t0
         if first_call:
             compile_seconds = elapsed
@@ -417,7 +475,15 @@ def train_ppo(
             last_eval_steps < 0 or steps - last_eval_steps >= config.eval.every_steps or iteration == total_iterations
         ):
             run_eval(steps)
+        if checkpoint_dir is not None and config.checkpoint_every_steps is not None and (
+            steps - last_checkpoint_steps >= config.checkpoint_every_steps
+        ):
+            save_checkpoint(steps)
+        if should_stop is not None and should_stop():
+            break
 
+    if checkpoint_dir is not None and last_checkpoint_steps != iteration * ppo.steps_per_iteration:
+        save_checkpoint(iteration * ppo.steps_per_iteration)
     nnx.update(network, state.params, state.rest)
     return TrainResult(
         state=state,

@@ -149,6 +149,11 @@ class GymnaxEnv(RLEnv):
 # --------------------------------------------------------------------------- playground
 
 
+def _allow_rank_promotion():
+    """MuJoCo/MJX and Brax rely on implicit rank promotion; allow it while tracing them."""
+    return jax.numpy_rank_promotion("allow")
+
+
 def _space_from_size(size) -> Any:
     if isinstance(size, int):
         return Box((size,))
@@ -167,13 +172,16 @@ class PlaygroundEnv(RLEnv):
     this adapter in :class:`TimeLimit`. Actions are in ``[-1, 1]``.
     """
 
+    check_keys_in_data = False  # the wrapped env may keep a reset-only key
+
     def __init__(self, env, name: str = "?"):
         self.env = env
         self.name = name
 
     @property
     def observation_space(self):
-        return _space_from_size(self.env.observation_size)
+        with _allow_rank_promotion():
+            return _space_from_size(self.env.observation_size)
 
     @property
     def action_space(self):
@@ -191,10 +199,13 @@ class PlaygroundEnv(RLEnv):
         )
 
     def reset(self, key):
-        return self._wrap(self.env.reset(key), {"truncated": _f32(0.0)})
+        with _allow_rank_promotion():
+            pstate = self.env.reset(key)
+        return self._wrap(pstate, {"truncated": _f32(0.0)})
 
     def step(self, state, action):
-        pstate = self.env.step(state.data, jnp.asarray(action, jnp.float32))
+        with _allow_rank_promotion():
+            pstate = self.env.step(state.data, jnp.asarray(action, jnp.float32))
         return self._wrap(pstate, {**state.info, "truncated": _f32(0.0)})
 
     def render(self, states, **kwargs):
@@ -229,13 +240,16 @@ class BraxEnv(RLEnv):
     this adapter in :class:`TimeLimit`.
     """
 
+    check_keys_in_data = False  # the wrapped env may keep a reset-only key
+
     def __init__(self, env, name: str = "?"):
         self.env = env
         self.name = name
 
     @property
     def observation_space(self):
-        return _space_from_size(self.env.observation_size)
+        with _allow_rank_promotion():
+            return _space_from_size(self.env.observation_size)
 
     @property
     def action_space(self):
@@ -253,10 +267,13 @@ class BraxEnv(RLEnv):
         )
 
     def reset(self, key):
-        return self._wrap(self.env.reset(key), {"truncated": _f32(0.0)})
+        with _allow_rank_promotion():
+            bstate = self.env.reset(key)
+        return self._wrap(bstate, {"truncated": _f32(0.0)})
 
     def step(self, state, action):
-        bstate = self.env.step(state.data, jnp.asarray(action, jnp.float32))
+        with _allow_rank_promotion():
+            bstate = self.env.step(state.data, jnp.asarray(action, jnp.float32))
         return self._wrap(bstate, {**state.info, "truncated": _f32(0.0)})
 
     def __repr__(self):

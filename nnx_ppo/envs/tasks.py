@@ -118,15 +118,16 @@ class CartpoleNoVelocity(RLEnv):
     is 1.0 for every step taken while the pole is up (including the step that
     terminates), 0 afterwards.
 
-    The observation is ``[x, theta]`` only (``full_observation=True`` appends
-    ``[x_dot, theta_dot]``), so a policy has to infer velocities from the
+    The observation is ``[x, theta]`` only (``full_observation=True`` gives the
+    full state ``[x, x_dot, theta, theta_dot]``), so a policy has to infer velocities from the
     history: a memory task. Use with a time limit: ``make("cartpole_no_velocity")``
     applies ``TimeLimit(200)``, so episodes that keep the pole up are truncated.
 
     **Optimal return: the episode length (200 by default).** A linear state-
     feedback controller that sees velocities achieves it from every initial
     state; the same controller with velocities zeroed (a good memoryless
-    policy) drops the pole well before the time limit.
+    policy) drops the pole before the time limit in most episodes (mean
+    return about 100 of 200).
     """
 
     gravity = 9.8
@@ -143,11 +144,11 @@ class CartpoleNoVelocity(RLEnv):
 
     @property
     def observation_space(self):
-        low = [-2 * self.x_threshold, -2 * self.theta_threshold]
-        high = [2 * self.x_threshold, 2 * self.theta_threshold]
-        if self.full_observation:
-            low += [-np.inf, -np.inf]
-            high += [np.inf, np.inf]
+        if self.full_observation:  # [x, x_dot, theta, theta_dot]
+            low = [-2 * self.x_threshold, -np.inf, -2 * self.theta_threshold, -np.inf]
+        else:  # [x, theta]
+            low = [-2 * self.x_threshold, -2 * self.theta_threshold]
+        high = [-v for v in low]
         return Box((len(low),), np.array(low), np.array(high))
 
     @property

@@ -54,6 +54,11 @@ class RLEnv:
     functions of their inputs and must be jit- and vmap-compatible.
     """
 
+    #: Whether ``check_env`` should require PRNG keys found in ``state.data`` to
+    #: change on every step. Adapters over third-party envs set this to False:
+    #: those envs may keep a key that is only used at reset.
+    check_keys_in_data: bool = True
+
     def reset(self, key: jax.Array) -> EnvState:
         raise NotImplementedError
 

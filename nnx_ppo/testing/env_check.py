@@ -20,13 +20,18 @@ class EnvCheckError(ValueError):
 
 @dataclasses.dataclass
 class EnvCheckReport:
-    """What ``check_env`` observed; arrays have shape ``(n_steps, n_envs)``."""
+    """What ``check_env`` observed; arrays have shape ``(n_steps, n_envs)``.
+
+    ``reset_state`` and ``last_state`` are the batched first and last states.
+    """
 
     n_envs: int
     n_steps: int
     reward: np.ndarray
     done: np.ndarray
     truncated: np.ndarray
+    reset_state: EnvState | None = None
+    last_state: EnvState | None = None
 
 
 def _fail(msg: str):
@@ -135,9 +140,10 @@ def _check_state(state, n_envs, obs_space, what):
         _fail("info['truncated']: set to 1 on a step where done is 0 (truncated implies done)")
 
 
-def _stored_keys(state):
+def _stored_keys(state, in_data=True):
     found = {}
-    found.update({k: x for k, x in _leaves_with_paths(state.data, "data").items() if _is_key(x)})
+    if in_data:
+        found.update({k: x for k, x in _leaves_with_paths(state.data, "data").items() if _is_key(x)})
     found.update({k: x for k, x in _leaves_with_paths(state.info, "info").items() if _is_key(x)})
     return found
 
@@ -163,6 +169,8 @@ def check_env(env, *, n_envs: int = 4, n_steps: int = 8, seed: int = 0, check_ke
     * (``check_keys``) a PRNG key stored in ``data`` or ``info`` (a typed key, or a
       uint32 array whose last axis is 2) is identical before and after a step in
       every env: a stochastic env that never advances its key repeats its "noise".
+      Keys in ``data`` are skipped for adapters of third-party envs
+      (``env.unwrapped.check_keys_in_data = False``).
 
     Returns an :class:`EnvCheckReport` with the rewards/dones/truncations seen.
     """
@@ -191,7 +199,8 @@ def check_env(env, *, n_envs: int = 4, n_steps: int = 8, seed: int = 0, check_ke
         _compare_structure("state", s0, nxt, "reset", "step")
         _check_state(nxt, n_envs, obs_space, "step")
         if check_keys and t == 0:
-            before, after = _stored_keys(state), _stored_keys(nxt)
+            in_data = getattr(env.unwrapped, "check_keys_in_data", True)
+            before, after = _stored_keys(state, in_data), _stored_keys(nxt, in_data)
             for k, x in before.items():
                 if k in after and np.array_equal(_key_bits(x), _key_bits(after[k])):
                     _fail(
@@ -211,4 +220,6 @@ def check_env(env, *, n_envs: int = 4, n_steps: int = 8, seed: int = 0, check_ke
         reward=np.stack(rewards) if rewards else np.zeros((0, n_envs), np.float32),
         done=np.stack(dones) if dones else np.zeros((0, n_envs), np.float32),
         truncated=np.stack(truncs) if truncs else np.zeros((0, n_envs), np.float32),
+        reset_state=s0,
+        last_state=state,
     )

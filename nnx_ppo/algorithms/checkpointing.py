@@ -1,0 +1,535 @@
+"""Checkpoints of the whole training state, for resuming and for inference.
+
+Layout of a run directory written by :func:`save_training_state`::
+
+    RUN_DIR/
+      step_000000065536/
+        network/        orbax checkpoint: params and rest (normalizer statistics, RNG streams)
+        training/       orbax checkpoint: optimizer state, rollout state, training key, iteration
+        layout.json     path, shape, dtype and PRNG-key impl of every saved leaf
+        config.json     dataclasses.asdict(TrainConfig)
+        metadata.json   the caller's metadata dict (or null)
+        COMMITTED       completion marker, written last
+
+A checkpoint is first written to a hidden temporary sibling
+(``.tmp-step_...``) and renamed into place once complete, so a crash while
+saving never leaves a ``step_*`` directory that looks finished. Directories
+without the ``COMMITTED`` marker are never picked.
+
+Typed PRNG keys (RNG streams, keys in env states and network carries, the
+training key) are stored as their raw key data and re-wrapped with the saved
+key implementation on restore.
+
+Restoring needs a *template* with the same structure, e.g. a fresh
+:func:`nnx_ppo.algorithms.ppo.new_training_state` for the same env, network
+and config; the saved paths and shapes are compared with the template's first
+so that a different architecture is reported by variable name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import shutil
+import typing
+import uuid
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+__all__ = [
+    "CheckpointError",
+    "COMMIT_MARKER",
+    "save_training_state",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "restore_training_state",
+    "load_config",
+    "load_metadata",
+    "load_network",
+]
+
+COMMIT_MARKER = "COMMITTED"
+"""Name of the file whose presence marks a checkpoint directory as complete."""
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_TMP_PREFIX = ".tmp-"
+_LAYOUT_FILE = "layout.json"
+_CONFIG_FILE = "config.json"
+_METADATA_FILE = "metadata.json"
+_FORMAT_VERSION = 1
+# Which TrainingState fields go into which orbax item.
+_NETWORK_FIELDS = ("params", "rest")
+_TRAINING_FIELDS = ("opt_state", "rollout", "key", "iteration")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint exists but cannot be read (corrupt, truncated or not a checkpoint)."""
+
+
+# --------------------------------------------------------------------------- leaves
+
+
+def _entry_name(entry: Any) -> str:
+    if isinstance(entry, jax.tree_util.DictKey):
+        return str(entry.key)
+    if isinstance(entry, jax.tree_util.SequenceKey):
+        return str(entry.idx)
+    if isinstance(entry, jax.tree_util.GetAttrKey):
+        return entry.name
+    if isinstance(entry, jax.tree_util.FlattenedIndexKey):
+        return str(entry.key)
+    return str(entry)
+
+
+def _path_name(prefix: str, path: tuple) -> str:
+    """``params/layers/0/kernel``: a readable name of a leaf (no trailing ``.value``)."""
+    names = [_entry_name(e) for e in path]
+    if names and names[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
+        names = names[:-1]
+    return "/".join([prefix, *names])
+
+
+def _is_key(leaf: Any) -> bool:
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _key_impl_name(leaf: Any) -> str:
+    return str(jax.random.key_impl(leaf))
+
+
+def _describe(prefix: str, tree: Any) -> tuple[list[dict], list[Any], Any]:
+    """Flatten one section: ``(layout entries, storable arrays, treedef)``.
+
+    Keys are replaced by their key data; every leaf becomes an array.
+    """
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    entries, arrays = [], []
+    for path, leaf in flat:
+        impl = None
+        if _is_key(leaf):
+            impl = _key_impl_name(leaf)
+            leaf = jax.random.key_data(leaf)
+        elif not isinstance(leaf, jax.Array):
+            leaf = jnp.asarray(leaf)
+        entries.append({
+            "path": _path_name(prefix, path),
+            "shape": list(leaf.shape),
+            "dtype": str(leaf.dtype),
+            "key_impl": impl,
+        })
+        arrays.append(leaf)
+    return entries, arrays, treedef
+
+
+def _leaf_name(i: int) -> str:
+    return f"leaf_{i:05d}"
+
+
+def _as_item(arrays: list[Any]) -> dict[str, Any]:
+    return {_leaf_name(i): a for i, a in enumerate(arrays)}
+
+
+def _sections(state: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(state, name) for name in fields}
+
+
+# --------------------------------------------------------------------------- finding checkpoints
+
+
+def _is_complete(path: pathlib.Path) -> bool:
+    return (path / COMMIT_MARKER).is_file()
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, pathlib.Path]]:
+    """Complete checkpoints in a run directory as ``(step, path)``, oldest first.
+
+    Directories without the ``COMMITTED`` marker and temporary directories of
+    unfinished writes are skipped. A missing directory gives ``[]``.
+    """
+    root = pathlib.Path(directory)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_RE.match(child.name)
+        if match and child.is_dir() and _is_complete(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
+    """The newest complete checkpoint in ``directory`` (a run directory), or
+    ``directory`` itself when it is a complete checkpoint; ``None`` if there is none."""
+    root = pathlib.Path(directory)
+    if root.is_dir() and _is_complete(root):
+        return root
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def _resolve(directory: str | os.PathLike) -> pathlib.Path:
+    """:func:`latest_checkpoint` or a FileNotFoundError explaining why there is none."""
+    root = pathlib.Path(directory)
+    if not root.exists():
+        raise FileNotFoundError(f"checkpoint directory {str(root)!r} does not exist")
+    if not root.is_dir():
+        raise FileNotFoundError(f"checkpoint path {str(root)!r} is not a directory")
+    found = latest_checkpoint(root)
+    if found is None:
+        hint = ""
+        if _STEP_RE.match(root.name):
+            hint = f" ({root.name} has no {COMMIT_MARKER} marker: its write was interrupted)"
+        raise FileNotFoundError(f"no complete checkpoint in {str(root)!r}{hint}")
+    return found
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def _checkpointer():
+    import orbax.checkpoint as ocp
+
+    return ocp.Checkpointer(ocp.StandardCheckpointHandler())
+
+
+def _save_item(path: pathlib.Path, item: dict[str, Any]) -> None:
+    import orbax.checkpoint as ocp
+
+    _checkpointer().save(path, args=ocp.args.StandardSave(item))
+
+
+def _write_json(path: pathlib.Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def save_training_state(
+    directory: str | os.PathLike,
+    state: Any,
+    config: Any,
+    *,
+    step: int,
+    keep: int | None = 3,
+    metadata: dict | None = None,
+) -> pathlib.Path:
+    """Save the whole training state as ``directory/step_<step:012d>/``.
+
+    Args:
+      directory: the run directory (created if missing).
+      state: a :class:`~nnx_ppo.algorithms.ppo.TrainingState`.
+      config: the :class:`~nnx_ppo.algorithms.config.TrainConfig` (saved as ``config.json``).
+      step: env steps trained so far; names the checkpoint.
+      keep: keep only this many most recent complete checkpoints (``None``: keep all).
+      metadata: JSON-serializable dict saved as ``metadata.json`` (e.g. how to
+        rebuild the network for :func:`load_network`).
+
+    Returns the path of the new checkpoint. The write is atomic: the
+    checkpoint only appears under its final name once complete. Saving an
+    existing step replaces it.
+    """
+    if keep is not None and keep <= 0:
+        raise ValueError(f"save_training_state: keep must be positive or None, got {keep}")
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"save_training_state: config must be a TrainConfig instance, got {config!r}")
+    step = int(step)
+    if step < 0:
+        raise ValueError(f"save_training_state: step must be >= 0, got {step}")
+    # Serialize the JSON parts first, so bad metadata fails before anything is written.
+    config_json = json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n"
+    try:
+        metadata_json = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
+    except TypeError as err:
+        raise TypeError(f"save_training_state: metadata must be JSON-serializable ({err})") from None
+
+    layout: dict[str, Any] = {"format": _FORMAT_VERSION, "step": step, "sections": {}}
+    items: dict[str, dict[str, Any]] = {}
+    for item_name, fields in (("network", _NETWORK_FIELDS), ("training", _TRAINING_FIELDS)):
+        item = {}
+        for name, tree in _sections(state, fields).items():
+            entries, arrays, _ = _describe(name, tree)
+            layout["sections"][name] = entries
+            item[name] = _as_item(arrays)
+        items[item_name] = item
+
+    root = pathlib.Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:012d}"
+    tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        for item_name, item in items.items():
+            _save_item(tmp / item_name, item)
+        _write_json(tmp / _LAYOUT_FILE, layout)
+        (tmp / _CONFIG_FILE).write_text(config_json)
+        (tmp / _METADATA_FILE).write_text(metadata_json)
+        (tmp / COMMIT_MARKER).write_text(f"step {step}\n")
+        if final.exists():
+            old = root / f"{_TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}"
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+    # Leftovers of interrupted writes (only one writer per run directory).
+    for child in root.iterdir():
+        if child.name.startswith(_TMP_PREFIX + "step_") and child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+    if keep is not None:
+        for _, old_path in list_checkpoints(root)[:-keep]:
+            shutil.rmtree(old_path, ignore_errors=True)
+    return final
+
+
+# --------------------------------------------------------------------------- restoring
+
+
+def _read_json(path: pathlib.Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {str(path.parent)!r} is corrupt: {path.name} is missing") from None
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {str(path.parent)!r} is corrupt: cannot read {path.name} ({err})") from None
+
+
+def _read_layout(path: pathlib.Path) -> dict[str, list[dict]]:
+    layout = _read_json(path / _LAYOUT_FILE)
+    if not isinstance(layout, dict) or not isinstance(layout.get("sections"), dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {_LAYOUT_FILE} has no sections")
+    if layout.get("format") != _FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has format {layout.get('format')!r}; this version reads format {_FORMAT_VERSION}"
+        )
+    return layout["sections"]
+
+
+def _what(section: str) -> str:
+    return {
+        "params": "network parameters",
+        "rest": "network variables (normalizer statistics, RNG streams)",
+        "opt_state": "optimizer state",
+        "rollout": "env states / network carries",
+        "key": "training key",
+        "iteration": "iteration counter",
+    }.get(section, section)
+
+
+def _hint(section: str) -> str:
+    if section == "rollout":
+        return " (another env or n_envs?)"
+    if section in ("params", "rest", "opt_state"):
+        return " (a network of another architecture?)"
+    return ""
+
+
+def _check_matches(path: pathlib.Path, section: str, saved: list[dict], expected: list[dict]) -> None:
+    """Raise ValueError naming the first leaf whose path, shape, dtype or key impl differ."""
+    saved_by_path = {e["path"]: e for e in saved}
+    expected_paths = {e["path"] for e in expected}
+    where = f"checkpoint {str(path)!r} does not match the template's {_what(section)}"
+    for want in expected:
+        have = saved_by_path.get(want["path"])
+        if have is None:
+            raise ValueError(
+                f"{where}: variable {want['path']} (shape {tuple(want['shape'])}) is not in the checkpoint; "
+                "was it saved from a network of another architecture?"
+            )
+        if list(have["shape"]) != list(want["shape"]):
+            raise ValueError(
+                f"{where}: variable {want['path']} has shape {tuple(have['shape'])} in the checkpoint "
+                f"but shape {tuple(want['shape'])} in the template{_hint(section)}"
+            )
+        if have["dtype"] != want["dtype"] or have.get("key_impl") != want.get("key_impl"):
+            saved_kind = have.get("key_impl") or have["dtype"]
+            want_kind = want.get("key_impl") or want["dtype"]
+            raise ValueError(
+                f"{where}: variable {want['path']} has dtype {saved_kind} in the checkpoint but "
+                f"{want_kind} in the template"
+            )
+    for have in saved:
+        if have["path"] not in expected_paths:
+            raise ValueError(
+                f"{where}: the checkpoint has variable {have['path']} (shape {tuple(have['shape'])}) "
+                "that the template lacks; was it saved from a network of another architecture?"
+            )
+    # Same set of paths: the leaf order must agree too (it does for equal tree structures).
+    if [e["path"] for e in saved] != [e["path"] for e in expected]:
+        raise ValueError(f"{where}: the variables are stored in another order (a different tree structure)")
+
+
+def _restore_sections(path: pathlib.Path, item_name: str, sections: dict[str, Any],
+                      saved_layout: dict[str, list[dict]]) -> dict[str, Any]:
+    """Check ``sections`` (name -> template tree) against the layout, read the
+    orbax item and rebuild each tree with the template's structure."""
+    import orbax.checkpoint as ocp
+
+    prepared = {}
+    for name, tree in sections.items():
+        entries, arrays, treedef = _describe(name, tree)
+        if name not in saved_layout:
+            raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {_LAYOUT_FILE} lacks the {name!r} section")
+        _check_matches(path, name, saved_layout[name], entries)
+        prepared[name] = (entries, arrays, treedef, jax.tree.leaves(tree))
+
+    target = {
+        name: _as_item([jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays])
+        for name, (_, arrays, _, _) in prepared.items()
+    }
+    try:
+        restored = _checkpointer().restore(path / item_name, args=ocp.args.StandardRestore(target))
+    except Exception as err:  # orbax / tensorstore raise many kinds
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt or unreadable: restoring {item_name}/ failed "
+            f"({type(err).__name__}: {err})"
+        ) from err
+
+    out = {}
+    for name, (entries, arrays, treedef, template_leaves) in prepared.items():
+        leaves = []
+        for i, (entry, template_leaf) in enumerate(zip(entries, template_leaves)):
+            value = restored[name][_leaf_name(i)]
+            if tuple(value.shape) != tuple(entry["shape"]) or str(value.dtype) != entry["dtype"]:
+                raise CheckpointError(
+                    f"checkpoint {str(path)!r} is corrupt: {entry['path']} was read with shape "
+                    f"{tuple(value.shape)} {value.dtype}, expected {tuple(entry['shape'])} {entry['dtype']}"
+                )
+            if entry["key_impl"] is not None:
+                value = jax.random.wrap_key_data(value, impl=entry["key_impl"])
+            elif isinstance(template_leaf, np.ndarray):
+                value = np.asarray(value)
+            elif isinstance(template_leaf, (bool, int, float, complex, np.generic)):
+                value = type(template_leaf)(np.asarray(value).item())
+            leaves.append(value)
+        out[name] = jax.tree_util.tree_unflatten(treedef, leaves)
+    return out
+
+
+def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
+    """Restore the latest complete checkpoint in ``directory`` (or the
+    checkpoint ``directory`` itself) into the structure of ``template``.
+
+    Args:
+      directory: a run directory or one checkpoint in it.
+      template: a :class:`~nnx_ppo.algorithms.ppo.TrainingState` with the same
+        structure, e.g. ``new_training_state(env, network, config)`` for the
+        same env, network architecture and config.
+
+    Returns a new ``TrainingState`` (same pytree structure, dtypes and key
+    implementations as ``template``).
+
+    Raises:
+      FileNotFoundError: ``directory`` is missing or holds no complete checkpoint.
+      ValueError: the template does not match (another architecture, number of
+        envs, ...); the message names the first differing variable and both shapes.
+      CheckpointError: the checkpoint is corrupt; the message names its path.
+    """
+    path = _resolve(directory)
+    layout = _read_layout(path)
+    values = {}
+    values.update(_restore_sections(path, "network", _sections(template, _NETWORK_FIELDS), layout))
+    values.update(_restore_sections(path, "training", _sections(template, _TRAINING_FIELDS), layout))
+    return dataclasses.replace(template, **values)
+
+
+# --------------------------------------------------------------------------- config / metadata
+
+
+def _build_dataclass(cls: type, data: dict, where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    for key, value in data.items():
+        if key not in names:
+            warnings.warn(f"{where}: ignoring unknown field {key!r} of {cls.__name__}", stacklevel=3)
+            continue
+        hint = hints.get(key)
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = _build_dataclass(hint, value, where)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def load_config(directory: str | os.PathLike):
+    """The :class:`~nnx_ppo.algorithms.config.TrainConfig` saved with the latest
+    checkpoint in ``directory`` (or with the checkpoint ``directory``)."""
+    from nnx_ppo.algorithms.config import TrainConfig
+
+    path = _resolve(directory)
+    data = _read_json(path / _CONFIG_FILE)
+    if not isinstance(data, dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {_CONFIG_FILE} is not an object")
+    try:
+        return _build_dataclass(TrainConfig, data, str(path / _CONFIG_FILE))
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {_CONFIG_FILE} is not a valid TrainConfig ({err})") from err
+
+
+def load_metadata(directory: str | os.PathLike) -> dict | None:
+    """The metadata dict saved with the latest checkpoint (``None`` if none was given)."""
+    path = _resolve(directory)
+    return _read_json(path / _METADATA_FILE)
+
+
+# --------------------------------------------------------------------------- inference
+
+
+def _network_from_metadata(path: pathlib.Path, metadata: Any):
+    spec = metadata.get("network") if isinstance(metadata, dict) else None
+    if not isinstance(spec, dict) or "env" not in spec:
+        raise ValueError(
+            f"checkpoint {str(path)!r} has no metadata['network'] describing how to rebuild the network; "
+            "build the network yourself and pass it as load_network(directory, network=...)"
+        )
+    from nnx_ppo import envs
+    from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+    env = envs.make(spec["env"], **spec.get("env_kwargs", {}))
+    return make_actor_critic_for_env(env, spec.get("kind", "mlp"), nnx.Rngs(int(spec.get("seed", 0))),
+                                     **spec.get("kwargs", {}))
+
+
+def load_network(directory: str | os.PathLike, network: Any = None):
+    """Load a trained network for inference from the latest checkpoint in
+    ``directory`` (or the checkpoint ``directory``).
+
+    Only the network's variables (parameters, normalizer statistics, RNG
+    streams) are read; the optimizer and env states are not needed.
+
+    Args:
+      directory: a run directory or one checkpoint in it.
+      network: a network of the same architecture to load into (updated in
+        place). If ``None``, it is rebuilt from ``metadata["network"]`` =
+        ``{"env": spec, "kind": "mlp"|"lstm"|"gru", "kwargs": {...}, "seed": int,
+        "env_kwargs": {...}}`` with
+        :func:`~nnx_ppo.networks.factories.make_actor_critic_for_env`.
+
+    Returns the network, switched to deterministic mode (``network.eval()``).
+    Step it with ``out = net(net.initialize_state(B), obs)``.
+
+    Raises:
+      FileNotFoundError, CheckpointError: as :func:`restore_training_state`.
+      ValueError: the network does not match the checkpoint (names the first
+        differing variable and both shapes), or ``network`` is None and the
+        metadata does not say how to build it.
+    """
+    path = _resolve(directory)
+    if network is None:
+        network = _network_from_metadata(path, _read_json(path / _METADATA_FILE))
+    layout = _read_layout(path)
+    _, params, rest = nnx.split(network, nnx.Param, ...)
+    values = _restore_sections(path, "network", {"params": params, "rest": rest}, layout)
+    nnx.update(network, values["params"], values["rest"])
+    network.eval()
+    return network

@@ -1,0 +1,280 @@
+"""The run directory written by ``nnx-ppo train``, and the loggers that fill it.
+
+Layout of a run directory::
+
+    RUN_DIR/
+      config.json          env spec, env kwargs, network kind/kwargs/seed, full TrainConfig
+      metrics.jsonl        one JSON object per iteration (and per evaluation, marked "eval": true)
+      learning_curve.png   eval return and training episode return vs env steps
+      tb/                  TensorBoard event files (tensorboardX)
+      checkpoints/         training-state checkpoints (the last one is the final network)
+
+Everything here is plain Python/NumPy; no JAX is needed to read a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+
+__all__ = [
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "CURVE_FILE",
+    "TB_DIR",
+    "CHECKPOINT_DIR",
+    "default_run_dir",
+    "train_config_to_dict",
+    "train_config_from_dict",
+    "write_run_config",
+    "read_run_config",
+    "read_metrics",
+    "truncate_metrics",
+    "plot_learning_curve",
+    "RunLogger",
+]
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+CURVE_FILE = "learning_curve.png"
+TB_DIR = "tb"
+CHECKPOINT_DIR = "checkpoints"
+
+
+def default_run_dir(env_spec: str, root: str | os.PathLike = "runs") -> Path:
+    """``runs/<env>-<YYYYmmdd-HHMMSS>`` (env spec made filesystem-safe; a
+    numeric suffix is added if that directory already exists)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", env_spec).strip("_") or "env"
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(root) / f"{safe}-{stamp}"
+    i = 1
+    while path.exists():
+        path = Path(root) / f"{safe}-{stamp}-{i}"
+        i += 1
+    return path
+
+
+# --------------------------------------------------------------------------- config.json
+
+
+def train_config_to_dict(config: TrainConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def train_config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Inverse of :func:`train_config_to_dict`; unknown keys are ignored so
+    older/newer run directories still load."""
+
+    def pick(cls, d):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return {k: v for k, v in (d or {}).items() if k in names}
+
+    top = pick(TrainConfig, data)
+    top["ppo"] = PPOConfig(**pick(PPOConfig, data.get("ppo")))
+    top["eval"] = EvalConfig(**pick(EvalConfig, data.get("eval")))
+    return TrainConfig(**top)
+
+
+def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:
+    path = Path(run_dir) / CONFIG_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(content, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not an nnx-ppo run directory (no {CONFIG_FILE})")
+    return json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------- metrics.jsonl
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """All rows of ``metrics.jsonl`` (a half-written last line is skipped)."""
+    path = Path(run_dir) / METRICS_FILE
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def truncate_metrics(run_dir: str | os.PathLike, max_env_steps: int) -> int:
+    """Drop rows logged after ``max_env_steps`` (e.g. past the checkpoint a
+    crashed run is resumed from). Returns how many rows were dropped."""
+    rows = read_metrics(run_dir)
+    kept = [r for r in rows if int(r.get("env_steps", 0)) <= max_env_steps]
+    if len(kept) != len(rows):
+        path = Path(run_dir) / METRICS_FILE
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, path)
+    return len(rows) - len(kept)
+
+
+def _json_float(x: float) -> float | str | None:
+    """JSON has no NaN/inf; keep them readable as strings."""
+    x = float(x)
+    return x if math.isfinite(x) else str(x)
+
+
+# --------------------------------------------------------------------------- learning curve
+
+
+def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, title: str = "") -> None:
+    """Eval return (and its min/max band) and training episode return vs env steps."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    def series(filter_fn, key):
+        xs, ys = [], []
+        for r in rows:
+            if filter_fn(r) and isinstance(r.get(key), (int, float)):
+                xs.append(r["env_steps"])
+                ys.append(r[key])
+        return xs, ys
+
+    train_x, train_y = series(
+        lambda r: not r.get("eval") and r.get("train/completed_episodes", 1) > 0, "train/episode_return"
+    )
+    eval_x, eval_y = series(lambda r: r.get("eval"), "eval/episode_return")
+    _, eval_lo = series(lambda r: r.get("eval"), "eval/episode_return_min")
+    _, eval_hi = series(lambda r: r.get("eval"), "eval/episode_return_max")
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    if train_x:
+        ax.plot(train_x, train_y, color="tab:blue", alpha=0.6, linewidth=1, label="train episode return")
+    if eval_x:
+        if len(eval_lo) == len(eval_x) and len(eval_hi) == len(eval_x):
+            ax.fill_between(eval_x, eval_lo, eval_hi, color="tab:orange", alpha=0.2, linewidth=0)
+        ax.plot(eval_x, eval_y, "o-", color="tab:orange", linewidth=2, markersize=4, label="eval return (deterministic)")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("episode return")
+    if title:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if train_x or eval_x:
+        ax.legend(loc="best")
+    fig.tight_layout()
+    tmp = Path(str(path) + ".tmp.png")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- the logger
+
+
+class RunLogger:
+    """Receives ``train_ppo``'s ``log_fn(metrics, env_steps)`` calls and writes
+    ``metrics.jsonl``, TensorBoard events, the learning curve and (optionally)
+    Weights & Biases.
+
+    Rows whose keys all start with ``eval/`` are evaluation rows: they are
+    written with ``"eval": true`` and refresh the learning curve.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        steps_per_iteration: int,
+        title: str = "",
+        tensorboard: bool = True,
+        wandb_run: Any = None,
+        resumed: bool = False,
+    ):
+        self.run_dir = Path(run_dir)
+        self.steps_per_iteration = steps_per_iteration
+        self.title = title
+        self.rows = read_metrics(self.run_dir)  # earlier rows of a resumed run, for the curve
+        self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)
+        self._tensorboard = tensorboard
+        self._tb = None
+        self._first = True
+        self._resumed = resumed
+        self._wandb = wandb_run
+        self.iterations_logged = 0
+        self.last_eval: dict[str, float] | None = None
+        self.last_train: dict[str, float] | None = None
+
+    @staticmethod
+    def is_eval(metrics: dict[str, float]) -> bool:
+        return bool(metrics) and all(k.startswith("eval/") for k in metrics)
+
+    def _start(self, env_steps: int) -> None:
+        """On the first row: a resumed run continues from its last checkpoint,
+        so rows a crashed run logged after it are dropped (here and, via
+        ``purge_step``, in TensorBoard)."""
+        purge = None
+        if self._resumed:
+            if truncate_metrics(self.run_dir, env_steps - 1):
+                self._file.close()
+                self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)
+                self.rows = read_metrics(self.run_dir)
+            purge = env_steps
+        if self._tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / TB_DIR), purge_step=purge)
+
+    def __call__(self, metrics: dict[str, float], env_steps: int) -> None:
+        if self._first:
+            self._first = False
+            self._start(int(env_steps))
+        is_eval = self.is_eval(metrics)
+        row: dict[str, Any] = {"env_steps": int(env_steps)}
+        if is_eval:
+            row["eval"] = True
+        else:
+            row["iteration"] = int(env_steps) // self.steps_per_iteration
+        row.update({k: _json_float(v) for k, v in metrics.items()})
+        self._file.write(json.dumps(row) + "\n")
+        self.rows.append(row)
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if math.isfinite(float(v)):
+                    self._tb.add_scalar(k, float(v), int(env_steps))
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=int(env_steps))
+        if is_eval:
+            self.last_eval = dict(metrics)
+            if self._tb is not None:
+                self._tb.flush()
+            self.refresh_curve()
+        else:
+            self.iterations_logged += 1
+            self.last_train = dict(metrics)
+
+    def refresh_curve(self) -> None:
+        plot_learning_curve(self.rows, self.run_dir / CURVE_FILE, self.title)
+
+    def close(self) -> None:
+        try:
+            if self.rows:
+                self.refresh_curve()
+        finally:
+            self._file.close()
+            if self._tb is not None:
+                self._tb.close()
+            if self._wandb is not None:
+                self._wandb.finish()

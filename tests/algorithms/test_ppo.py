@@ -1,0 +1,109 @@
+"""PPO end to end on toy envs: value learning, bad input, learning."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.ppo import NonFiniteError, train_ppo
+from nnx_ppo.algorithms.rollout import apply_network
+from nnx_ppo.networks.factories import make_mlp_actor_critic
+
+from tests.algorithms.toy_envs import Constant, Target
+
+
+def test_constant_reward_value_with_truncation_bootstrap():
+    """Reward 1, no termination, 8-step time limit, gamma 0.98: with
+    bootstrapping on truncation, V = 1 / (1 - 0.98) = 50 everywhere."""
+    env = Constant(max_steps=8)
+    net = make_mlp_actor_critic(2, 1, (16,), (32, 32), nnx.Rngs(0), normalize_obs=False)
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=16, rollout_length=16, total_steps=16 * 16 * 400, discounting_factor=0.98,
+                      learning_rate=3e-3, normalize_advantages=True, n_minibatches=2, gradient_clipping=None),
+        eval=EvalConfig(enabled=False),
+        iterations_per_call=50,
+    )
+    train_ppo(env, net, config)
+    state = env.reset(jax.random.key(0))
+    obs = state.obs[None]
+    out = net(net.initialize_state(1), obs)
+    value = float(out.output.value_estimates[0])
+    assert abs(value - 50.0) <= 5.0, value
+
+
+def test_bad_config_errors_name_the_argument():
+    with pytest.raises(ValueError, match="n_envs .* divisible by n_minibatches"):
+        PPOConfig(n_envs=10, n_minibatches=4)
+    with pytest.raises(ValueError, match="rollout_length"):
+        PPOConfig(rollout_length=0)
+    with pytest.raises(ValueError, match="n_envs"):
+        PPOConfig(n_envs=-4, n_minibatches=1)
+
+
+def test_value_structure_mismatch_is_reported():
+    class DictReward(Target):
+        def reset(self, key):
+            s = super().reset(key)
+            return dataclasses.replace(s, reward={"a": s.reward, "b": s.reward})
+
+        def step(self, state, action):
+            s = super().step(dataclasses.replace(state, reward=state.reward["a"]), action)
+            return dataclasses.replace(s, reward={"a": s.reward, "b": s.reward})
+
+    env = DictReward()
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=4, total_steps=16, n_minibatches=2),
+                         eval=EvalConfig(enabled=False))
+    with pytest.raises(ValueError, match="value_estimates .* rewards"):
+        train_ppo(env, net, config)
+
+
+def test_nan_reward_raises_at_that_iteration():
+    class NaNAfter(Target):
+        def step(self, state, action):
+            s = super().step(state, action)
+            return dataclasses.replace(s, reward=jnp.where(s.info["steps"] >= 3, jnp.nan, s.reward))
+
+    env = NaNAfter(max_steps=50, p_end=0.0)
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=2, total_steps=40, n_minibatches=2),
+                         eval=EvalConfig(enabled=False))
+    with pytest.raises(NonFiniteError, match="rewards at iteration 2"):
+        train_ppo(env, net, config)
+
+
+def test_learns_discrete_target_quickly():
+    env = Target(obs_size=3, discrete=True, max_steps=10, p_end=0.0)
+    net = make_mlp_actor_critic(3, 3, (32,), (32,), nnx.Rngs(1), discrete=True, normalize_obs=False)
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=32, rollout_length=10, total_steps=32 * 10 * 60, learning_rate=3e-3,
+                      n_minibatches=4),
+        eval=EvalConfig(every_steps=10**9, n_envs=64, max_episode_length=10),
+        iterations_per_call=20,
+    )
+    result = train_ppo(env, net, config)
+    final = result.eval_history[-1][1]["eval/episode_return"]
+    assert final >= 9.0, final  # 10 is optimal, 3.3 is chance
+
+
+def test_log_fn_gets_flat_metrics():
+    env = Target()
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    rows = []
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=8, total_steps=64, n_minibatches=2),
+                         eval=EvalConfig(every_steps=32, n_envs=2, max_episode_length=8))
+    train_ppo(env, net, config, log_fn=lambda m, s: rows.append((s, m)))
+    train_rows = [m for _, m in rows if "loss/total" in m]
+    assert len(train_rows) == 2
+    keys = set(train_rows[0])
+    for key in ("loss/policy", "loss/value", "policy/approx_kl", "policy/clip_fraction",
+                "value/explained_variance", "optimizer/grad_norm", "train/episode_return",
+                "time/steps_per_second"):
+        assert key in keys, (key, sorted(keys))
+    assert any(k.startswith("network/") and k.endswith("/entropy") for k in keys), sorted(keys)
+    assert all(isinstance(v, float) for v in train_rows[0].values())
+    assert any("eval/episode_return" in m for _, m in rows)

@@ -1,0 +1,113 @@
+"""The replay guarantee, for a network holding every module the library ships."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.networks.adapter import PPOAdapter
+from nnx_ppo.networks.containers import Concat, Parallel, Sequential, Splitter
+from nnx_ppo.networks.delay import Delay
+from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.noise import BernoulliGate, DropoutMask, GaussianNoise
+from nnx_ppo.networks.normalizer import Normalizer
+from nnx_ppo.networks.recurrent import GRU, LSTM
+from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalSampler, NormalTanhSampler
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.utils import Filter, Flattener, Map, Merge, Scale
+from nnx_ppo.networks.variational import AR1VariationalBottleneck, VariationalBottleneck
+from nnx_ppo.testing import check_replay_consistency
+
+from tests.algorithms.toy_envs import Target
+
+
+class DictActionTarget(Target):
+    """Target whose action is a dict; only ``action["squashed"]`` matters."""
+
+    def step(self, state, action):
+        return super().step(state, action["squashed"])
+
+
+def everything_network(seed=0):
+    rngs = nnx.Rngs(seed)
+    relu = jax.nn.relu
+    trunk = Sequential([
+        Normalizer(3),
+        Parallel(a=Dense(3, 8, rngs, activation=jnp.tanh), b=Scale(0.5)),
+        Merge(first=Filter({"a": "a"}), second=Filter({"b": "b"})),
+        Concat(
+            a=Sequential([LSTM(8, 8, rngs, trainable_initial_state=True), GaussianNoise(0.1, rngs, fresh_keys_on_reset=True)]),
+            b=Sequential([Delay(jnp.zeros(3), 2), Dense(3, 8, rngs, activation=relu)]),
+        ),
+        GRU(16, 8, rngs),
+        DropoutMask(0.2, rngs),
+        Parallel(
+            gate=Sequential([Dense(8, 8, rngs), BernoulliGate(rngs, fresh_keys_on_reset=True)]),
+            vb=Sequential([Dense(8, 8, rngs), VariationalBottleneck(4, rngs, 0.01)]),
+            ar=Sequential([Dense(8, 8, rngs), AR1VariationalBottleneck(4, rngs, 0.01, 0.1, fresh_keys_on_reset=True)]),
+        ),
+        Flattener(),
+        Dense(16, 4 + 3 + 4 + 1, rngs),
+        Splitter(squashed=4, discrete=3, plain=4, value=1),
+    ])
+    action = Map(
+        squashed=NormalTanhSampler(rngs, entropy_weight=0.01),
+        discrete=CategoricalSampler(rngs, entropy_weight=0.01),
+        plain=NormalSampler(rngs),
+    )
+    return Sequential([trunk, PPOAdapter(action=action, value=Sequential([Filter({"v": "value"}), Flattener()]))])
+
+
+def test_every_module_replays_exactly_after_training():
+    env = DictActionTarget(obs_size=3, action_size=2, max_steps=5, p_end=0.15)
+    net = everything_network()
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=8, rollout_length=12, total_steps=8 * 12 * 3, n_minibatches=4, learning_rate=1e-3),
+        eval=EvalConfig(enabled=False),
+    )
+    train_ppo(env, net, config)  # statistics, RNG streams and params are no longer at their initial values
+    report = check_replay_consistency(net, env, n_envs=8, rollout_length=12, n_minibatches=4, seed=3)
+    assert report.n_resets > 0
+    assert report.passed, str(report)
+    assert report.max_abs_log_ratio <= 1e-5 and report.max_value_difference <= 1e-5
+
+
+class ClassLevelNoise(StatefulModule):
+    """Breaks the randomness rule: reads a class-level RNG inside __call__."""
+
+    def __init__(self, rngs):
+        self.rngs = rngs
+
+    def __call__(self, state, x, rollout_extras=None):
+        noise = jax.random.normal(self.rngs.noise(), x.shape)
+        return StatefulModuleOutput(next_state=state, output=x + noise)
+
+    def initialize_state(self, batch_size):
+        return {"dummy": jnp.zeros((batch_size, 1))}
+
+
+def test_class_level_rng_in_call_fails_the_check():
+    rngs = nnx.Rngs(0)
+    net = Sequential([
+        Dense(3, 8, rngs),
+        ClassLevelNoise(rngs),
+        PPOAdapter(action=Sequential([Dense(8, 4, rngs), NormalTanhSampler(rngs)]), value=Dense(8, 1, rngs)),
+    ])
+    env = Target(max_steps=5)
+    report = check_replay_consistency(net, env, n_envs=8, rollout_length=8, n_minibatches=4)
+    assert not report.passed
+    assert report.max_abs_log_ratio > 1e-3
+    assert "FAIL" in str(report)
+
+
+def test_stateless_network_passes_and_report_mentions_resets():
+    rngs = nnx.Rngs(0)
+    net = Sequential([
+        Normalizer(3),
+        PPOAdapter(action=Sequential([Dense(3, 4, rngs), NormalTanhSampler(rngs)]), value=Dense(3, 1, rngs)),
+    ])
+    report = check_replay_consistency(net, Target(max_steps=3), n_envs=4, rollout_length=8, n_minibatches=2)
+    assert report.passed and report.n_resets > 0, str(report)

@@ -1,0 +1,114 @@
+"""gymnax / playground / brax adapters and make()."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import nnx_ppo.envs as envs
+from nnx_ppo.envs import Box, Discrete, make
+from nnx_ppo.testing import check_env
+
+
+def test_make_unknown_and_list():
+    names = envs.list_envs()
+    for n in ["cue_memory", "cartpole_no_velocity", "constant_reward", "gymnax:CartPole-v1", "gymnax:Pendulum-v1"]:
+        assert n in names
+    assert any(n.startswith("playground:") for n in names) and any(n.startswith("brax:") for n in names)
+    with pytest.raises(ValueError, match="nope.*Available.*cue_memory"):
+        make("nope")
+    with pytest.raises(ValueError, match="foo:bar"):
+        make("foo:bar")
+    with pytest.raises(ValueError, match="gymnax:NoSuchEnv"):
+        make("gymnax:NoSuchEnv")
+
+
+def test_missing_optional_package_message(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name.startswith("mujoco_playground") or name.startswith("brax"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(ImportError, match=r'pip install "nnx_ppo\[playground\]"'):
+        make("playground:CartpoleBalance")
+    with pytest.raises(ImportError, match=r'pip install "nnx_ppo\[brax\]"'):
+        make("brax:inverted_pendulum")
+
+
+def test_gymnax_cartpole_terminates_without_autoreset():
+    env = make("gymnax:CartPole-v1")
+    assert env.action_space == Discrete(2)
+    assert env.observation_space.shape == (4,)
+    check_env(env, n_steps=4)
+    reset, step = jax.jit(jax.vmap(env.reset)), jax.jit(jax.vmap(env.step))
+    s = reset(jax.random.split(jax.random.PRNGKey(0), 8))
+    first_obs = s.obs
+    # Always push left: the pole falls in well under 100 steps (a true termination).
+    ended = None
+    for _ in range(100):
+        s = step(s, jnp.zeros(8, jnp.int32))
+        if ended is None and bool(np.all(np.asarray(s.done) == 1.0)):
+            ended = s
+            break
+        s = jax.tree_util.tree_map(lambda x: x, s)
+    assert ended is not None
+    np.testing.assert_array_equal(np.asarray(ended.info["truncated"]), 0.0)
+    # True final obs (not a fresh reset): the pole angle is beyond the 12 degree limit or x out.
+    obs = np.asarray(ended.obs)
+    assert np.all((np.abs(obs[:, 2]) > 0.2094) | (np.abs(obs[:, 0]) > 2.4))
+    assert not np.allclose(obs, np.asarray(first_obs))
+    assert ended.reward.dtype == jnp.float32 and ended.reward.shape == (8,)
+
+
+def test_gymnax_pendulum_truncates_and_rescales():
+    env = make("gymnax:Pendulum-v1", episode_length=5)
+    assert env.action_space == Box((1,), -1, 1)
+    rep = check_env(env, n_steps=5)
+    np.testing.assert_array_equal(rep.done[:-1], 0.0)
+    np.testing.assert_array_equal(rep.done[-1], 1.0)
+    np.testing.assert_array_equal(rep.truncated[-1], 1.0)
+    # Final obs is the true last obs, not a reset obs.
+    assert int(rep.last_state.data[0].time[0]) == 5
+    # Action +1 maps to the max torque (2.0); out-of-range actions are clipped.
+    s = env.reset(jax.random.PRNGKey(0))
+    s1 = env.step(s, jnp.array([1.0]))
+    assert float(s1.data[0].last_u) == pytest.approx(2.0)
+    s2 = env.step(s, jnp.array([-7.0]))
+    assert float(s2.data[0].last_u) == pytest.approx(-2.0)
+    s3 = env.step(s, jnp.array([0.0]))
+    assert float(s3.data[0].last_u) == pytest.approx(0.0)
+    # The key in data advances.
+    assert not np.array_equal(np.asarray(s.data[1]), np.asarray(s1.data[1]))
+
+
+def test_playground_adapter():
+    pytest.importorskip("mujoco_playground")
+    env = make("playground:CartpoleBalance", episode_length=3)
+    assert hasattr(env, "render")
+    assert env.action_space.shape == (1,) and isinstance(env.observation_space, Box)
+    # The adapter allows rank promotion inside MuJoCo's code itself.
+    rep = check_env(env, n_envs=2, n_steps=3)
+    np.testing.assert_array_equal(rep.done[-1], 1.0)
+    np.testing.assert_array_equal(rep.truncated[-1], 1.0)
+    np.testing.assert_array_equal(rep.done[:-1], 0.0)
+    # No auto-reset: the final state is the stepped one.
+    np.testing.assert_array_equal(np.asarray(rep.last_state.info["steps"]), 3)
+    assert not np.allclose(np.asarray(rep.last_state.obs), np.asarray(rep.reset_state.obs))
+
+
+def test_brax_adapter():
+    pytest.importorskip("brax")
+    # The positional pipeline compiles fastest.
+    env = make("brax:inverted_pendulum", episode_length=3, backend="positional")
+    assert env.action_space == Box((1,), -1, 1)
+    rep = check_env(env, n_envs=2, n_steps=3)
+    np.testing.assert_array_equal(rep.done[-1], 1.0)
+    np.testing.assert_array_equal(rep.truncated[-1], 1.0)
+    np.testing.assert_array_equal(rep.done[:-1], 0.0)
+    np.testing.assert_array_equal(np.asarray(rep.last_state.info["steps"]), 3)
+    assert not np.allclose(np.asarray(rep.last_state.obs), np.asarray(rep.reset_state.obs))

@@ -1,0 +1,172 @@
+"""The ``nnx-ppo`` command line: train / resume / eval / envs, run directory
+contents, clean errors and Ctrl-C. Budgets are tiny (8 envs, ~1k steps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nnx_ppo import cli
+from nnx_ppo import run_dir as rd
+
+REPO = Path(__file__).resolve().parents[1]
+
+N_ENVS, T = 8, 16
+TINY = [
+    "--network", "lstm", "--hidden-size", "8",
+    "--ppo.n-envs", str(N_ENVS), "--ppo.n-minibatches", "2", "--ppo.rollout-length", str(T),
+    "--ppo.n-epochs", "1", "--eval.n-envs", "8", "--eval.max-episode-length", "16",
+]
+TOTAL = 1024  # 8 iterations of 8 x 16 steps
+ITERATIONS = TOTAL // (N_ENVS * T)
+
+
+def iteration_rows(run: Path) -> list[dict]:
+    return [r for r in rd.read_metrics(run) if not r.get("eval")]
+
+
+def eval_rows(run: Path) -> list[dict]:
+    return [r for r in rd.read_metrics(run) if r.get("eval")]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("cli") / "run"
+    code = cli.main(["train", *TINY, "--ppo.total-steps", str(TOTAL), "--eval.every-steps", "512",
+                     "--run-dir", str(run), "--quiet"])
+    assert code == 0
+    return run
+
+
+def test_train_writes_run_directory(trained_run: Path):
+    config = json.loads((trained_run / "config.json").read_text())
+    assert config["env"] == "cue_memory"
+    assert config["env_kwargs"] == cli.DEFAULT_ENV_KWARGS
+    assert config["network"]["kind"] == "lstm"
+    assert config["network"]["hidden_size"] == 8
+    assert config["network"]["kwargs"] == {"hidden_size": 8, "encoder_sizes": [8]}
+    assert config["config"]["ppo"]["n_envs"] == N_ENVS
+    assert config["config"]["ppo"]["total_steps"] == TOTAL
+    assert rd.train_config_from_dict(config["config"]).ppo.rollout_length == T
+
+    rows = iteration_rows(trained_run)
+    assert len(rows) == ITERATIONS
+    assert [r["iteration"] for r in rows] == list(range(1, ITERATIONS + 1))
+    assert [r["env_steps"] for r in rows] == [i * N_ENVS * T for i in range(1, ITERATIONS + 1)]
+    assert "loss/total" in rows[0] and "train/episode_return" in rows[0]
+    evals = eval_rows(trained_run)
+    assert evals and evals[-1]["env_steps"] == TOTAL
+    assert 0.0 <= evals[-1]["eval/episode_return"] <= 1.0
+
+    png = trained_run / "learning_curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((trained_run / "tb").glob("events.out.tfevents.*"))
+    assert (trained_run / "checkpoints").is_dir() and any((trained_run / "checkpoints").iterdir())
+
+
+def test_eval_prints_return_statistics(trained_run: Path, capsys):
+    assert cli.main(["eval", str(trained_run), "--episodes", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "8 deterministic episodes" in out
+    for word in ("mean", "std", "min", "max"):
+        assert word in out
+
+
+def test_eval_video_on_unrenderable_env_is_a_clear_error(trained_run: Path, capsys):
+    assert cli.main(["eval", str(trained_run), "--video", str(trained_run / "v.gif")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot render" in err and "Traceback" not in err
+
+
+def test_train_refuses_to_overwrite_a_run(trained_run: Path, capsys):
+    assert cli.main(["train", "--run-dir", str(trained_run)]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_envs_lists_cue_memory(capsys):
+    assert cli.main(["envs"]) == 0
+    out = capsys.readouterr().out.split()
+    assert "cue_memory" in out and "gymnax:CartPole-v1" in out
+
+
+def test_unknown_env_is_a_one_line_error(tmp_path, capsys):
+    assert cli.main(["train", "no_such_env", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nnx-ppo: error: Unknown environment 'no_such_env'")
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_env_kwargs_is_a_clear_error(tmp_path, capsys):
+    assert cli.main(["train", "--env-kwargs", "not json", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "--env-kwargs must be a JSON object" in capsys.readouterr().err
+
+
+def test_resume_of_missing_run_is_a_clear_error(tmp_path, capsys):
+    assert cli.main(["train", "--resume", str(tmp_path / "nothing")]) == 2
+    assert "not an nnx-ppo run directory" in capsys.readouterr().err
+
+
+def _console(*args: str) -> list[str]:
+    script = Path(sys.executable).parent / "nnx-ppo"
+    return [str(script), *args] if script.exists() else [sys.executable, "-m", "nnx_ppo.cli", *args]
+
+
+def test_console_entry_point_unknown_env_exit_code():
+    proc = subprocess.run(_console("train", "no_such_env"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "Unknown environment 'no_such_env'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_ctrl_c_stops_cleanly_then_resume_appends(tmp_path):
+    """Real process: SIGINT after the first iterations -> a final checkpoint
+    and exit 0; then ``--resume`` (in-process) continues and appends rows."""
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        _console("train", *TINY, "--ppo.total-steps", "100000000", "--eval.every-steps", "100000000",
+                 "--run-dir", str(run), "--quiet"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    lines = []
+    try:
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("compiled in"):
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines) + out
+    assert proc.returncode == 0, out
+    assert "stopped early" in out and "--resume" in out
+    assert out.strip().splitlines()[-1].startswith("run directory:")
+
+    stopped_rows = iteration_rows(run)
+    assert stopped_rows
+    stopped_steps = stopped_rows[-1]["env_steps"]
+    ckpts = sorted((run / "checkpoints").iterdir())
+    assert ckpts and ckpts[-1].name.endswith(str(stopped_steps))
+
+    target = stopped_steps + 2 * N_ENVS * T
+    assert cli.main(["train", "--resume", str(run), "--ppo.total-steps", str(target), "--quiet"]) == 0
+    rows = iteration_rows(run)
+    assert len(rows) == len(stopped_rows) + 2
+    assert rows[: len(stopped_rows)] == stopped_rows
+    assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
+    config = json.loads((run / "config.json").read_text())
+    assert config["config"]["ppo"]["total_steps"] == target
+    assert len(config["resumed"]) == 1
+    assert eval_rows(run)[-1]["env_steps"] == target
