@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
-import math
-import os
 import signal
 import sys
 import threading
@@ -29,6 +27,13 @@ import tyro
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo import run_dir as rd
+
+
+def _has_checkpoint(directory: Path) -> bool:
+    """A complete checkpoint exists (a crashed save's temp dir does not count)."""
+    from nnx_ppo.algorithms.checkpointing import latest_checkpoint
+
+    return directory.is_dir() and latest_checkpoint(directory) is not None
 
 __all__ = ["main", "TrainCommand", "EvalCommand", "EnvsCommand", "DEFAULT_ENV", "DEFAULT_TRAIN_CONFIG"]
 
@@ -390,7 +395,7 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
             raise CliError("give either --run-dir or --resume, not both")
         run_dir = Path(cmd.resume)
         ckpt_dir = run_dir / rd.CHECKPOINT_DIR
-        if not ckpt_dir.is_dir() or not any(ckpt_dir.iterdir()):
+        if not _has_checkpoint(ckpt_dir):
             raise CliError(f"{run_dir} has no checkpoints to resume from")
     else:
         run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
@@ -516,7 +521,7 @@ def _run_eval(cmd: EvalCommand) -> int:
     except FileNotFoundError as e:
         raise CliError(str(e)) from None
     ckpt_dir = run_dir / rd.CHECKPOINT_DIR
-    if not ckpt_dir.is_dir() or not any(ckpt_dir.iterdir()):
+    if not _has_checkpoint(ckpt_dir):
         raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
     env = _make_env(saved["env"], saved.get("env_kwargs", {}))
     net_info = saved["network"]

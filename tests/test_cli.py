@@ -170,3 +170,15 @@ def test_ctrl_c_stops_cleanly_then_resume_appends(tmp_path):
     assert config["config"]["ppo"]["total_steps"] == target
     assert len(config["resumed"]) == 1
     assert eval_rows(run)[-1]["env_steps"] == target
+
+
+def test_wandb_flag_without_wandb_is_a_clear_error(tmp_path, capsys):
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("wandb is installed")
+    assert cli.main(["train", "--wandb", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "pip install wandb" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

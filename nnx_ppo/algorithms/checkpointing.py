@@ -284,7 +284,7 @@ def save_training_state(
 
     # Leftovers of interrupted writes (only one writer per run directory).
     for child in root.iterdir():
-        if child.name.startswith(_TMP_PREFIX + "step_") and child.is_dir():
+        if child.name.startswith(_TMP_PREFIX) and child.is_dir():
             shutil.rmtree(child, ignore_errors=True)
     if keep is not None:
         for _, old_path in list_checkpoints(root)[:-keep]:

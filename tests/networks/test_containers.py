@@ -425,3 +425,20 @@ def test_container_under_jit_with_split_merge():
         s_j, y = step(params, s_j, _x(t))
         for a, b in zip(jax.tree.leaves(y), jax.tree.leaves(out.output)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_concat_keeps_construction_order_through_split_merge():
+    # nnx.split/merge rebuilds the children dict with sorted keys; the
+    # concatenation order must stay the construction order (eager == jitted).
+    from nnx_ppo.networks.utils import Scale
+
+    c = Concat(b=Scale(2.0), a=Scale(1.0))
+    x = {"a": jnp.ones((B, 1)), "b": jnp.ones((B, 2))}
+    eager = c(c.initialize_state(B), x).output
+    np.testing.assert_array_equal(eager[0], [2.0, 2.0, 1.0])
+    graphdef, params = nnx.split(c)
+    merged = nnx.merge(graphdef, params)
+    np.testing.assert_array_equal(merged(merged.initialize_state(B), x).output, eager)
+    jitted = jax.jit(lambda p, s, x: nnx.merge(graphdef, p)(s, x).output)(
+        params, c.initialize_state(B), x)
+    np.testing.assert_array_equal(jitted, eager)
