@@ -28,16 +28,16 @@ import tyro
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo import run_dir as rd
 
+__all__ = ["main", "TrainCommand", "EvalCommand", "EnvsCommand", "DEFAULT_ENV", "DEFAULT_TRAIN_CONFIG"]
+
+PROG = "nnx-ppo"
+
 
 def _has_checkpoint(directory: Path) -> bool:
     """A complete checkpoint exists (a crashed save's temp dir does not count)."""
     from nnx_ppo.algorithms.checkpointing import latest_checkpoint
 
     return directory.is_dir() and latest_checkpoint(directory) is not None
-
-__all__ = ["main", "TrainCommand", "EvalCommand", "EnvsCommand", "DEFAULT_ENV", "DEFAULT_TRAIN_CONFIG"]
-
-PROG = "nnx-ppo"
 
 # ----------------------------------------------------------------------------- the default agent
 #

@@ -52,13 +52,21 @@ class _DictContainer(StatefulModule):
     """Shared plumbing for containers that hold named children."""
 
     def __init__(self, modules=None, /, **kwargs):
-        self.components = nnx.Dict(resolve_components(type(self).__name__, modules, kwargs))
+        components = resolve_components(type(self).__name__, modules, kwargs)
+        self.components = nnx.Dict(components)
+        # nnx.split/merge rebuilds ``components`` with sorted keys; keep the
+        # construction order (Concat's concatenation order) as static data.
+        self.names = tuple(components)
+
+    def _children(self):
+        """``(name, child)`` pairs in construction order."""
+        return [(name, self.components[name]) for name in self.names]
 
     def _run_children(self, state, inputs, rollout_extras):
         """Run each child on ``inputs[name]``; returns the merged pieces."""
         next_state, outputs, extras, metrics = {}, {}, {}, {}
         regularization = jnp.zeros((), jnp.float32)
-        for name, child in self.components.items():
+        for name, child in self._children():
             out = child(state[name], inputs[name], child_extras(rollout_extras, name))
             next_state[name] = out.next_state
             outputs[name] = out.output
@@ -83,25 +91,25 @@ class _DictContainer(StatefulModule):
         """Per-key dispatch: child ``name`` sees ``x[name]``."""
         if not isinstance(x, Mapping):
             raise ValueError(
-                f"{type(self).__name__}: x must be a dict with keys {list(self.components)}, "
+                f"{type(self).__name__}: x must be a dict with keys {list(self.names)}, "
                 f"got {type(x).__name__}"
             )
-        missing = [k for k in self.components if k not in x]
+        missing = [k for k in self.names if k not in x]
         if missing:
             raise ValueError(
                 f"{type(self).__name__}: x is missing keys {missing}; expected at least "
-                f"{list(self.components)}, got {list(x)}"
+                f"{list(self.names)}, got {list(x)}"
             )
-        return {name: x[name] for name in self.components}
+        return {name: x[name] for name in self.names}
 
     def initialize_state(self, batch_size):
-        return {name: c.initialize_state(batch_size) for name, c in self.components.items()}
+        return {name: c.initialize_state(batch_size) for name, c in self._children()}
 
     def reset_state(self, prev_state):
-        return {name: c.reset_state(prev_state[name]) for name, c in self.components.items()}
+        return {name: c.reset_state(prev_state[name]) for name, c in self._children()}
 
     def update_statistics(self, rollout_extras):
-        for name, child in self.components.items():
+        for name, child in self._children():
             child.update_statistics(rollout_extras[name])
 
     def __getitem__(self, name):
@@ -169,7 +177,7 @@ class Parallel(_DictContainer):
     """
 
     def __call__(self, state, x, rollout_extras=None):
-        return self._output(state, {name: x for name in self.components}, rollout_extras)
+        return self._output(state, {name: x for name in self.names}, rollout_extras)
 
 
 class Concat(_DictContainer):

@@ -163,8 +163,10 @@ def test_recurrent_actor_critic_discrete_and_errors():
 # --- make_actor_critic_for_env --------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", ["cue_memory", "gymnax:Pendulum-v1"])
-@pytest.mark.parametrize("network", ["mlp", "lstm", "gru"])
+@pytest.mark.parametrize("spec,network", [
+    ("cue_memory", "mlp"), ("cue_memory", "lstm"),
+    ("gymnax:Pendulum-v1", "mlp"), ("gymnax:Pendulum-v1", "gru"),
+])
 def test_make_actor_critic_for_env(spec, network):
     envs = pytest.importorskip("nnx_ppo.envs")
     try:

@@ -1,0 +1,417 @@
+"""Brain-like networks: named populations joined by (optionally delayed) projections.
+
+A :class:`PopulationGraph` is built in two phases. First declare populations
+and projections; then call :meth:`PopulationGraph.finalize`, which checks the
+wiring and fixes the order in which populations are computed within a step::
+
+    g = PopulationGraph(nnx.Rngs(0))
+    g.add_input("sensory", 3)
+    g.add_population("cortex", 16)
+    g.add_output("motor", 4)
+    g.connect("sensory", "cortex")
+    g.connect("cortex", "cortex", delay=1)       # recurrence needs delay >= 1
+    g.connect("cortex", "motor")
+    g.finalize()
+
+One step: each population (in a topological order of the delay-0
+connections) sums the outputs of its incoming projections, adds its external
+input if it is an input population, and applies its activation once. A
+projection ``src -> dst`` with ``delay=k`` feeds ``dst`` with ``src``'s output
+from ``k`` steps earlier (zeros for the first ``k`` steps after
+``initialize_state``/``reset_state``) passed through its ``transform``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_ppo.networks.containers import child_extras, prefix_metrics
+from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+__all__ = ["PopulationGraph"]
+
+_INPUT, _HIDDEN, _OUTPUT = "input", "population", "output"
+
+
+class _Population(NamedTuple):
+    name: str
+    kind: str  # _INPUT, _HIDDEN or _OUTPUT
+    size: int
+    activation: Callable[[jax.Array], jax.Array] | None
+    io_key: str | None  # input_from / output_to as given (None: use the name)
+
+
+class _Connection(NamedTuple):
+    name: str
+    src: str
+    dst: str
+    delay: int
+
+
+def _check_name(kind: str, name: Any) -> str:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"PopulationGraph: {kind} name must be a non-empty str, got {name!r}")
+    return name
+
+
+def _check_size(name: str, size: Any) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ValueError(f"PopulationGraph: size of population {name!r} must be a positive int, got {size!r}")
+    return size
+
+
+def _check_activation(name: str, activation: Any) -> Any:
+    if activation is not None and not callable(activation):
+        raise TypeError(
+            f"PopulationGraph: activation of population {name!r} must be callable or None, "
+            f"got {type(activation).__name__}"
+        )
+    return activation
+
+
+def _has_leaves(tree: Any) -> bool:
+    return bool(jax.tree.leaves(tree))
+
+
+class PopulationGraph(StatefulModule):
+    """Named neural populations connected by projections with synaptic delays.
+
+    Build with :meth:`add_input`, :meth:`add_population`, :meth:`add_output`
+    and :meth:`connect`, then :meth:`finalize`. Using the graph before
+    ``finalize`` raises a ``RuntimeError``; building after it, too.
+
+    Input: a dict read by key (``input_from`` or the population name) or, when
+    the graph has a single input population, a bare ``[B, size]`` array.
+
+    Output: ``{output_to or name: [B, size]}``; a graph with exactly one output
+    population that has no ``output_to`` returns the bare ``[B, size]`` array.
+
+    Carry: ``{"buffers": {population: [B, max_delay, size]}, "transforms":
+    {connection: carry}}``. A population has a buffer only if one of its
+    outgoing projections is delayed; slot ``-k`` holds its output from ``k``
+    steps ago. Only stateful transforms (non-empty carry) appear under
+    ``"transforms"``. :meth:`reset_state` zeros the buffers and resets the
+    transforms.
+
+    Extras and statistics are routed per connection (``{connection: extras}``);
+    regularization losses are summed; metrics are prefixed with the
+    connection name (``"cortex->motor/kl"``). Connection names default to
+    ``"src->dst"``.
+
+    Args:
+      rngs: used to initialize the default ``Dense`` transforms (at
+        :meth:`finalize`); not kept afterwards.
+    """
+
+    def __init__(self, rngs: nnx.Rngs):
+        self._rngs = rngs
+        self._finalized = False
+        self._populations: tuple[_Population, ...] = ()
+        self._connections: tuple[_Connection, ...] = ()
+        # One entry per connection; None where the default Dense is built at finalize.
+        self._pending_transforms = nnx.List([])
+
+    # ------------------------------------------------------------------ build
+
+    def _check_building(self, what: str) -> None:
+        if self._finalized:
+            raise RuntimeError(f"PopulationGraph: cannot {what} after finalize()")
+
+    def _add(self, kind: str, name: str, size: int, activation: Any, io_key: Any) -> None:
+        self._check_building(f"add population {name!r}")
+        name = _check_name("population", name)
+        if io_key is not None:
+            _check_name("input_from/output_to", io_key)
+        pop = _Population(name, kind, _check_size(name, size), _check_activation(name, activation), io_key)
+        self._populations = self._populations + (pop,)
+
+    def add_input(self, name: str, size: int, *, input_from: str | None = None,
+                  activation: Callable[[jax.Array], jax.Array] | None = None) -> None:
+        """A population that also receives ``x[input_from or name]`` (``[B, size]``)."""
+        self._add(_INPUT, name, size, activation, input_from)
+
+    def add_population(self, name: str, size: int, *,
+                       activation: Callable[[jax.Array], jax.Array] | None = jnp.tanh) -> None:
+        """A hidden population (default activation ``tanh``)."""
+        self._add(_HIDDEN, name, size, activation, None)
+
+    def add_output(self, name: str, size: int, *, output_to: str | None = None,
+                   activation: Callable[[jax.Array], jax.Array] | None = None) -> None:
+        """A population whose activity is returned under ``output_to or name``."""
+        self._add(_OUTPUT, name, size, activation, output_to)
+
+    def connect(self, src: str, dst: str, *, delay: int = 0, transform: StatefulModule | None = None,
+                name: str | None = None) -> str:
+        """Project ``src`` onto ``dst``; returns the connection name.
+
+        Args:
+          src, dst: population names (checked at :meth:`finalize`).
+          delay: ``k >= 0``; ``dst`` sees ``src``'s output from ``k`` steps ago.
+          transform: a :class:`StatefulModule` mapping ``[B, src_size]`` to
+            ``[B, dst_size]``; default ``Dense(src_size, dst_size, rngs)``
+            without activation.
+          name: the connection name (carry/extras key and metrics prefix);
+            default ``"src->dst"``. Needed to connect the same pair twice.
+        """
+        self._check_building(f"connect {src!r} -> {dst!r}")
+        _check_name("source population", src)
+        _check_name("target population", dst)
+        if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+            raise ValueError(f"PopulationGraph: delay of connection {src!r} -> {dst!r} must be an int >= 0, "
+                             f"got {delay!r}")
+        if transform is not None and not isinstance(transform, StatefulModule):
+            raise TypeError(f"PopulationGraph: transform of connection {src!r} -> {dst!r} must be a "
+                            f"StatefulModule, got {type(transform).__name__}")
+        name = f"{src}->{dst}" if name is None else _check_name("connection", name)
+        self._connections = self._connections + (_Connection(name, src, dst, delay),)
+        self._pending_transforms.append(transform)
+        return name
+
+    def finalize(self) -> PopulationGraph:
+        """Validate the wiring, build default transforms and fix the step order.
+
+        Raises ``ValueError`` for duplicate population/connection/output names,
+        unknown population names, a transform whose ``in_features`` /
+        ``out_features`` disagree with the population sizes, a non-input
+        population with no incoming connection, a graph without input or
+        output population, and a cycle made only of delay-0 connections (the
+        message names the populations on the cycle). Returns ``self``.
+        """
+        self._check_building("call finalize() twice: finalize()")
+        pops = self._populations
+        by_name: dict[str, _Population] = {}
+        for p in pops:
+            if p.name in by_name:
+                raise ValueError(f"PopulationGraph: duplicate population name {p.name!r}")
+            by_name[p.name] = p
+        if not any(p.kind == _INPUT for p in pops):
+            raise ValueError("PopulationGraph: needs at least one input population (add_input)")
+        outputs = [p for p in pops if p.kind == _OUTPUT]
+        if not outputs:
+            raise ValueError("PopulationGraph: needs at least one output population (add_output)")
+        out_keys: dict[str, str] = {}
+        for p in outputs:
+            key = p.io_key or p.name
+            if key in out_keys:
+                raise ValueError(f"PopulationGraph: output populations {out_keys[key]!r} and {p.name!r} "
+                                 f"both write output key {key!r}")
+            out_keys[key] = p.name
+
+        known = list(by_name)
+        seen_conn: set[str] = set()
+        for c in self._connections:
+            for role, pname in (("source", c.src), ("target", c.dst)):
+                if pname not in by_name:
+                    raise ValueError(f"PopulationGraph: connection {c.name!r} has unknown {role} population "
+                                     f"{pname!r}; known populations: {known}")
+            if c.name in seen_conn:
+                raise ValueError(f"PopulationGraph: duplicate connection name {c.name!r}; pass name=... to "
+                                 "connect() to connect the same pair twice")
+            seen_conn.add(c.name)
+
+        transforms = {}
+        for c, t in zip(self._connections, list(self._pending_transforms)):
+            src_size, dst_size = by_name[c.src].size, by_name[c.dst].size
+            if t is None:
+                t = Dense(src_size, dst_size, self._rngs)
+            else:
+                in_f, out_f = getattr(t, "in_features", None), getattr(t, "out_features", None)
+                if isinstance(in_f, int) and in_f != src_size:
+                    raise ValueError(f"PopulationGraph: connection {c.name!r}: transform has in_features={in_f}, "
+                                     f"expected {src_size} (size of source population {c.src!r})")
+                if isinstance(out_f, int) and out_f != dst_size:
+                    raise ValueError(f"PopulationGraph: connection {c.name!r}: transform has out_features={out_f}, "
+                                     f"expected {dst_size} (size of target population {c.dst!r})")
+            transforms[c.name] = t
+
+        for p in pops:
+            if p.kind != _INPUT and not any(c.dst == p.name for c in self._connections):
+                raise ValueError(f"PopulationGraph: population {p.name!r} has no incoming connection")
+
+        order = self._topological_order()
+
+        self.transforms = nnx.Dict(transforms)
+        del self._pending_transforms
+        del self._rngs
+        # Static wiring, kept as tuples (nnx.split/merge sorts dict keys).
+        self._order = order
+        self._incoming = tuple(
+            (name, tuple(c for c in self._connections if c.dst == name)) for name in order
+        )
+        self._buffers = tuple(
+            (p.name, max(c.delay for c in self._connections if c.src == p.name))
+            for p in pops
+            if any(c.src == p.name and c.delay > 0 for c in self._connections)
+        )
+        self._finalized = True
+        return self
+
+    def _topological_order(self) -> tuple[str, ...]:
+        """Kahn's algorithm on the delay-0 edges, earliest-added population first."""
+        names = [p.name for p in self._populations]
+        edges = [(c.src, c.dst) for c in self._connections if c.delay == 0]
+        remaining = list(names)
+        order: list[str] = []
+        while remaining:
+            ready = next((n for n in remaining
+                          if not any(dst == n and src in remaining for src, dst in edges)), None)
+            if ready is None:
+                raise ValueError(
+                    "PopulationGraph: delay-0 connections form a cycle "
+                    f"{' -> '.join(self._find_cycle(remaining, edges))}; "
+                    "give at least one connection on it delay >= 1"
+                )
+            order.append(ready)
+            remaining.remove(ready)
+        return tuple(order)
+
+    @staticmethod
+    def _find_cycle(remaining: list[str], edges: list[tuple[str, str]]) -> list[str]:
+        # Every remaining population has a delay-0 predecessor among the remaining
+        # ones, so walking backwards must revisit a population.
+        path = [remaining[0]]
+        while True:
+            pred = next(src for src, dst in edges if dst == path[-1] and src in remaining)
+            if pred in path:
+                cycle = path[path.index(pred):] + [pred]
+                return cycle[::-1]
+            path.append(pred)
+
+    # --------------------------------------------------------------- running
+
+    def _require_finalized(self, what: str) -> None:
+        if not self._finalized:
+            raise RuntimeError(f"PopulationGraph: call finalize() before {what}")
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Populations in the order they are computed within a step."""
+        self._require_finalized("reading the order")
+        return self._order
+
+    @property
+    def connection_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self._connections)
+
+    def _population(self, name: str) -> _Population:
+        return next(p for p in self._populations if p.name == name)
+
+    def _read_inputs(self, x: Any) -> dict[str, jax.Array]:
+        inputs = [p for p in self._populations if p.kind == _INPUT]
+        if isinstance(x, Mapping):
+            wanted = {p.name: p.io_key or p.name for p in inputs}
+            missing = sorted({k for k in wanted.values() if k not in x})
+            if missing:
+                raise ValueError(f"PopulationGraph: x is missing keys {missing}; input populations read "
+                                 f"{wanted}, got keys {list(x)}")
+            values = {name: x[key] for name, key in wanted.items()}
+        else:
+            if len(inputs) != 1:
+                raise ValueError(
+                    f"PopulationGraph: x is a {type(x).__name__} but the graph has {len(inputs)} input "
+                    f"populations; pass a dict with keys {[p.io_key or p.name for p in inputs]}"
+                )
+            values = {inputs[0].name: x}
+        batch = None
+        for p in inputs:
+            v = values[p.name]
+            shape = tuple(jnp.shape(v))
+            if len(shape) != 2 or shape[1] != p.size or (batch is not None and shape[0] != batch):
+                expected = f"({'B' if batch is None else batch}, {p.size})"
+                raise ValueError(f"PopulationGraph: input population {p.name!r} got x of shape {shape}, "
+                                 f"expected {expected}")
+            batch = shape[0]
+        return values
+
+    def initialize_state(self, batch_size: int) -> Any:
+        self._require_finalized("initialize_state()")
+        buffers = {
+            name: jnp.zeros((batch_size, depth, self._population(name).size), jnp.float32)
+            for name, depth in self._buffers
+        }
+        transforms = {}
+        for c in self._connections:
+            carry = self.transforms[c.name].initialize_state(batch_size)
+            if _has_leaves(carry):
+                transforms[c.name] = carry
+        return {"buffers": buffers, "transforms": transforms}
+
+    def reset_state(self, prev_state: Any) -> Any:
+        self._require_finalized("reset_state()")
+        return {
+            "buffers": jax.tree.map(jnp.zeros_like, prev_state["buffers"]),
+            "transforms": {name: self.transforms[name].reset_state(carry)
+                           for name, carry in prev_state["transforms"].items()},
+        }
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        self._require_finalized("update_statistics()")
+        for c in self._connections:
+            self.transforms[c.name].update_statistics(child_extras(rollout_extras, c.name))
+
+    def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        self._require_finalized("calling the graph")
+        inputs = self._read_inputs(x)
+        batch = next(iter(inputs.values())).shape[0]
+        depths = dict(self._buffers)
+        buffers = state["buffers"]
+        for name, depth in self._buffers:
+            expected = (batch, depth, self._population(name).size)
+            got = tuple(jnp.shape(buffers.get(name))) if name in buffers else None
+            if got != expected:
+                raise ValueError(f"PopulationGraph: delay buffer of population {name!r} has shape {got}, "
+                                 f"expected {expected} (B, max_delay, size)")
+        transform_state = state["transforms"]
+
+        values: dict[str, jax.Array] = {}
+        next_transforms, extras, metrics = {}, {}, {}
+        regularization = jnp.zeros((), jnp.float32)
+        for name, incoming in self._incoming:
+            pop = self._population(name)
+            total = inputs.get(name)
+            for c in incoming:
+                if c.delay == 0:
+                    src_value = values[c.src]
+                else:
+                    src_value = buffers[c.src][:, depths[c.src] - c.delay]
+                out = self.transforms[c.name](transform_state.get(c.name, ()), src_value,
+                                              child_extras(rollout_extras, c.name))
+                y = out.output
+                if not isinstance(y, jax.Array) or tuple(y.shape) != (batch, pop.size):
+                    got = tuple(jnp.shape(y)) if isinstance(y, jax.Array) else type(y).__name__
+                    raise ValueError(f"PopulationGraph: connection {c.name!r} produced output {got}, expected "
+                                     f"({batch}, {pop.size}) (B, size of target population {name!r})")
+                if c.name in transform_state:
+                    next_transforms[c.name] = out.next_state
+                elif _has_leaves(out.next_state):
+                    raise ValueError(f"PopulationGraph: transform of connection {c.name!r} returned a carry "
+                                     "but its initialize_state() returned none")
+                extras[c.name] = out.rollout_extras
+                regularization = regularization + out.regularization_loss
+                prefix_metrics(metrics, c.name, out.metrics)
+                total = y if total is None else total + y
+            values[name] = total if pop.activation is None else pop.activation(total)
+
+        next_buffers = {
+            name: jnp.concatenate([buffers[name][:, 1:], values[name][:, None].astype(buffers[name].dtype)],
+                                  axis=1)
+            for name, _ in self._buffers
+        }
+        output_pops = [p for p in self._populations if p.kind == _OUTPUT]
+        if len(output_pops) == 1 and output_pops[0].io_key is None:
+            output: Any = values[output_pops[0].name]
+        else:
+            output = {p.io_key or p.name: values[p.name] for p in output_pops}
+        return StatefulModuleOutput(
+            next_state={"buffers": next_buffers, "transforms": next_transforms},
+            output=output,
+            regularization_loss=regularization,
+            metrics=metrics,
+            rollout_extras={c.name: extras[c.name] for c in self._connections},
+        )
