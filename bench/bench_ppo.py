@@ -3,9 +3,10 @@
 Usage: python bench/bench_ppo.py ENV ARCH N_ENVS ROLLOUT TOTAL_STEPS [REWARD_SCALE] [ITERS_PER_CALL]
 
 ENV is an nnx_ppo.envs spec ("gymnax:Pendulum-v1", "playground:CartpoleBalance");
-ARCH is "mlp" (64-64 actor and critic) or "lstm" (Dense(64) -> LSTM(64) for
+ARCH is "mlp" (64-64 actor and critic; for Playground envs 4x64 actor and
+2x256 critic, as in the peer script) or "lstm" (Dense(64) -> LSTM(64) for
 actor and critic). 4 epochs x 4 minibatches, Adam 3e-4, gamma 0.99,
-lambda 0.95, evaluation 4 times per run (64 envs). Prints one JSON line:
+lambda 0.95, evaluation 4 times per run (64 envs; 32 for Playground). Prints one JSON line:
 compile time, steady-state env-steps/s (after the first iterations,
 evaluation included, as the peer scripts measure it) and evaluation returns.
 """
@@ -52,14 +53,17 @@ def main(argv):
     obs_size = eval_env.observation_space.shape[0]
     action_size = eval_env.action_space.shape[0]
     rngs = nnx.Rngs(0)
-    if arch == "mlp":
+    playground = name.startswith("playground:")
+    if arch == "mlp" and playground:  # the sizes of the peer script (the original's README example)
+        net = make_mlp_actor_critic(obs_size, action_size, (64,) * 4, (256,) * 2, rngs, entropy_weight=1e-2)
+    elif arch == "mlp":
         net = make_mlp_actor_critic(obs_size, action_size, (64, 64), (64, 64), rngs, entropy_weight=1e-2)
     else:
         net = lstm_actor_critic(obs_size, action_size, rngs)
     max_len = 200 if name.endswith("Pendulum-v1") else 1000
     config = TrainConfig(
         ppo=PPOConfig(n_envs=n_envs, rollout_length=rollout, total_steps=total, learning_rate=3e-4),
-        eval=EvalConfig(every_steps=total // 4, n_envs=64, max_episode_length=max_len),
+        eval=EvalConfig(every_steps=total // 4, n_envs=32 if playground else 64, max_episode_length=max_len),
         iterations_per_call=iters_per_call,
     )
     times, evals = [], []

@@ -54,6 +54,9 @@ __all__ = [
     "load_config",
     "load_metadata",
     "load_network",
+    "save",
+    "load",
+    "resume",
 ]
 
 COMMIT_MARKER = "COMMITTED"
@@ -533,3 +536,12 @@ def load_network(directory: str | os.PathLike, network: Any = None):
     nnx.update(network, values["params"], values["rest"])
     network.eval()
     return network
+
+
+# Short names (the ones DESIGN.md lists): save / load / resume.
+save = save_training_state
+"""Alias of :func:`save_training_state`."""
+load = load_network
+"""Alias of :func:`load_network` (a trained network for inference)."""
+resume = restore_training_state
+"""Alias of :func:`restore_training_state`."""

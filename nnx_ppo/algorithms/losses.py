@@ -16,10 +16,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig
-from nnx_ppo.algorithms.rollout import Trajectory, apply_network, reset_network_state, sum_leaves
-from nnx_ppo.networks.types import PPONetworkOutput, select_where
+from nnx_ppo.algorithms.rollout import Trajectory, sum_leaves
+from nnx_ppo.networks.types import PPONetworkOutput
 
 __all__ = ["Minibatch", "ReplayResult", "replay_network", "normalize_advantages", "ppo_loss"]
 
@@ -55,56 +56,19 @@ class ReplayResult:
     carry: Any
 
 
-def _straight_through(stored: Any, recomputed: Any) -> Any:
-    """Value of ``stored``, gradient of ``recomputed`` (float leaves); other
-    leaves (integers, PRNG keys) are taken from ``stored``."""
-
-    def leaf(s, r):
-        if jnp.issubdtype(s.dtype, jnp.floating):
-            return s + (r - jax.lax.stop_gradient(r))
-        return s
-
-    return jax.tree.map(leaf, stored, recomputed)
-
-
 def replay_network(graphdef, params, rest, trajectory: Trajectory) -> ReplayResult:
-    """Re-run the network over a ``[T, M]`` slice of a rollout.
-
-    A network with no carry leaves is stateless in time: it runs once on the
-    flattened ``[T * M]`` batch instead of scanning.
-    """
-    T, M = trajectory.reset.shape
-    if not jax.tree.leaves(trajectory.carry):
-        flat = lambda tree: jax.tree.map(lambda x: jnp.reshape(x, (T * M,) + x.shape[2:]), tree)
-        carry = jax.tree.map(lambda x: x[0], trajectory.carry)  # an empty structure
-        out, _ = apply_network(graphdef, params, rest, carry, flat(trajectory.obs), flat(trajectory.extras))
-        unflat = lambda tree: jax.tree.map(lambda x: jnp.reshape(x, (T, M) + x.shape[1:]), tree)
-        return ReplayResult(
-            output=unflat(out.output),
-            regularization_loss=jnp.asarray(out.regularization_loss, jnp.float32),
-            metrics={k: jnp.mean(v) for k, v in out.metrics.items()},
-            carry=trajectory.carry,
-        )
-
-    def step(scan_carry, inputs):
-        # ``rest`` rides along so RNG streams touched by ``reset_state`` are
-        # traced at this level; its updates are discarded after the replay.
-        carry, rest_t = scan_carry
-        obs, extras, reset, stored = inputs
-        fresh, rest_t = reset_network_state(graphdef, params, rest_t, carry)
-        carry_in = select_where(reset, _straight_through(stored, fresh), carry)
-        out, rest_t = apply_network(graphdef, params, rest_t, carry_in, obs, extras)
-        regularization = jnp.asarray(out.regularization_loss, jnp.float32)
-        return (out.next_state, rest_t), (out.output, regularization, out.metrics, carry)
-
+    """Re-run the network over a ``[T, M]`` slice of a rollout, from the
+    stored start carry (``network.replay_sequence``: stateless stretches of
+    the network run on the flattened ``[T * M]`` batch, stateful modules scan
+    time). Updates to non-parameter variables are discarded."""
+    net = nnx.merge(graphdef, params, rest)
     start = jax.tree.map(lambda x: x[0], trajectory.carry)
-    xs = (trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
-    _, (output, regularization, metrics, carries) = jax.lax.scan(step, (start, rest), xs)
+    result = net.replay_sequence(start, trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
     return ReplayResult(
-        output=output,
-        regularization_loss=jnp.mean(regularization),
-        metrics={k: jnp.mean(v) for k, v in metrics.items()},
-        carry=carries,
+        output=result.output,
+        regularization_loss=result.regularization_loss,
+        metrics=result.metrics,
+        carry=result.carry,
     )
 
 

@@ -360,7 +360,7 @@ def _host_metrics(metrics: dict[str, jax.Array]) -> list[dict[str, float]]:
 
 
 def _check_finite(row: dict[str, float], iteration: int) -> None:
-    for flag, what in (("finite_reward", "rewards"), ("finite_obs", "observations"), ("finite_loss", "the loss")):
+    for flag, what in (("finite_obs", "observations"), ("finite_reward", "rewards"), ("finite_loss", "the loss")):
         if row.get(flag, 1.0) < 0.5:
             raise NonFiniteError(
                 f"non-finite values (NaN or inf) in {what} at iteration {iteration}; "

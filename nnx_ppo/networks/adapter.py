@@ -7,8 +7,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from nnx_ppo.networks.containers import child_extras, prefix_metrics
-from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.containers import child_extras, combine_sequences, prefix_metrics
+from nnx_ppo.networks.types import (
+    PPONetworkOutput,
+    StatefulModule,
+    StatefulModuleOutput,
+    flatten_time,
+    unflatten_time,
+)
 
 __all__ = ["PPOAdapter", "is_sampler_dict"]
 
@@ -49,10 +55,8 @@ class PPOAdapter(StatefulModule):
         self.action = action
         self.value = value
 
-    def __call__(self, state, x, rollout_extras=None):
-        act = self.action(state["action"], x, child_extras(rollout_extras, "action"))
-        val = self.value(state["value"], x, child_extras(rollout_extras, "value"))
-        samples = act.output
+    def _package(self, samples, values) -> PPONetworkOutput:
+        """``PPONetworkOutput`` from the ports' ``[B, ...]`` outputs."""
         if not (is_sampler_dict(samples) or (
             isinstance(samples, dict) and samples and all(is_sampler_dict(v) for v in samples.values())
         )):
@@ -61,20 +65,37 @@ class PPOAdapter(StatefulModule):
                 f"or a dict of them; got {jax.tree.map(jnp.shape, samples)}"
             )
         pick = lambda field: jax.tree.map(lambda d: d[field], samples, is_leaf=is_sampler_dict)
+        return PPONetworkOutput(
+            actions=pick("action"),
+            loglikelihoods=pick("log_likelihood"),
+            value_estimates=jax.tree.map(_squeeze_value, values),
+        )
+
+    def __call__(self, state, x, rollout_extras=None):
+        act = self.action(state["action"], x, child_extras(rollout_extras, "action"))
+        val = self.value(state["value"], x, child_extras(rollout_extras, "value"))
         metrics = {}
         prefix_metrics(metrics, "action", act.metrics)
         prefix_metrics(metrics, "value", val.metrics)
         return StatefulModuleOutput(
             next_state={"action": act.next_state, "value": val.next_state},
-            output=PPONetworkOutput(
-                actions=pick("action"),
-                loglikelihoods=pick("log_likelihood"),
-                value_estimates=jax.tree.map(_squeeze_value, val.output),
-            ),
+            output=self._package(act.output, val.output),
             regularization_loss=act.regularization_loss + val.regularization_loss,
             metrics=metrics,
             rollout_extras={"action": act.rollout_extras, "value": val.rollout_extras},
         )
+
+    def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
+        """Replay each port on its own (see :meth:`StatefulModule.replay_sequence`)."""
+        results = {
+            port: getattr(self, port).replay_sequence(
+                carry[port], xs, child_extras(rollout_extras, port), reset, stored_carry[port]
+            )
+            for port in ("action", "value")
+        }
+        T, M = reset.shape
+        flat = flatten_time((results["action"].output, results["value"].output), T, M)
+        return combine_sequences(results, unflatten_time(self._package(*flat), T, M))
 
     def initialize_state(self, batch_size):
         return {"action": self.action.initialize_state(batch_size), "value": self.value.initialize_state(batch_size)}

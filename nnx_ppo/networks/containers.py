@@ -9,15 +9,22 @@ child's index or name (``"1/entropy"``, ``"value/kl"``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import (
+    SequenceOutput,
+    StatefulModule,
+    StatefulModuleOutput,
+    flatten_time,
+    unflatten_time,
+)
 
-__all__ = ["Sequential", "Parallel", "Concat", "Splitter", "resolve_components"]
+__all__ = ["Sequential", "Parallel", "Concat", "Splitter", "resolve_components", "combine_sequences"]
 
 
 def resolve_components(
@@ -35,6 +42,22 @@ def resolve_components(
                 f"{owner}: child {name!r} must be a StatefulModule, got {type(child).__name__}"
             )
     return components
+
+
+def combine_sequences(results: dict[Any, SequenceOutput], output: Any) -> SequenceOutput:
+    """A container's :class:`SequenceOutput` from its children's: summed
+    regularization, prefixed metrics, carries under the children's keys."""
+    metrics: dict[str, Any] = {}
+    regularization = jnp.zeros((), jnp.float32)
+    for key, result in results.items():
+        regularization = regularization + result.regularization_loss
+        prefix_metrics(metrics, key, result.metrics)
+    return SequenceOutput(
+        output=output,
+        regularization_loss=regularization,
+        metrics=metrics,
+        carry={key: result.carry for key, result in results.items()},
+    )
 
 
 def prefix_metrics(metrics: dict[str, Any], prefix: Any, child_metrics: dict[str, Any]) -> None:
@@ -62,8 +85,16 @@ class _DictContainer(StatefulModule):
         """``(name, child)`` pairs in construction order."""
         return [(name, self.components[name]) for name in self.names]
 
-    def _run_children(self, state, inputs, rollout_extras):
-        """Run each child on ``inputs[name]``; returns the merged pieces."""
+    def _inputs(self, x):
+        """What each child sees: ``{name: input}`` (default: per-key dispatch)."""
+        return self._dispatch(x)
+
+    def _combine(self, outputs):
+        """The container's output from ``{name: child_output}`` (default: the dict)."""
+        return outputs
+
+    def __call__(self, state, x, rollout_extras=None):
+        inputs = self._inputs(x)
         next_state, outputs, extras, metrics = {}, {}, {}, {}
         regularization = jnp.zeros((), jnp.float32)
         for name, child in self._children():
@@ -73,19 +104,26 @@ class _DictContainer(StatefulModule):
             extras[name] = out.rollout_extras
             regularization = regularization + out.regularization_loss
             prefix_metrics(metrics, name, out.metrics)
-        return next_state, outputs, extras, regularization, metrics
-
-    def _output(self, state, inputs, rollout_extras, combine=lambda outputs: outputs):
-        next_state, outputs, extras, regularization, metrics = self._run_children(
-            state, inputs, rollout_extras
-        )
         return StatefulModuleOutput(
             next_state=next_state,
-            output=combine(outputs),
+            output=self._combine(outputs),
             regularization_loss=regularization,
             metrics=metrics,
             rollout_extras=extras,
         )
+
+    def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
+        """Replay each child on its own (stateless children without a time scan)."""
+        inputs = self._inputs(xs)
+        results = {
+            name: child.replay_sequence(
+                carry[name], inputs[name], child_extras(rollout_extras, name), reset, stored_carry[name]
+            )
+            for name, child in self._children()
+        }
+        T, M = reset.shape
+        outputs = flatten_time({name: r.output for name, r in results.items()}, T, M)
+        return combine_sequences(results, unflatten_time(self._combine(outputs), T, M))
 
     def _dispatch(self, x):
         """Per-key dispatch: child ``name`` sees ``x[name]``."""
@@ -153,6 +191,16 @@ class Sequential(StatefulModule):
             rollout_extras=tuple(extras),
         )
 
+    def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
+        """Replay layer by layer: stateless layers run on the flattened batch,
+        stateful ones scan time."""
+        results = {}
+        for i, layer in enumerate(self.layers):
+            results[i] = layer.replay_sequence(carry[i], xs, child_extras(rollout_extras, i), reset, stored_carry[i])
+            xs = results[i].output
+        combined = combine_sequences(results, xs)
+        return dataclasses.replace(combined, carry=tuple(combined.carry[i] for i in range(len(self.layers))))
+
     def initialize_state(self, batch_size):
         return tuple(layer.initialize_state(batch_size) for layer in self.layers)
 
@@ -176,8 +224,8 @@ class Parallel(_DictContainer):
     ``Parallel(actor=a, critic=c)`` or ``Parallel({"actor": a, "critic": c})``.
     """
 
-    def __call__(self, state, x, rollout_extras=None):
-        return self._output(state, {name: x for name in self.names}, rollout_extras)
+    def _inputs(self, x):
+        return {name: x for name in self.names}
 
 
 class Concat(_DictContainer):
@@ -185,12 +233,9 @@ class Concat(_DictContainer):
     the children's ``[B, F_i]`` outputs are concatenated on the last axis
     (in construction order)."""
 
-    def __call__(self, state, x, rollout_extras=None):
-        def combine(outputs):
-            pieces = [jnp.reshape(o, (o.shape[0], -1)) for o in outputs.values()]
-            return jnp.concatenate(pieces, axis=-1)
-
-        return self._output(state, self._dispatch(x), rollout_extras, combine)
+    def _combine(self, outputs):
+        pieces = [jnp.reshape(outputs[name], (outputs[name].shape[0], -1)) for name in self.names]
+        return jnp.concatenate(pieces, axis=-1)
 
 
 class Splitter(StatefulModule):

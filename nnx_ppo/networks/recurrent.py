@@ -23,7 +23,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, batch_size_of
+from nnx_ppo.networks.types import (
+    SequenceOutput,
+    StatefulModule,
+    StatefulModuleOutput,
+    batch_size_of,
+    flatten_time,
+    select_where,
+    straight_through,
+    unflatten_time,
+)
 
 __all__ = ["LSTM", "GRU"]
 
@@ -64,6 +73,24 @@ class _RecurrentBase(StatefulModule):
         blocks = [nnx.initializers.orthogonal()(rngs.params(), (hidden_features, hidden_features))
                   for _ in range(self._n_gates)]
         self.kernel_h = nnx.Param(jnp.concatenate(blocks, axis=1))
+
+    def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
+        """Loss replay with the input projection ``x W_x + b`` computed for all
+        ``T`` steps at once; only the recurrent part scans time. Equal to the
+        step-by-step replay (same operations, same order)."""
+        T, M = reset.shape
+        flat_x = flatten_time(xs, T, M)
+        self._check_x(flat_x)
+        zx = unflatten_time(self._project(flat_x), T, M)
+
+        def step(carry, inputs):
+            z, reset_t, stored = inputs
+            carry_in = select_where(reset_t, straight_through(stored, self.reset_state(carry)), carry)
+            next_state, h = self._step(carry_in, z)
+            return next_state, (h, carry)
+
+        _, (hs, carries) = jax.lax.scan(step, carry, (zx, reset, stored_carry))
+        return SequenceOutput(output=hs, regularization_loss=jnp.zeros((), jnp.float32), metrics={}, carry=carries)
 
     def _check_x(self, x: jax.Array) -> None:
         _check_array(type(self).__name__, "x", x, (self.in_features,),
@@ -129,13 +156,20 @@ class LSTM(_RecurrentBase):
         batch = x.shape[0]
         self._check_h("state['h']", state["h"], batch)
         self._check_h("state['c']", state["c"], batch)
+        next_state, h_new = self._step(state, self._project(x))
+        return StatefulModuleOutput(next_state=next_state, output=h_new,
+                                    regularization_loss=0.0, metrics={}, rollout_extras=None)
+
+    def _project(self, x: jax.Array) -> jax.Array:
+        return x @ self.kernel_x[...] + self.bias[...][None, :]
+
+    def _step(self, state, zx):
         h, c = state["h"], state["c"]
-        z = x @ self.kernel_x[...] + h @ self.kernel_h[...] + self.bias[...][None, :]
+        z = zx + h @ self.kernel_h[...]
         i, f, g, o = jnp.split(z, 4, axis=-1)
         c_new = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h_new = jax.nn.sigmoid(o) * jnp.tanh(c_new)
-        return StatefulModuleOutput(next_state={"h": h_new, "c": c_new}, output=h_new,
-                                    regularization_loss=0.0, metrics={}, rollout_extras=None)
+        return {"h": h_new, "c": c_new}, h_new
 
 
 class GRU(_RecurrentBase):
@@ -181,9 +215,15 @@ class GRU(_RecurrentBase):
                  rollout_extras: Any = None) -> StatefulModuleOutput:
         self._check_x(x)
         self._check_h("state", state, x.shape[0])
-        h = state
+        h_new, _ = self._step(state, self._project(x))
+        return StatefulModuleOutput(next_state=h_new, output=h_new, regularization_loss=0.0,
+                                    metrics={}, rollout_extras=None)
+
+    def _project(self, x: jax.Array) -> jax.Array:
+        return x @ self.kernel_x[...] + self.bias_x[...][None, :]
+
+    def _step(self, h, zx):
         hdim = self.hidden_features
-        zx = x @ self.kernel_x[...] + self.bias_x[...][None, :]
         kh = self.kernel_h[...]
         zh_ru = h @ kh[:, :2 * hdim]
         zh_n = h @ kh[:, 2 * hdim:] + self.bias_hn[...][None, :]
@@ -191,5 +231,4 @@ class GRU(_RecurrentBase):
         u = jax.nn.sigmoid(zx[:, hdim:2 * hdim] + zh_ru[:, hdim:])
         n = jnp.tanh(zx[:, 2 * hdim:] + r * zh_n)
         h_new = (1.0 - u) * n + u * h
-        return StatefulModuleOutput(next_state=h_new, output=h_new, regularization_loss=0.0,
-                                    metrics={}, rollout_extras=None)
+        return h_new, h_new

@@ -33,6 +33,12 @@ __all__ = [
     "StatefulModule",
     "StatefulModuleOutput",
     "PPONetworkOutput",
+    "SequenceOutput",
+    "replay_in_time",
+    "replay_flat",
+    "flatten_time",
+    "unflatten_time",
+    "straight_through",
     "batch_size_of",
     "select_where",
 ]
@@ -112,6 +118,28 @@ class StatefulModule(nnx.Module):
         """Fold a rollout's ``[T, B, ...]`` extras into running statistics."""
         return None
 
+    def replay_sequence(self, carry: Any, xs: Any, rollout_extras: Any, reset: jax.Array,
+                        stored_carry: Any) -> "SequenceOutput":
+        """Re-run a whole ``[T, M]`` stretch of a rollout (the loss replay).
+
+        Args:
+          carry: the carry entering the first step, leaves ``[M, ...]``.
+          xs: inputs at every step, leaves ``[T, M, ...]``.
+          rollout_extras: what this module emitted in the rollout, ``[T, M, ...]``
+            (``None`` if nothing).
+          reset: ``[T, M]`` bool, the carry was reset before step ``t``.
+          stored_carry: the rollout's carry entering each step, ``[T, M, ...]``.
+
+        It must equal calling ``__call__`` step by step with resets (what
+        :func:`replay_in_time` does, the default). A module without carry
+        leaves runs once on the flattened ``[T * M]`` batch instead, and
+        containers replay each child separately, so stateless stretches of a
+        network need no scan over time. Override it only to go faster.
+        """
+        if not jax.tree.leaves(carry):
+            return replay_flat(self, carry, xs, rollout_extras, reset, stored_carry)
+        return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
+
 
 def batch_size_of(tree: Any) -> int:
     """The leading-axis size shared by the leaves of ``tree``."""
@@ -132,3 +160,89 @@ def select_where(mask: jax.Array, if_true: Any, if_false: Any) -> Any:
         return jnp.where(m, a, b)
 
     return jax.tree.map(pick, if_true, if_false)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SequenceOutput:
+    """What :meth:`StatefulModule.replay_sequence` returns.
+
+    Attributes:
+      output: the module's outputs at every step, leaves ``[T, M, ...]``.
+      regularization_loss: scalar, the module's ``regularization_loss`` averaged over steps.
+      metrics: scalars, averaged over steps.
+      carry: the carry the replay computed entering each step, before a reset
+        was applied (leaves ``[T, M, ...]``; the stored carry for modules
+        without state). Used by the consistency checker.
+    """
+
+    output: Any
+    regularization_loss: jax.Array
+    metrics: dict[str, Any]
+    carry: Any
+
+
+def flatten_time(tree: Any, T: int, M: int) -> Any:
+    """``[T, M, ...]`` leaves to ``[T * M, ...]``."""
+    return jax.tree.map(lambda x: jnp.reshape(x, (T * M,) + x.shape[2:]), tree)
+
+
+def unflatten_time(tree: Any, T: int, M: int) -> Any:
+    """``[T * M, ...]`` leaves to ``[T, M, ...]``."""
+    return jax.tree.map(lambda x: jnp.reshape(x, (T, M) + x.shape[1:]), tree)
+
+
+def straight_through(stored: Any, recomputed: Any) -> Any:
+    """Value of ``stored``, gradient of ``recomputed`` for float leaves;
+    other leaves (integers, PRNG keys) are taken from ``stored``."""
+
+    def leaf(s, r):
+        if jnp.issubdtype(s.dtype, jnp.floating):
+            return s + (r - jax.lax.stop_gradient(r))
+        return s
+
+    return jax.tree.map(leaf, stored, recomputed)
+
+
+def replay_in_time(module: "StatefulModule", carry, xs, rollout_extras, reset, stored_carry) -> SequenceOutput:
+    """Reference replay: scan ``module`` over time, one step at a time.
+
+    Before step ``t`` the carry of envs with ``reset[t]`` is replaced by the
+    stored post-reset carry (value) with the gradient of a recomputed
+    ``reset_state``. The module's own variables ride along in the scan carry so
+    a ``reset_state`` that advances its ``nnx.Rngs`` traces cleanly; those
+    updates are discarded.
+    """
+    graphdef, variables = nnx.split(module)
+
+    def step(scan_carry, inputs):
+        carry, variables = scan_carry
+        x, extras, reset_t, stored = inputs
+        m = nnx.merge(graphdef, variables)
+        carry_in = select_where(reset_t, straight_through(stored, m.reset_state(carry)), carry)
+        out = m(carry_in, x, extras)
+        _, variables = nnx.split(m)
+        regularization = jnp.asarray(out.regularization_loss, jnp.float32)
+        return (out.next_state, variables), (out.output, regularization, out.metrics, carry)
+
+    inputs = (xs, rollout_extras, reset, stored_carry)
+    _, (output, regularization, metrics, carries) = jax.lax.scan(step, (carry, variables), inputs)
+    return SequenceOutput(
+        output=output,
+        regularization_loss=jnp.mean(regularization),
+        metrics={k: jnp.mean(v) for k, v in metrics.items()},
+        carry=carries,
+    )
+
+
+def replay_flat(module: "StatefulModule", carry, xs, rollout_extras, reset, stored_carry) -> SequenceOutput:
+    """Replay of a module without carry leaves: one call on the flattened
+    ``[T * M]`` batch instead of a scan over time."""
+    T, M = reset.shape
+    out = module(carry, flatten_time(xs, T, M), None if rollout_extras is None else flatten_time(rollout_extras, T, M))
+    return SequenceOutput(
+        output=unflatten_time(out.output, T, M),
+        regularization_loss=jnp.asarray(out.regularization_loss, jnp.float32),
+        metrics={k: jnp.mean(v) for k, v in out.metrics.items()},
+        carry=stored_carry,
+    )

@@ -103,29 +103,26 @@ class Map(_DictContainer):
     keys without a child are dropped.
     """
 
-    def __call__(self, state, x, rollout_extras=None):
-        return self._output(state, self._dispatch(x), rollout_extras)
 
 
 class Merge(_DictContainer):
     """Run every child on the same input and merge their dict outputs into one
     flat dict; a key produced by two children is an error."""
 
-    def __call__(self, state, x, rollout_extras=None):
-        def combine(outputs):
-            merged = {}
-            for name, out in outputs.items():
-                if not isinstance(out, Mapping):
-                    raise ValueError(
-                        f"Merge: child {name!r} must output a dict, got {type(out).__name__}"
-                    )
-                for key, value in out.items():
-                    if key in merged:
-                        raise ValueError(f"Merge: key {key!r} is produced by more than one child")
-                    merged[key] = value
-            return merged
+    def _inputs(self, x):
+        return {name: x for name in self.names}
 
-        return self._output(state, {name: x for name in self.components}, rollout_extras, combine)
+    def _combine(self, outputs):
+        merged = {}
+        for name in self.names:
+            out = outputs[name]
+            if not isinstance(out, Mapping):
+                raise ValueError(f"Merge: child {name!r} must output a dict, got {type(out).__name__}")
+            for key, value in out.items():
+                if key in merged:
+                    raise ValueError(f"Merge: key {key!r} is produced by more than one child")
+                merged[key] = value
+        return merged
 
 
 class Scale(StatefulModule):

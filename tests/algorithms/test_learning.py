@@ -1,11 +1,11 @@
 """Quick learning checks on real envs (full-length versions: bench/learning.py)."""
 
-import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.envs import make
+from nnx_ppo.envs.wrappers import RewardScale
 from nnx_ppo.networks.factories import make_actor_critic_for_env
 
 
@@ -41,3 +41,16 @@ def test_cartpole_discrete_reaches_475():
     )
     result = train_ppo(env, net, config)
     assert result.eval_history[-1][1]["eval/episode_return"] >= 475
+
+
+def test_pendulum_reaches_minus_250():
+    env = make("gymnax:Pendulum-v1")
+    net = make_actor_critic_for_env(env, "mlp", nnx.Rngs(0))
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=256, rollout_length=32, total_steps=256 * 32 * 100, learning_rate=1e-3,
+                      discounting_factor=0.95),
+        eval=EvalConfig(every_steps=10**9, n_envs=64, max_episode_length=200),
+        iterations_per_call=25,
+    )
+    result = train_ppo(RewardScale(env, 0.1), net, config, eval_env=env)
+    assert result.eval_history[-1][1]["eval/episode_return"] >= -250

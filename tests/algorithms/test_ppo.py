@@ -107,3 +107,55 @@ def test_log_fn_gets_flat_metrics():
     assert any(k.startswith("network/") and k.endswith("/entropy") for k in keys), sorted(keys)
     assert all(isinstance(v, float) for v in train_rows[0].values())
     assert any("eval/episode_return" in m for _, m in rows)
+
+
+def test_advantage_normalization_is_safe_for_one_element():
+    from nnx_ppo.algorithms.losses import normalize_advantages
+
+    single = normalize_advantages(jnp.array([[3.0]]))
+    assert jnp.all(jnp.isfinite(single)) and float(single[0, 0]) == 0.0
+    constant = normalize_advantages(jnp.full((4, 2), 7.0))
+    assert jnp.all(constant == 0.0)
+
+
+def test_single_env_minibatches_train_without_nan():
+    env = Target(max_steps=3)
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    config = TrainConfig(ppo=PPOConfig(n_envs=2, rollout_length=1, total_steps=8, n_minibatches=2),
+                         eval=EvalConfig(enabled=False))
+    result = train_ppo(env, net, config)
+    assert np.isfinite(result.metrics["loss/total"])
+
+
+def test_dict_rewards_get_per_key_values():
+    class TwoRewards(Target):
+        def reset(self, key):
+            s = super().reset(key)
+            return dataclasses.replace(s, reward={"task": s.reward, "effort": s.reward})
+
+        def step(self, state, action):
+            s = super().step(dataclasses.replace(state, reward=state.reward["task"]), action)
+            return dataclasses.replace(s, reward={"task": s.reward, "effort": -jnp.sum(action**2)})
+
+    env = TwoRewards(max_steps=4)
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0), value_keys=("task", "effort"))
+    rows = []
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=8, total_steps=64, n_minibatches=2),
+                         eval=EvalConfig(enabled=False))
+    train_ppo(env, net, config, log_fn=lambda m, s: rows.append(m))
+    assert all(np.isfinite(r["loss/total"]) for r in rows)
+    out = net(net.initialize_state(2), jnp.zeros((2, 3)))
+    assert set(out.output.value_estimates) == {"task", "effort"}
+
+
+def test_nan_observation_raises():
+    class NaNObs(Target):
+        def step(self, state, action):
+            s = super().step(state, action)
+            return dataclasses.replace(s, obs=s.obs.at[0].set(jnp.nan))
+
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=2, total_steps=8, n_minibatches=2),
+                         eval=EvalConfig(enabled=False))
+    with pytest.raises(NonFiniteError, match="observations at iteration 1"):
+        train_ppo(NaNObs(), net, config)
