@@ -80,12 +80,12 @@ def normalize_advantages(advantages: jax.Array) -> jax.Array:
 
 
 def _policy_advantages(advantages, loglikelihoods, config: PPOConfig):
-    """Pair advantages with log-likelihoods.
+    """The advantages the surrogate uses, ``[T, M]`` leaves.
 
-    Returns a list of ``(advantage [T, M], loglik_new_key, loglik_old_key)``
-    selectors: per-key when advantages and log-likelihoods are dicts with the
-    same keys (and ``combine_advantages`` is off), otherwise one combined
-    advantage (sum over reward keys) for the joint log-likelihood.
+    A dict (one advantage per action key) when advantages and
+    log-likelihoods are dicts with the same keys and ``combine_advantages`` is
+    off; otherwise one array, the sum over reward keys, for the joint
+    log-likelihood of all actions.
     """
     if (
         isinstance(advantages, dict)

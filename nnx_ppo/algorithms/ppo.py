@@ -258,18 +258,18 @@ def train_iteration(env, graphdef, optimizer, config: PPOConfig, state: Training
     rest = _update_statistics(graphdef, params, rest, traj.extras)
 
     episodes = stats.pop("completed_episodes")
+    return_sum = stats.pop("completed_return_sum")
+    length_sum = stats.pop("completed_length_sum")
     metrics = {
         **loss_metrics,
         **stats,
         "value/explained_variance": _explained_variance(traj.values, returns),
         "train/reward_mean": jnp.mean(sum_leaves(traj.rewards)),
         "train/completed_episodes": episodes,
-        "train/episode_return": stats.pop("completed_return_sum") / jnp.maximum(episodes, 1.0),
-        "train/episode_length": stats.pop("completed_length_sum") / jnp.maximum(episodes, 1.0),
+        "train/episode_return": return_sum / jnp.maximum(episodes, 1.0),
+        "train/episode_length": length_sum / jnp.maximum(episodes, 1.0),
         "finite_loss": jnp.isfinite(loss_metrics["loss/total"]),
     }
-    for k in ("completed_return_sum", "completed_length_sum"):
-        metrics.pop(k, None)
     next_state = TrainingState(
         params=params, rest=rest, opt_state=opt_state, rollout=rollout, key=key, iteration=state.iteration + 1
     )
