@@ -109,6 +109,9 @@ def _check_network_matches_env(env, network, config: PPOConfig) -> None:
         return apply_network(graphdef, params, rest, carry, obs)[0].output
 
     out = jax.eval_shape(forward, params, rest, env_state.obs)
+    from nnx_ppo.testing.env_check import check_env_structure  # testing imports this module
+
+    check_env_structure(env, B, actions=out.actions)
     reward_tree = jax.tree.structure(env_state.reward)
     value_tree = jax.tree.structure(out.value_estimates)
     if reward_tree != value_tree:

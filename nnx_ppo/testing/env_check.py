@@ -140,6 +140,30 @@ def _check_state(state, n_envs, obs_space, what):
         _fail("info['truncated']: set to 1 on a step where done is 0 (truncated implies done)")
 
 
+def check_env_structure(env, n_envs: int, actions=None) -> None:
+    """Shape-only check of ``env`` (``jax.eval_shape``: nothing runs): the
+    state has ``obs``/``reward``/``done``/``info["truncated"]``, reward and done
+    are float32 scalars per env, and reset and step states have the same
+    structure, shapes and dtypes. Raises :class:`EnvCheckError` naming the field.
+    ``actions`` (shapes suffice) are what ``step`` receives; by default samples
+    of ``env.action_space``. ``train_ppo`` calls it with the network's actions
+    before compiling anything."""
+    keys = jax.random.split(jax.random.key(0), n_envs)
+    reset = jax.eval_shape(jax.vmap(env.reset), keys)
+    for field in ("obs", "reward", "done", "info"):
+        if not hasattr(reset, field):
+            _fail(f"{field}: the env's reset state has no field {field!r} (expected an EnvState)")
+    if not isinstance(reset.info, dict) or "truncated" not in reset.info:
+        _fail('info["truncated"]: missing from the reset state (set it to 0.0 at reset, 1.0 on time-limit ends)')
+    if actions is None:
+        actions = jax.eval_shape(jax.vmap(lambda k: _spaces.sample(env.action_space, k)), keys)
+    step = jax.eval_shape(jax.vmap(env.step), reset, actions)
+    _compare_structure("state", reset, step)
+    _check_scalar_per_env("reward", reset.reward, n_envs)
+    _check_scalar_per_env("done", step.done, n_envs)
+    _check_scalar_per_env("info['truncated']", step.info["truncated"], n_envs)
+
+
 def _stored_keys(state, in_data=True):
     found = {}
     if in_data:

@@ -159,3 +159,33 @@ def test_nan_observation_raises():
                          eval=EvalConfig(enabled=False))
     with pytest.raises(NonFiniteError, match="observations at iteration 1"):
         train_ppo(NaNObs(), net, config)
+
+
+def test_env_with_wrong_reward_shape_is_named_before_training():
+    from nnx_ppo.testing.env_check import EnvCheckError
+
+    class VectorReward(Target):
+        def step(self, state, action):
+            s = super().step(state, action)
+            return dataclasses.replace(s, reward=jnp.stack([s.reward, s.reward]))
+
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=2, total_steps=8, n_minibatches=2),
+                         eval=EvalConfig(enabled=False))
+    with pytest.raises(EnvCheckError, match="reward"):
+        train_ppo(VectorReward(), net, config)
+
+
+def test_env_without_truncated_flag_is_named():
+    from nnx_ppo.testing.env_check import EnvCheckError
+
+    class NoTruncated(Target):
+        def reset(self, key):
+            s = super().reset(key)
+            return dataclasses.replace(s, info={"steps": s.info["steps"]})
+
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=2, total_steps=8, n_minibatches=2),
+                         eval=EvalConfig(enabled=False))
+    with pytest.raises(EnvCheckError, match="truncated"):
+        train_ppo(NoTruncated(), net, config)
