@@ -182,3 +182,25 @@ def test_wandb_flag_without_wandb_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["train", "--wandb", "--run-dir", str(tmp_path / "r")]) == 2
     assert "pip install wandb" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_playground_train_then_eval_video(tmp_path):
+    """A Playground env trains through the CLI (checkpoints hold MJX states
+    with empty buffers) and `eval --video` writes a GIF of the policy."""
+    pytest.importorskip("mujoco_playground")
+    run = tmp_path / "pg"
+    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    train = subprocess.run(
+        _console("train", "playground:CartpoleBalance", "--network", "mlp", "--ppo.total-steps", "256",
+                 "--ppo.n-envs", "8", "--ppo.n-minibatches", "2", "--ppo.rollout-length", "16",
+                 "--eval.n-envs", "2", "--eval.max-episode-length", "20", "--quiet", "--run-dir", str(run)),
+        capture_output=True, text=True, timeout=600, env=env)
+    assert train.returncode == 0, train.stdout + train.stderr
+    video = tmp_path / "policy.gif"
+    evaluation = subprocess.run(
+        _console("eval", str(run), "--episodes", "1", "--max-episode-length", "20", "--video", str(video)),
+        capture_output=True, text=True, timeout=600, env=env)
+    if evaluation.returncode != 0 and "render" in (evaluation.stdout + evaluation.stderr).lower():
+        pytest.skip(f"no OpenGL context for MuJoCo rendering here: {evaluation.stderr[-300:]}")
+    assert evaluation.returncode == 0, evaluation.stdout + evaluation.stderr
+    assert video.read_bytes()[:6] in (b"GIF87a", b"GIF89a")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import re
@@ -138,7 +139,9 @@ def _leaf_name(i: int) -> str:
 
 
 def _as_item(arrays: list[Any]) -> dict[str, Any]:
-    return {_leaf_name(i): a for i, a in enumerate(arrays)}
+    """The arrays orbax writes; zero-size arrays (orbax refuses them, e.g. an
+    MJX state's empty contact buffers) live in the layout only."""
+    return {_leaf_name(i): a for i, a in enumerate(arrays) if math.prod(a.shape) > 0}
 
 
 def _sections(state: Any, fields: tuple[str, ...]) -> dict[str, Any]:
@@ -402,7 +405,10 @@ def _restore_sections(path: pathlib.Path, item_name: str, sections: dict[str, An
     for name, (entries, arrays, treedef, template_leaves) in prepared.items():
         leaves = []
         for i, (entry, template_leaf) in enumerate(zip(entries, template_leaves)):
-            value = restored[name][_leaf_name(i)]
+            if math.prod(entry["shape"]) == 0:
+                value = jnp.zeros(entry["shape"], entry["dtype"])
+            else:
+                value = restored[name][_leaf_name(i)]
             if tuple(value.shape) != tuple(entry["shape"]) or str(value.dtype) != entry["dtype"]:
                 raise CheckpointError(
                     f"checkpoint {str(path)!r} is corrupt: {entry['path']} was read with shape "
