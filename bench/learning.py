@@ -7,6 +7,8 @@ Usage: python bench/learning.py [cartpole|pendulum|memory ...]   (default: all)
   evaluation return (target >= -250).
 - memory: cue_memory with 4 cues and a delay of 8, LSTM vs MLP success rate
   (target LSTM >= 0.9, MLP <= 0.6; chance is 0.25).
+- balance: Playground CartpoleBalance, MLP (4x64 actor, 2x256 critic), 1M
+  steps with de-synchronized training episodes.
 """
 
 import json
@@ -19,11 +21,11 @@ from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.envs import make
 from nnx_ppo.envs.wrappers import RewardScale
-from nnx_ppo.networks.factories import make_actor_critic_for_env
+from nnx_ppo.networks.factories import make_actor_critic_for_env, make_mlp_actor_critic
 
 
 def run(name, env, net, ppo, eval_len, eval_env=None):
-    config = TrainConfig(ppo=ppo, eval=EvalConfig(every_steps=ppo.total_steps // 4, n_envs=64,
+    config = TrainConfig(ppo=ppo, eval=EvalConfig(every_steps=ppo.total_steps // 4, n_envs=32,
                                                   max_episode_length=eval_len), iterations_per_call=10)
     t0 = time.perf_counter()
     result = train_ppo(env, net, config, eval_env=eval_env)
@@ -57,7 +59,14 @@ def memory():
             PPOConfig(n_envs=64, rollout_length=24, total_steps=300_000, learning_rate=1e-3), 12)
 
 
+def balance():
+    env = make("playground:CartpoleBalance", random_initial_steps=True)
+    eval_env = make("playground:CartpoleBalance")
+    net = make_mlp_actor_critic(5, 1, (64,) * 4, (256,) * 2, nnx.Rngs(0), entropy_weight=1e-2)
+    run("balance", env, net, PPOConfig(n_envs=256, rollout_length=30, total_steps=1_000_000), 1000, eval_env=eval_env)
+
+
 if __name__ == "__main__":
-    tasks = sys.argv[1:] or ["cartpole", "pendulum", "memory"]
+    tasks = sys.argv[1:] or ["cartpole", "pendulum", "memory", "balance"]
     for task in tasks:
         globals()[task]()

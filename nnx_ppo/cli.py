@@ -403,6 +403,9 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
             raise CliError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --run-dir")
 
     env = _make_env(cmd.env, env_kwargs)
+    # Training envs start their time-limit counters at random steps so the
+    # vmapped episodes de-synchronise (evaluation keeps full-length episodes).
+    train_env = _make_env(cmd.env, {"random_initial_steps": True, **env_kwargs})
     net_kwargs = _network_kwargs(cmd.network, cmd.hidden_size)
     config = cmd.config
     try:
@@ -467,10 +470,10 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
     stop = _StopFlag(progress.write)
     try:
         with stop:
-            state = _fresh_training_state(env, network, config)
+            state = _fresh_training_state(train_env, network, config)
             progress.start()
             result = train_ppo(
-                env, network, config, log_fn=log_fn, state=state, checkpoint_dir=ckpt_dir,
+                train_env, network, config, eval_env=env, log_fn=log_fn, state=state, checkpoint_dir=ckpt_dir,
                 resume_from=ckpt_dir if resuming else None, checkpoint_metadata=metadata, should_stop=stop,
             )
     except KeyboardInterrupt:

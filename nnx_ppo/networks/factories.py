@@ -92,12 +92,12 @@ def _obs_front(obs_size: Any, normalize_obs: bool) -> tuple[list[StatefulModule]
     return layers, flat
 
 
-def _policy_head(in_size, action_size, discrete, rngs, entropy_weight, min_std) -> list[StatefulModule]:
+def _policy_head(in_size, action_size, discrete, rngs, entropy_weight, min_std, std_scale=1.0) -> list[StatefulModule]:
     if discrete:
         return [Dense(in_size, action_size, rngs, init_scale=0.01), CategoricalSampler(rngs, entropy_weight=entropy_weight)]
     return [
         Dense(in_size, 2 * action_size, rngs, init_scale=0.01),
-        NormalTanhSampler(rngs, entropy_weight=entropy_weight, min_std=min_std),
+        NormalTanhSampler(rngs, entropy_weight=entropy_weight, min_std=min_std, std_scale=std_scale),
     ]
 
 
@@ -119,6 +119,7 @@ def make_mlp_actor_critic(
     discrete: bool = False,
     entropy_weight: float = 1e-3,
     min_std: float = 1e-2,
+    std_scale: float = 1.0,
     value_keys: Sequence[str] | None = None,
 ) -> Sequential:
     """Feed-forward actor-critic with separate actor and critic MLPs.
@@ -133,6 +134,7 @@ def make_mlp_actor_critic(
       discrete: categorical head (``action_size`` actions) instead of tanh-Gaussian.
       entropy_weight: weight of the entropy bonus.
       min_std: floor of the Gaussian std.
+      std_scale: multiplies the Gaussian std.
       value_keys: one value head per reward key, for dict rewards.
 
     Returns ``Sequential([Normalizer?, Flattener?, PPOAdapter(action=..., value=...)])``.
@@ -143,7 +145,7 @@ def make_mlp_actor_critic(
     critic = make_mlp([flat, *critic_hidden_sizes], rngs, activation) if critic_hidden_sizes else None
     a_out = actor_hidden_sizes[-1] if actor_hidden_sizes else flat
     c_out = critic_hidden_sizes[-1] if critic_hidden_sizes else flat
-    action = Sequential([*([actor] if actor else []), *_policy_head(a_out, action_size, discrete, rngs, entropy_weight, min_std)])
+    action = Sequential([*([actor] if actor else []), *_policy_head(a_out, action_size, discrete, rngs, entropy_weight, min_std, std_scale)])
     value = Sequential([*([critic] if critic else []), _value_head(c_out, rngs, value_keys)])
     return Sequential([*front, PPOAdapter(action=action, value=value)])
 
@@ -162,6 +164,7 @@ def make_recurrent_actor_critic(
     discrete: bool = False,
     entropy_weight: float = 1e-3,
     min_std: float = 1e-2,
+    std_scale: float = 1.0,
     value_keys: Sequence[str] | None = None,
 ) -> Sequential:
     """Recurrent actor-critic: ``encoder MLP -> LSTM|GRU core -> heads``.
@@ -181,7 +184,7 @@ def make_recurrent_actor_critic(
         core_in = encoder_sizes[-1] if encoder_sizes else flat
         return [*encoder, cell(core_in, hidden_size, rngs)]
 
-    policy = _policy_head(hidden_size, action_size, discrete, rngs, entropy_weight, min_std)
+    policy = _policy_head(hidden_size, action_size, discrete, rngs, entropy_weight, min_std, std_scale)
     value = _value_head(hidden_size, rngs, value_keys)
     if shared_trunk:
         return Sequential([*front, *trunk(), PPOAdapter(action=Sequential(policy), value=value)])
