@@ -202,32 +202,6 @@ def _build_network(env, kind: str, kwargs: dict[str, Any], seed: int):
     return make_actor_critic_for_env(env, kind, nnx.Rngs(seed), **kwargs)
 
 
-def _fresh_training_state(env, network, config: TrainConfig):
-    """``new_training_state`` with every leaf in its own buffer: train_ppo
-    donates the state, and a module may legitimately return the same array
-    twice in its carry (e.g. zeros for both h and c)."""
-    import jax
-    import jax.numpy as jnp
-
-    from nnx_ppo.algorithms.ppo import new_training_state
-
-    state = new_training_state(env, network, config)
-    seen: set[int] = set()
-
-    def own(x):
-        if not isinstance(x, jax.Array):
-            return x
-        if id(x) in seen:
-            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-                return jax.random.wrap_key_data(jnp.array(jax.random.key_data(x), copy=True),
-                                                impl=jax.random.key_impl(x))
-            return jnp.array(x, copy=True)
-        seen.add(id(x))
-        return x
-
-    return jax.tree.map(own, state)
-
-
 def _pretty_path(p: Path) -> str:
     try:
         return str(p.resolve().relative_to(Path.cwd()))
@@ -376,7 +350,7 @@ def _resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
 def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) -> int:
     import numpy as np
 
-    from nnx_ppo.algorithms.ppo import NonFiniteError, train_ppo
+    from nnx_ppo.algorithms.ppo import NonFiniteError, new_training_state, train_ppo
 
     resuming = cmd.resume is not None
     env_kwargs = _parse_env_kwargs(cmd.env_kwargs, cmd.env)
@@ -470,7 +444,7 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
     stop = _StopFlag(progress.write)
     try:
         with stop:
-            state = _fresh_training_state(train_env, network, config)
+            state = new_training_state(train_env, network, config)
             progress.start()
             result = train_ppo(
                 train_env, network, config, eval_env=env, log_fn=log_fn, state=state, checkpoint_dir=ckpt_dir,
@@ -484,6 +458,10 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
     except NonFiniteError as e:
         progress.close()
         _err(str(e))
+        code = 1
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # env checks, checkpoints, shapes
+        progress.close()
+        _err(f"{type(e).__name__}: {e}")
         code = 1
     finally:
         progress.close()
@@ -570,12 +548,10 @@ def _record_video(env, network, path: str, max_len: int, seed: int, stochastic: 
     import numpy as np
     from flax import nnx
 
+    from nnx_ppo.algorithms.ppo import split_in_mode
     from nnx_ppo.algorithms.rollout import apply_network
 
-    if not stochastic:
-        network.eval()
-    graphdef, params, rest = nnx.split(network, nnx.Param, ...)
-    network.train()
+    graphdef, params, rest = split_in_mode(network, deterministic=not stochastic)
     carry = network.initialize_state(1)
     env_state = jax.jit(lambda k: jax.vmap(env.reset)(k[None]))(jax.random.key(seed))
 

@@ -57,7 +57,7 @@ class PPOConfig:
     def __post_init__(self):
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"PPOConfig.{name} must be a positive integer, got {value!r}")
         if self.n_envs % self.n_minibatches:
             raise ValueError(
@@ -70,8 +70,16 @@ class PPOConfig:
             raise ValueError(f"PPOConfig.gae_lambda must be in [0, 1], got {self.gae_lambda}")
         if self.clip_range <= 0:
             raise ValueError(f"PPOConfig.clip_range must be positive, got {self.clip_range}")
-        if self.learning_rate <= 0:
+        if not self.learning_rate > 0:  # also rejects NaN
             raise ValueError(f"PPOConfig.learning_rate must be positive, got {self.learning_rate}")
+        if not self.critic_loss_weight >= 0:
+            raise ValueError(f"PPOConfig.critic_loss_weight must be >= 0, got {self.critic_loss_weight}")
+        for name in ("value_clip_range", "gradient_clipping"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"PPOConfig.{name} must be positive or None, got {value}")
+        if self.weight_decay is not None and not self.weight_decay >= 0:
+            raise ValueError(f"PPOConfig.weight_decay must be >= 0 or None, got {self.weight_decay}")
 
     @property
     def steps_per_iteration(self) -> int:
@@ -136,3 +144,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.iterations_per_call must be positive, got {self.iterations_per_call}")
         if self.keep_checkpoints <= 0:
             raise ValueError(f"TrainConfig.keep_checkpoints must be positive, got {self.keep_checkpoints}")
+        if self.checkpoint_every_steps is not None and self.checkpoint_every_steps <= 0:
+            raise ValueError(
+                f"TrainConfig.checkpoint_every_steps must be positive or None, got {self.checkpoint_every_steps}"
+            )

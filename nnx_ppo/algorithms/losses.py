@@ -20,9 +20,9 @@ from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.rollout import Trajectory, sum_leaves
-from nnx_ppo.networks.types import PPONetworkOutput
+from nnx_ppo.networks.types import SequenceOutput
 
-__all__ = ["Minibatch", "ReplayResult", "replay_network", "normalize_advantages", "ppo_loss"]
+__all__ = ["Minibatch", "replay_network", "normalize_advantages", "ppo_loss"]
 
 
 @jax.tree_util.register_dataclass
@@ -36,40 +36,15 @@ class Minibatch:
     returns: Any
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ReplayResult:
-    """Replayed network outputs, leaves ``[T, M, ...]``.
-
-    Attributes:
-      output: the replayed :class:`PPONetworkOutput`.
-      regularization_loss: scalar, mean over steps of the modules' terms.
-      metrics: network metrics, averaged over steps.
-      carry: the carry the replay computed entering each step, before any
-        reset was applied (``()`` for stateless networks); compared to the
-        stored carry by the consistency checker.
-    """
-
-    output: PPONetworkOutput
-    regularization_loss: jax.Array
-    metrics: dict[str, jax.Array]
-    carry: Any
-
-
-def replay_network(graphdef, params, rest, trajectory: Trajectory) -> ReplayResult:
+def replay_network(graphdef, params, rest, trajectory: Trajectory) -> SequenceOutput:
     """Re-run the network over a ``[T, M]`` slice of a rollout, from the
     stored start carry (``network.replay_sequence``: stateless stretches of
     the network run on the flattened ``[T * M]`` batch, stateful modules scan
-    time). Updates to non-parameter variables are discarded."""
+    time). Updates to non-parameter variables are discarded. The output is a
+    :class:`PPONetworkOutput` with ``[T, M]`` leaves."""
     net = nnx.merge(graphdef, params, rest)
     start = jax.tree.map(lambda x: x[0], trajectory.carry)
-    result = net.replay_sequence(start, trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
-    return ReplayResult(
-        output=result.output,
-        regularization_loss=result.regularization_loss,
-        metrics=result.metrics,
-        carry=result.carry,
-    )
+    return net.replay_sequence(start, trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
 
 
 def normalize_advantages(advantages: jax.Array) -> jax.Array:
@@ -147,6 +122,5 @@ def ppo_loss(params, graphdef, rest, batch: Minibatch, config: PPOConfig):
         "loss/regularization": replay.regularization_loss,
         "policy/approx_kl": approx_kl,
         "policy/clip_fraction": clip_fraction,
-        **{f"network/{k}": v for k, v in replay.metrics.items()},
     }
     return total, metrics

@@ -123,6 +123,36 @@ def _check_network_matches_env(env, network, config: PPOConfig) -> None:
         for leaf in jax.tree.leaves(tree):
             if leaf.shape != (B,):
                 raise ValueError(f"the network's {name} have shape {leaf.shape}, expected ({B},) = (n_envs,)")
+    _check_actions(env, out.actions, B)
+
+
+def _check_actions(env, actions, B: int) -> None:
+    """The network's actions fit the env's ``action_space`` (Box: shape;
+    Discrete: integer per env), when the env declares one."""
+    from nnx_ppo.envs.spaces import Box, Discrete
+
+    space = getattr(env, "action_space", None)
+    if isinstance(space, Box):
+        expected = (B, *space.shape)
+        if not hasattr(actions, "shape") or tuple(actions.shape) != expected:
+            got = getattr(actions, "shape", type(actions).__name__)
+            raise ValueError(
+                f"the network's actions have shape {got}, expected {expected} (n_envs, *action_space.shape) "
+                f"for the env's action space {space}; check the policy head's action_size"
+            )
+    elif isinstance(space, Discrete):
+        if not hasattr(actions, "shape") or tuple(actions.shape) != (B,) or not jnp.issubdtype(actions.dtype, jnp.integer):
+            got = (getattr(actions, "shape", None), getattr(actions, "dtype", type(actions).__name__))
+            raise ValueError(
+                f"the network's actions are {got}, expected integer actions of shape ({B},) for the env's "
+                f"discrete action space {space}; use a CategoricalSampler head"
+            )
+
+
+def _copy_leaf(x):
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(jnp.copy(jax.random.key_data(x)), impl=jax.random.key_impl(x))
+    return jnp.copy(x)
 
 
 def _unalias(tree: Any) -> Any:
@@ -132,31 +162,57 @@ def _unalias(tree: Any) -> Any:
 
     def leaf(x):
         if id(x) in seen:
-            return jnp.copy(x) if not jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(
-                jnp.copy(jax.random.key_data(x)), impl=jax.random.key_impl(x)
-            )
+            return _copy_leaf(x)
         seen.add(id(x))
         return x
 
     return jax.tree.map(leaf, tree)
 
 
+def split_in_mode(network, deterministic: bool):
+    """``nnx.split(network, nnx.Param, ...)`` with every module's
+    ``deterministic`` flag set as asked (training: False; evaluation: True);
+    the network's own flags are left as they were."""
+    modules = [m for _, m in nnx.iter_modules(network) if hasattr(m, "deterministic")]
+    saved = [m.deterministic for m in modules]
+    for m in modules:
+        m.deterministic = deterministic
+    try:
+        return nnx.split(network, nnx.Param, ...)
+    finally:
+        for m, flag in zip(modules, saved):
+            m.deterministic = flag
+
+
 def new_training_state(env, network, config: TrainConfig) -> TrainingState:
-    """Initial training state: resets ``config.ppo.n_envs`` envs, initializes the
-    network carry and the optimizer. Does not modify ``network``."""
+    """Initial training state: resets ``config.ppo.n_envs`` envs (and
+    de-synchronizes their time limits where the env asks for it, see
+    :meth:`nnx_ppo.envs.TimeLimit.desynchronize`), initializes the network
+    carry and the optimizer. Works on copies: ``network`` is not modified,
+    and training never donates its arrays."""
     ppo = config.ppo
     _check_network_matches_env(env, network, ppo)
     key = jax.random.key(config.seed)
-    key, reset_key = jax.random.split(key)
-    env_state = jax.jit(lambda k: jax.vmap(env.reset)(jax.random.split(k, ppo.n_envs)))(reset_key)
-    _, params, rest = nnx.split(network, nnx.Param, ...)
-    carry = network.initialize_state(ppo.n_envs)
-    _, _, rest = nnx.split(network, nnx.Param, ...)  # initialize_state may draw from the module's Rngs
+    key, reset_key, sync_key = jax.random.split(key, 3)
+
+    def initial_envs(reset_key, sync_key):
+        states = jax.vmap(env.reset)(jax.random.split(reset_key, ppo.n_envs))
+        if hasattr(env, "desynchronize"):
+            states = jax.vmap(env.desynchronize)(states, jax.random.split(sync_key, ppo.n_envs))
+        return states
+
+    env_state = jax.jit(initial_envs)(reset_key, sync_key)
+    graphdef, params, rest = nnx.split(network, nnx.Param, ...)
+    params, rest = jax.tree.map(_copy_leaf, (params, rest))
+    copy = nnx.merge(graphdef, params, rest)
+    carry = copy.initialize_state(ppo.n_envs)  # may draw from the copy's Rngs
+    _, _, rest = nnx.split(copy, nnx.Param, ...)
     rollout = RolloutState(
         env_state=env_state,
         carry=carry,
         episode_return=jnp.zeros((ppo.n_envs,), jnp.float32),
         episode_length=jnp.zeros((ppo.n_envs,), jnp.int32),
+        fresh=jnp.ones((ppo.n_envs,), bool),
     )
     return TrainingState(
         params=params,
@@ -322,7 +378,7 @@ def make_eval_fn(env, graphdef, n_envs: int, max_episode_length: int) -> Callabl
             rest, env_state, carry, ret, length, alive = c
             out, rest = apply_network(graphdef, params, rest, carry, env_state.obs)
             env_state = jax.vmap(env.step)(env_state, out.output.actions)
-            ret = ret + alive * sum_leaves(env_state.reward)
+            ret = ret + jnp.where(alive > 0, sum_leaves(env_state.reward), 0.0)  # ended envs may hold NaN
             length = length + alive
             alive = alive * (1.0 - (env_state.done > 0))
             return (rest, env_state, out.next_state, ret, length, alive), None
@@ -345,12 +401,7 @@ def evaluate(env, network, *, n_envs: int = 16, max_episode_length: int = 1000, 
              deterministic: bool = True) -> dict[str, float]:
     """Run ``n_envs`` episodes with ``network`` (mode/mean actions when
     ``deterministic``) and return return/length statistics."""
-    if deterministic:
-        network.eval()
-    try:
-        graphdef, params, rest = nnx.split(network, nnx.Param, ...)
-    finally:
-        network.train()
+    graphdef, params, rest = split_in_mode(network, deterministic)
     fn = make_eval_fn(env, graphdef, n_envs, max_episode_length)
     return {k: float(v) for k, v in fn(params, rest, jax.random.key(seed)).items()}
 
@@ -429,13 +480,10 @@ def train_ppo(
             checkpoint_dir, state, config, step=steps, keep=config.keep_checkpoints, metadata=checkpoint_metadata
         )
         last_checkpoint_steps = steps
-    graphdef, _, _ = nnx.split(network, nnx.Param, ...)
+    graphdef, _, _ = split_in_mode(network, deterministic=False)  # training samples actions
     if config.eval.enabled:
-        network.eval()
-        eval_graphdef, _, _ = nnx.split(network, nnx.Param, ...)
-        network.train()
-        eval_fn = make_eval_fn(eval_env, eval_graphdef if config.eval.deterministic else graphdef,
-                               config.eval.n_envs, config.eval.max_episode_length)
+        eval_graphdef, _, _ = split_in_mode(network, config.eval.deterministic)
+        eval_fn = make_eval_fn(eval_env, eval_graphdef, config.eval.n_envs, config.eval.max_episode_length)
 
     total_iterations = ppo.n_iterations
     start_iteration = int(state.iteration)
@@ -456,38 +504,43 @@ def train_ppo(
             log_fn(row, steps)
 
     iteration = start_iteration
-    while iteration < total_iterations:
-        n = min(config.iterations_per_call, total_iterations - iteration)
-        first_call = iteration == start_iteration
-        t0 = time.perf_counter()
-        state, metrics = train_fn(state, jnp.asarray(n, jnp.int32))
-        rows = _host_metrics(metrics)[:n]
-        elapsed = time.perf_counter() - t0
-        if first_call:
-            compile_seconds = elapsed
-        for row in rows:
-            iteration += 1
-            _check_finite(row, iteration)
-            row["time/steps_per_second"] = n * ppo.steps_per_iteration / max(elapsed, 1e-9)
-            row["time/elapsed_seconds"] = time.perf_counter() - tick
-            last_metrics = row
-            if log_fn is not None:
-                log_fn(row, iteration * ppo.steps_per_iteration)
-        steps = iteration * ppo.steps_per_iteration
-        if config.eval.enabled and (
-            last_eval_steps < 0 or steps - last_eval_steps >= config.eval.every_steps or iteration == total_iterations
-        ):
-            run_eval(steps)
-        if checkpoint_dir is not None and config.checkpoint_every_steps is not None and (
-            steps - last_checkpoint_steps >= config.checkpoint_every_steps
-        ):
-            save_checkpoint(steps)
-        if should_stop is not None and should_stop():
-            break
+    try:
+        while iteration < total_iterations:
+            n = min(config.iterations_per_call, total_iterations - iteration)
+            first_call = iteration == start_iteration
+            t0 = time.perf_counter()
+            state, metrics = train_fn(state, jnp.asarray(n, jnp.int32))
+            rows = _host_metrics(metrics)[:n]
+            elapsed = time.perf_counter() - t0
+            if first_call:
+                compile_seconds = elapsed
+            for row in rows:
+                iteration += 1
+                _check_finite(row, iteration)
+                row["time/steps_per_second"] = n * ppo.steps_per_iteration / max(elapsed, 1e-9)
+                row["time/elapsed_seconds"] = time.perf_counter() - tick
+                last_metrics = row
+                if log_fn is not None:
+                    log_fn(row, iteration * ppo.steps_per_iteration)
+            steps = iteration * ppo.steps_per_iteration
+            if config.eval.enabled and (
+                last_eval_steps < 0 or steps - last_eval_steps >= config.eval.every_steps or iteration == total_iterations
+            ):
+                run_eval(steps)
+            if checkpoint_dir is not None and config.checkpoint_every_steps is not None and (
+                steps - last_checkpoint_steps >= config.checkpoint_every_steps
+            ):
+                save_checkpoint(steps)
+            if should_stop is not None and should_stop():
+                break
 
-    if checkpoint_dir is not None and last_checkpoint_steps != iteration * ppo.steps_per_iteration:
-        save_checkpoint(iteration * ppo.steps_per_iteration)
-    nnx.update(network, state.params, state.rest)
+        if checkpoint_dir is not None and last_checkpoint_steps != iteration * ppo.steps_per_iteration:
+            save_checkpoint(iteration * ppo.steps_per_iteration)
+    finally:
+        # The network gets (copies of) the latest state, also when training
+        # stops with an exception; the state itself stays donatable.
+        if not any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves((state.params, state.rest))):
+            nnx.update(network, *jax.tree.map(_copy_leaf, (state.params, state.rest)))
     return TrainResult(
         state=state,
         metrics=last_metrics,

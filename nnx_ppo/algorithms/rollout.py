@@ -36,12 +36,16 @@ class RolloutState:
       carry: network carry, leaves ``[B, ...]`` (post-reset: ready for the next step).
       episode_return: running return of the current episodes, ``[B]``.
       episode_length: running length of the current episodes, ``[B]`` int32.
+      fresh: ``[B]`` bool, ``carry`` was just (re)initialized: the episode
+        starts at the next step (True initially and after an episode ended
+        on a rollout's last step).
     """
 
     env_state: Any
     carry: Any
     episode_return: jax.Array
     episode_length: jax.Array
+    fresh: jax.Array
 
 
 @jax.tree_util.register_dataclass
@@ -52,8 +56,9 @@ class Trajectory:
     Attributes:
       obs: observations the network acted on.
       carry: network carry entering each step (after any reset).
-      reset: ``[T, B]`` bool, the carry of step ``t`` was reset because the
-        episode ended at step ``t - 1`` (always False at ``t = 0``).
+      reset: ``[T, B]`` bool, the carry entering step ``t`` is a freshly
+        initialized one (the episode ended at step ``t - 1``, or, at ``t = 0``,
+        before the rollout began).
       extras: the ``rollout_extras`` the network emitted.
       actions, loglikelihoods, values: the network's outputs.
       rewards: rewards (a pytree when the env's are).
@@ -100,6 +105,12 @@ def sum_leaves(tree: Any) -> jax.Array:
     for leaf in leaves[1:]:
         total = total + leaf
     return total
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    """True when no float leaf of ``tree`` holds NaN or inf."""
+    flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
 
 
 def _vmapped_reset(env, key, n):
@@ -165,7 +176,7 @@ def collect_rollout(
             "completed_return_sum": jnp.sum(ep_return * donef),
             "completed_length_sum": jnp.sum(ep_length.astype(jnp.float32) * donef),
             "finite_reward": jnp.all(jnp.isfinite(reward)),
-            "finite_obs": jnp.all(jnp.array([jnp.all(jnp.isfinite(o)) for o in jax.tree.leaves(stepped.obs)])),
+            "finite_obs": _all_finite(stepped.obs) & _all_finite(env_state.obs),
         }
         env_metrics = {f"env/{k}": jnp.mean(v) for k, v in stepped.metrics.items()}
         next_rs = RolloutState(
@@ -173,6 +184,7 @@ def collect_rollout(
             carry=next_carry,
             episode_return=jnp.where(done, 0.0, ep_return),
             episode_length=jnp.where(done, 0, ep_length),
+            fresh=done,
         )
         record = dict(
             obs=obs,
@@ -192,7 +204,7 @@ def collect_rollout(
     keys = jax.random.split(key, rollout_length)
     (rest, next_state), (rec, step_stats, env_metrics, net_metrics) = jax.lax.scan(step, (rest, state), keys)
     done = rec.pop("done")
-    reset = jnp.concatenate([jnp.zeros_like(done[:1]), done[:-1]], axis=0)
+    reset = jnp.concatenate([state.fresh[None], done[:-1]], axis=0)
     trajectory = Trajectory(reset=reset, **rec)
 
     last_out, _ = apply_network(graphdef, params, rest, next_state.carry, next_state.env_state.obs)

@@ -63,9 +63,11 @@ class TimeLimit(Wrapper):
     the episode at that step, sets ``done = 1`` and ``info["truncated"] = 1``.
     A termination on the last step stays a termination (truncated = 0).
 
-    With ``random_initial_steps=True`` the counter starts uniformly in
-    ``[0, max_steps)`` at reset (drawn from the reset key), so the first
-    episodes of vmapped envs end at different times.
+    With ``random_initial_steps=True``, :meth:`desynchronize` (which the
+    trainer calls once, on the initial states) starts each env's counter
+    uniformly in ``[0, max_steps)``, so the first episodes of vmapped envs end
+    at different times and later ones stay out of step. Every later episode
+    is full length; ``reset`` always starts the counter at 0.
     """
 
     def __init__(self, env: RLEnv, max_steps: int, random_initial_steps: bool = False):
@@ -77,14 +79,16 @@ class TimeLimit(Wrapper):
 
     def reset(self, key):
         state = self.env.reset(key)
-        if self.random_initial_steps:
-            steps = jax.random.randint(
-                jax.random.fold_in(key, 0x7153), (), 0, self.max_steps, dtype=jnp.int32
-            )
-        else:
-            steps = jnp.zeros((), jnp.int32)
         inner_trunc = _f32(state.info.get("truncated", 0.0))
-        return state.replace(info={**state.info, "steps": steps, "truncated": inner_trunc})
+        return state.replace(info={**state.info, "steps": jnp.zeros((), jnp.int32), "truncated": inner_trunc})
+
+    def desynchronize(self, state, key):
+        """Start this (un-batched) state's episode at a random step of the time
+        limit when ``random_initial_steps`` is set; otherwise return it as is."""
+        if not self.random_initial_steps:
+            return state
+        steps = jax.random.randint(key, (), 0, self.max_steps, dtype=jnp.int32)
+        return state.replace(info={**state.info, "steps": steps})
 
     def step(self, state, action):
         nxt = self.env.step(state, action)

@@ -12,7 +12,9 @@ from nnx_ppo.networks.types import (
     PPONetworkOutput,
     StatefulModule,
     StatefulModuleOutput,
+    defines_own_call,
     flatten_time,
+    replay_in_time,
     unflatten_time,
 )
 
@@ -87,6 +89,8 @@ class PPOAdapter(StatefulModule):
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Replay each port on its own (see :meth:`StatefulModule.replay_sequence`)."""
+        if not defines_own_call(self, PPOAdapter):
+            return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         results = {
             port: getattr(self, port).replay_sequence(
                 carry[port], xs, child_extras(rollout_extras, port), reset, stored_carry[port]

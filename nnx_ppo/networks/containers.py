@@ -20,7 +20,9 @@ from nnx_ppo.networks.types import (
     SequenceOutput,
     StatefulModule,
     StatefulModuleOutput,
+    defines_own_call,
     flatten_time,
+    replay_in_time,
     unflatten_time,
 )
 
@@ -114,6 +116,8 @@ class _DictContainer(StatefulModule):
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Replay each child on its own (stateless children without a time scan)."""
+        if not defines_own_call(self, _DictContainer):
+            return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         inputs = self._inputs(xs)
         results = {
             name: child.replay_sequence(
@@ -194,6 +198,8 @@ class Sequential(StatefulModule):
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Replay layer by layer: stateless layers run on the flattened batch,
         stateful ones scan time."""
+        if not defines_own_call(self, Sequential):
+            return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         results = {}
         for i, layer in enumerate(self.layers):
             results[i] = layer.replay_sequence(carry[i], xs, child_extras(rollout_extras, i), reset, stored_carry[i])

@@ -29,6 +29,7 @@ from nnx_ppo.networks.types import (
     StatefulModuleOutput,
     batch_size_of,
     flatten_time,
+    replay_in_time,
     select_where,
     straight_through,
     unflatten_time,
@@ -78,6 +79,8 @@ class _RecurrentBase(StatefulModule):
         """Loss replay with the input projection ``x W_x + b`` computed for all
         ``T`` steps at once; only the recurrent part scans time. Equal to the
         step-by-step replay (same operations, same order)."""
+        if type(self).__call__ not in (LSTM.__call__, GRU.__call__):  # a subclass changed the forward pass
+            return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         T, M = reset.shape
         flat_x = flatten_time(xs, T, M)
         self._check_x(flat_x)

@@ -86,7 +86,7 @@ class NormalSampler(ActionSampler):
         std_scale: float = 1.0,
     ):
         super().__init__(rngs, entropy_weight)
-        if min_std < 0 or std_scale <= 0:
+        if not min_std >= 0 or not std_scale > 0:
             raise ValueError(
                 f"{type(self).__name__}: min_std must be >= 0 and std_scale > 0, got "
                 f"{min_std} and {std_scale}"

@@ -39,6 +39,7 @@ __all__ = [
     "flatten_time",
     "unflatten_time",
     "straight_through",
+    "defines_own_call",
     "batch_size_of",
     "select_where",
 ]
@@ -233,6 +234,13 @@ def replay_in_time(module: "StatefulModule", carry, xs, rollout_extras, reset, s
         metrics={k: jnp.mean(v) for k, v in metrics.items()},
         carry=carries,
     )
+
+
+def defines_own_call(module: "StatefulModule", cls: type) -> bool:
+    """False when a subclass of ``cls`` overrides ``__call__``: then a fast
+    ``replay_sequence`` written for ``cls`` would not replay the subclass's
+    forward pass, and the generic :func:`replay_in_time` must be used."""
+    return type(module).__call__ is cls.__call__
 
 
 def replay_flat(module: "StatefulModule", carry, xs, rollout_extras, reset, stored_carry) -> SequenceOutput:

@@ -189,3 +189,59 @@ def test_env_without_truncated_flag_is_named():
                          eval=EvalConfig(enabled=False))
     with pytest.raises(EnvCheckError, match="truncated"):
         train_ppo(NoTruncated(), net, config)
+
+
+def test_failed_training_leaves_a_usable_network():
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=4, total_steps=64, n_minibatches=2),
+                         eval=EvalConfig(enabled=False))
+    seen = []
+
+    def log_fn(metrics, step):
+        seen.append(step)
+        if len(seen) == 2:
+            raise RuntimeError("logger failed")
+
+    with pytest.raises(RuntimeError, match="logger failed"):
+        train_ppo(Target(), net, config, log_fn=log_fn)
+    out = net(net.initialize_state(2), jnp.zeros((2, 3)))  # arrays not donated away
+    assert np.all(np.isfinite(np.asarray(out.output.value_estimates)))
+
+
+def test_new_training_state_leaves_the_network_alone_and_marks_fresh_carries():
+    from nnx_ppo.algorithms.ppo import new_training_state
+    from nnx_ppo.networks import GaussianNoise, Sequential
+
+    rngs = nnx.Rngs(0)
+    net = Sequential([GaussianNoise(0.1, rngs), make_mlp_actor_critic(3, 2, (8,), (8,), rngs)])
+    as_numpy = lambda x: np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+    before = jax.tree.map(as_numpy, nnx.state(net, nnx.RngState))
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=4, total_steps=16, n_minibatches=2))
+    state = new_training_state(Target(), net, config)
+    after = jax.tree.map(as_numpy, nnx.state(net, nnx.RngState))
+    jax.tree.map(np.testing.assert_array_equal, before, after)
+    assert bool(jnp.all(state.rollout.fresh))
+
+
+def test_time_limit_desynchronized_only_at_the_start():
+    from nnx_ppo.algorithms.ppo import new_training_state
+    from nnx_ppo.envs import ConstantReward, TimeLimit
+
+    env = TimeLimit(ConstantReward(), 50, random_initial_steps=True)
+    net = make_mlp_actor_critic(2, 2, (8,), (8,), nnx.Rngs(0), discrete=True)
+    config = TrainConfig(ppo=PPOConfig(n_envs=16, rollout_length=4, total_steps=64, n_minibatches=2))
+    steps = np.asarray(new_training_state(env, net, config).rollout.env_state.info["steps"])
+    assert len(np.unique(steps)) > 5
+
+
+def test_evaluate_respects_the_mode_it_is_asked_for():
+    from nnx_ppo.algorithms.ppo import evaluate
+
+    env = Target(max_steps=5, p_end=0.0)
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    net.eval()
+    deterministic = [evaluate(env, net, n_envs=8, max_episode_length=5, seed=s)["eval/episode_return"] for s in (0, 0)]
+    stochastic = evaluate(env, net, n_envs=8, max_episode_length=5, seed=0, deterministic=False)
+    assert deterministic[0] == deterministic[1]
+    assert stochastic["eval/episode_return"] != deterministic[0]
+    assert net.layers[-1].action.layers[-1].deterministic  # still in eval mode

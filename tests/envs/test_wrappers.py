@@ -86,14 +86,19 @@ def test_time_limit_termination_on_last_step_is_not_truncation():
 
 
 def test_time_limit_random_initial_steps():
-    env = TimeLimit(ConstantReward(), 50, random_initial_steps=True)
+    env = RewardScale(TimeLimit(ConstantReward(), 50, random_initial_steps=True), 1.0)
     keys = jax.random.split(jax.random.PRNGKey(0), 64)
-    steps = np.asarray(jax.vmap(env.reset)(keys).info["steps"])
+    fresh = jax.vmap(env.reset)(keys)
+    np.testing.assert_array_equal(np.asarray(fresh.info["steps"]), 0)  # resets are always full length
+    s = jax.vmap(env.desynchronize)(fresh, keys)  # forwarded through the outer wrapper
+    steps = np.asarray(s.info["steps"])
     assert steps.dtype == np.int32
     assert steps.min() >= 0 and steps.max() < 50 and len(np.unique(steps)) > 10
-    s = jax.vmap(env.reset)(keys)
     s = jax.vmap(env.step)(s, jnp.zeros(64, jnp.int32))
     np.testing.assert_array_equal(np.asarray(s.info["truncated"]), (steps + 1 >= 50).astype(np.float32))
+    plain = TimeLimit(ConstantReward(), 50)
+    same = jax.vmap(plain.desynchronize)(jax.vmap(plain.reset)(keys), keys)
+    np.testing.assert_array_equal(np.asarray(same.info["steps"]), 0)
 
 
 def test_reward_scale():

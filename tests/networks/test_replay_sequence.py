@@ -66,3 +66,38 @@ def test_replay_sequence_equals_step_by_step_replay():
     # The trainable initial state of the LSTM gets a gradient through the resets.
     lstm_grads = [g for path, g in jax.tree_util.tree_leaves_with_path(g_fast) if "initial_h" in jax.tree_util.keystr(path)]
     assert lstm_grads and float(jnp.max(jnp.abs(lstm_grads[0]))) > 0
+
+
+def test_subclass_that_changes_call_falls_back_to_step_by_step():
+    """A subclass overriding __call__ must not inherit a fast replay that
+    skips its forward pass."""
+    from nnx_ppo.networks.types import StatefulModuleOutput
+
+    class Doubled(LSTM):
+        def __call__(self, state, x, rollout_extras=None):
+            out = super().__call__(state, x, rollout_extras)
+            return StatefulModuleOutput(next_state=out.next_state, output=2.0 * out.output)
+
+    class Shifted(Sequential):
+        def __call__(self, state, x, rollout_extras=None):
+            out = super().__call__(state, x, rollout_extras)
+            return StatefulModuleOutput(next_state=out.next_state, output=out.output + 1.0,
+                                        rollout_extras=out.rollout_extras)
+
+    rngs = nnx.Rngs(0)
+    for module in (Doubled(3, 4, rngs), Shifted([Dense(3, 4, rngs), LSTM(4, 4, rngs)])):
+        xs = jax.random.normal(jax.random.key(2), (T, B, 3))
+        reset = jnp.zeros((T, B), bool).at[3, 1].set(True)
+        carry = module.initialize_state(B)
+        stored, outputs = [], []
+        for t in range(T):
+            if t > 0:
+                carry = select_where(reset[t], module.reset_state(carry), carry)
+            stored.append(carry)
+            out = module(carry, xs[t])
+            outputs.append(out.output)
+            carry = out.next_state
+        stored = jax.tree.map(lambda *x: jnp.stack(x), *stored)
+        extras = jax.tree.map(lambda x: None, module(module.initialize_state(B), xs[0]).rollout_extras)
+        result = module.replay_sequence(jax.tree.map(lambda x: x[0], stored), xs, extras, reset, stored)
+        np.testing.assert_allclose(np.asarray(result.output), np.asarray(jnp.stack(outputs)), atol=1e-6)
