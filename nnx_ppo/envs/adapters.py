@@ -164,13 +164,10 @@ def _space_from_size(size) -> Any:
     raise TypeError(f"cannot convert observation size {size!r} to a space")
 
 
-class PlaygroundEnv(RLEnv):
-    """Adapter for a MuJoCo Playground environment (``mujoco_playground.MjxEnv``).
-
-    ``state.data`` holds the Playground state itself (obs/reward/done kept in
-    sync). Playground envs have no time limit of their own: ``make`` wraps
-    this adapter in :class:`TimeLimit`. Actions are in ``[-1, 1]``.
-    """
+class _JaxPhysicsEnv(RLEnv):
+    """Shared adapter for envs whose state already has ``obs``, ``reward``,
+    ``done`` and ``metrics`` (MuJoCo Playground, Brax): the env's own state is
+    kept in ``data``; actions are in ``[-1, 1]``."""
 
     check_keys_in_data = False  # the wrapped env may keep a reset-only key
 
@@ -187,26 +184,38 @@ class PlaygroundEnv(RLEnv):
     def action_space(self):
         return Box((int(self.env.action_size),), -1.0, 1.0)
 
-    def _wrap(self, pstate, info):
-        pstate = pstate.replace(reward=jax.tree_util.tree_map(_f32, pstate.reward), done=_f32(pstate.done))
+    def _wrap(self, inner, info):
+        inner = inner.replace(reward=_f32_tree(inner.reward), done=_f32(inner.done))
         return EnvState(
-            obs=pstate.obs,
-            reward=pstate.reward,
-            done=pstate.done,
-            metrics=dict(pstate.metrics),
+            obs=inner.obs,
+            reward=inner.reward,
+            done=inner.done,
+            metrics={k: _f32(v) for k, v in inner.metrics.items()},
             info=info,
-            data=pstate,
+            data=inner,
         )
 
     def reset(self, key):
         with _allow_rank_promotion():
-            pstate = self.env.reset(key)
-        return self._wrap(pstate, {"truncated": _f32(0.0)})
+            inner = self.env.reset(key)
+        return self._wrap(inner, {"truncated": _f32(0.0)})
 
     def step(self, state, action):
         with _allow_rank_promotion():
-            pstate = self.env.step(state.data, jnp.asarray(action, jnp.float32))
-        return self._wrap(pstate, {**state.info, "truncated": _f32(0.0)})
+            inner = self.env.step(state.data, jnp.asarray(action, jnp.float32))
+        return self._wrap(inner, {**state.info, "truncated": _f32(0.0)})
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class PlaygroundEnv(_JaxPhysicsEnv):
+    """Adapter for a MuJoCo Playground environment (``mujoco_playground.MjxEnv``).
+
+    ``state.data`` holds the Playground state itself (obs/reward/done kept in
+    sync). Playground envs have no time limit of their own: ``make`` wraps
+    this adapter in :class:`TimeLimit`. Actions are in ``[-1, 1]``.
+    """
 
     def render(self, states, **kwargs):
         """Render a list of (un-batched) states with Playground's renderer.
@@ -225,56 +234,14 @@ class PlaygroundEnv(RLEnv):
                 "(or osmesa) before importing mujoco."
             ) from e
 
-    def __repr__(self):
-        return f"PlaygroundEnv({self.name!r})"
-
 
 # --------------------------------------------------------------------------- brax
 
 
-class BraxEnv(RLEnv):
+class BraxEnv(_JaxPhysicsEnv):
     """Adapter for a Brax environment (``brax.envs.Env``).
 
     ``state.data`` holds the Brax state. Brax envs take actions in ``[-1, 1]``.
     Brax's own info (e.g. ``time_out``) stays inside ``data``; ``make`` wraps
     this adapter in :class:`TimeLimit`.
     """
-
-    check_keys_in_data = False  # the wrapped env may keep a reset-only key
-
-    def __init__(self, env, name: str = "?"):
-        self.env = env
-        self.name = name
-
-    @property
-    def observation_space(self):
-        with _allow_rank_promotion():
-            return _space_from_size(self.env.observation_size)
-
-    @property
-    def action_space(self):
-        return Box((int(self.env.action_size),), -1.0, 1.0)
-
-    def _wrap(self, bstate, info):
-        bstate = bstate.replace(reward=_f32(bstate.reward), done=_f32(bstate.done))
-        return EnvState(
-            obs=bstate.obs,
-            reward=bstate.reward,
-            done=bstate.done,
-            metrics={k: _f32(v) for k, v in bstate.metrics.items()},
-            info=info,
-            data=bstate,
-        )
-
-    def reset(self, key):
-        with _allow_rank_promotion():
-            bstate = self.env.reset(key)
-        return self._wrap(bstate, {"truncated": _f32(0.0)})
-
-    def step(self, state, action):
-        with _allow_rank_promotion():
-            bstate = self.env.step(state.data, jnp.asarray(action, jnp.float32))
-        return self._wrap(bstate, {**state.info, "truncated": _f32(0.0)})
-
-    def __repr__(self):
-        return f"BraxEnv({self.name!r})"
