@@ -489,8 +489,6 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
 
 
 def _run_eval(cmd: EvalCommand) -> int:
-    import numpy as np
-
     from nnx_ppo.algorithms import checkpointing
     from nnx_ppo.algorithms.ppo import evaluate
 
@@ -546,7 +544,6 @@ def _record_video(env, network, path: str, max_len: int, seed: int, stochastic: 
     """One episode, batch of 1, rendered with ``env.render``."""
     import jax
     import numpy as np
-    from flax import nnx
 
     from nnx_ppo.algorithms.ppo import split_in_mode
     from nnx_ppo.algorithms.rollout import apply_network

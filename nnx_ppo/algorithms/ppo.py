@@ -8,7 +8,6 @@ Python loop that calls the compiled iterations, evaluates and logs).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,8 @@ __all__ = [
     "new_training_state",
     "train_iteration",
     "make_train_fn",
+    "make_eval_fn",
+    "split_in_mode",
     "evaluate",
     "train_ppo",
 ]

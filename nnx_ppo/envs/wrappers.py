@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nnx_ppo.envs.spaces import Box
-from nnx_ppo.envs.types import EnvState, RLEnv
+from nnx_ppo.envs.types import RLEnv
 
 __all__ = ["Wrapper", "TimeLimit", "RewardScale", "ObservationMask", "ActionRepeat"]
 

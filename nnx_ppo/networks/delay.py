@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, batch_size_of
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["Delay"]
 

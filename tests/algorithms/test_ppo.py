@@ -10,7 +10,6 @@ from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import NonFiniteError, train_ppo
-from nnx_ppo.algorithms.rollout import apply_network
 from nnx_ppo.networks.factories import make_mlp_actor_critic
 
 from tests.algorithms.toy_envs import Constant, Target

@@ -1,6 +1,5 @@
 """The replay guarantee, for a network holding every module the library ships."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
