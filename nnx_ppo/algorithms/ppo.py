@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -470,6 +471,18 @@ def train_ppo(
         from nnx_ppo.algorithms import checkpointing
 
         state = checkpointing.restore_training_state(resume_from, state)
+        newer = [
+            step for step, _ in checkpointing.list_checkpoints(checkpoint_dir or resume_from)
+            if step > int(state.iteration) * ppo.steps_per_iteration
+        ]
+        if newer:
+            warnings.warn(
+                f"resumed from step {int(state.iteration) * ppo.steps_per_iteration}, but the checkpoint "
+                f"directory also holds later checkpoints (steps {newer}) from the run being branched off; "
+                "latest_checkpoint() will pick those until newer ones are written. Remove them, or "
+                "checkpoint this branch into another directory.",
+                stacklevel=2,
+            )
     state = _unalias(state)
     last_checkpoint_steps = int(state.iteration) * ppo.steps_per_iteration
 

@@ -317,3 +317,12 @@ def test_zero_size_arrays_round_trip(tmp_path):
     restored = restore_training_state(tmp_path, new_training_state(env, _noisy_net(seed=3), config))
     assert restored.rollout.env_state.data["contacts"].shape == (4, 0, 3)
     _assert_trees_equal(state, restored)
+
+
+def test_resuming_an_older_checkpoint_warns_about_newer_ones(trained, tmp_path):
+    run_dir, _, _, _ = trained
+    branch = tmp_path / "branch"
+    shutil.copytree(run_dir, branch)
+    older = sorted(p for p in branch.iterdir() if p.name.startswith("step_"))[0]
+    with pytest.warns(UserWarning, match="later checkpoints"):
+        train_ppo(Target(), _noisy_net(), _config(2), resume_from=str(older), checkpoint_dir=str(branch))
