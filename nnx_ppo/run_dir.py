@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.config import TrainConfig, config_from_dict
 
 __all__ = [
     "CONFIG_FILE",
@@ -70,17 +70,9 @@ def train_config_to_dict(config: TrainConfig) -> dict[str, Any]:
 
 
 def train_config_from_dict(data: dict[str, Any]) -> TrainConfig:
-    """Inverse of :func:`train_config_to_dict`; unknown keys are ignored so
-    older/newer run directories still load."""
-
-    def pick(cls, d):
-        names = {f.name for f in dataclasses.fields(cls)}
-        return {k: v for k, v in (d or {}).items() if k in names}
-
-    top = pick(TrainConfig, data)
-    top["ppo"] = PPOConfig(**pick(PPOConfig, data.get("ppo")))
-    top["eval"] = EvalConfig(**pick(EvalConfig, data.get("eval")))
-    return TrainConfig(**top)
+    """Inverse of :func:`train_config_to_dict`; unknown keys are skipped (with
+    a warning) so older/newer run directories still load."""
+    return config_from_dict(data, where=CONFIG_FILE)
 
 
 def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:

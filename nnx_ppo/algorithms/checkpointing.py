@@ -35,9 +35,7 @@ import os
 import pathlib
 import re
 import shutil
-import typing
 import uuid
-import warnings
 from typing import Any
 
 import jax
@@ -455,32 +453,17 @@ def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
 # --------------------------------------------------------------------------- config / metadata
 
 
-def _build_dataclass(cls: type, data: dict, where: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    for key, value in data.items():
-        if key not in names:
-            warnings.warn(f"{where}: ignoring unknown field {key!r} of {cls.__name__}", stacklevel=3)
-            continue
-        hint = hints.get(key)
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            value = _build_dataclass(hint, value, where)
-        kwargs[key] = value
-    return cls(**kwargs)
-
-
 def load_config(directory: str | os.PathLike):
     """The :class:`~nnx_ppo.algorithms.config.TrainConfig` saved with the latest
     checkpoint in ``directory`` (or with the checkpoint ``directory``)."""
-    from nnx_ppo.algorithms.config import TrainConfig
+    from nnx_ppo.algorithms.config import config_from_dict
 
     path = _resolve(directory)
     data = _read_json(path / _CONFIG_FILE)
     if not isinstance(data, dict):
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {_CONFIG_FILE} is not an object")
     try:
-        return _build_dataclass(TrainConfig, data, str(path / _CONFIG_FILE))
+        return config_from_dict(data, where=str(path / _CONFIG_FILE))
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint {str(path)!r}: {_CONFIG_FILE} is not a valid TrainConfig ({err})") from err
 

@@ -6,8 +6,11 @@ Field names follow the original nnx-ppo where it had them.
 from __future__ import annotations
 
 import dataclasses
+import typing
+import warnings
+from typing import Any
 
-__all__ = ["PPOConfig", "EvalConfig", "TrainConfig"]
+__all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "config_from_dict"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,3 +151,21 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.checkpoint_every_steps must be positive or None, got {self.checkpoint_every_steps}"
             )
+
+
+def config_from_dict(data: dict[str, Any], cls: type = TrainConfig, where: str = "config") -> Any:
+    """Rebuild a config dataclass (nested ones included) from its
+    ``dataclasses.asdict`` form. Unknown fields (from an older or newer
+    version) are skipped with a warning naming ``where``."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            warnings.warn(f"{where}: ignoring unknown field {key!r} of {cls.__name__}", stacklevel=2)
+            continue
+        hint = hints.get(key)
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = config_from_dict(value, hint, where)
+        kwargs[key] = value
+    return cls(**kwargs)

@@ -28,20 +28,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, batch_size_of
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, as_rngs, batch_size_of, split_key_carry
 
 __all__ = ["GaussianNoise", "DropoutMask", "BernoulliGate"]
-
-
-def _as_rngs(rngs: Any) -> nnx.Rngs:
-    return rngs if isinstance(rngs, nnx.Rngs) else nnx.Rngs(rngs)
 
 
 class _PerEnvKeyModule(StatefulModule):
     """Carry handling shared by the stochastic layers (carry: keys ``[B]``)."""
 
     def __init__(self, rngs: nnx.Rngs, fresh_keys_on_reset: bool, deterministic: bool):
-        self.rngs = _as_rngs(rngs)
+        self.rngs = as_rngs(rngs)
         self.fresh_keys_on_reset = bool(fresh_keys_on_reset)
         self.deterministic = bool(deterministic)
 
@@ -58,14 +54,7 @@ class _PerEnvKeyModule(StatefulModule):
         name = type(self).__name__
         if jnp.ndim(x) < 1:
             raise ValueError(f"{name}: x has shape {tuple(jnp.shape(x))}, expected (B, ...)")
-        if not (hasattr(keys, "dtype") and jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)):
-            raise ValueError(f"{name}: state must be a typed PRNG key array of shape (B,) "
-                             f"(from initialize_state), got {keys!r}")
-        if tuple(keys.shape) != (x.shape[0],):
-            raise ValueError(f"{name}: state has shape {tuple(keys.shape)}, expected "
-                             f"({x.shape[0]},) (one key per env, B from x)")
-        both = jax.vmap(jax.random.split)(keys)  # [B, 2]
-        return both[:, 0], both[:, 1]
+        return split_key_carry(name, keys, x.shape[0])
 
 
 class GaussianNoise(_PerEnvKeyModule):

@@ -42,6 +42,8 @@ __all__ = [
     "defines_own_call",
     "batch_size_of",
     "select_where",
+    "as_rngs",
+    "split_key_carry",
 ]
 
 
@@ -148,6 +150,24 @@ def batch_size_of(tree: Any) -> int:
     if not leaves:
         raise ValueError("cannot infer a batch size from an empty tree")
     return int(jnp.shape(leaves[0])[0])
+
+
+def as_rngs(rngs: Any) -> nnx.Rngs:
+    """``rngs`` itself, or ``nnx.Rngs(rngs)`` for an int seed."""
+    return rngs if isinstance(rngs, nnx.Rngs) else nnx.Rngs(rngs)
+
+
+def split_key_carry(owner: str, keys: Any, batch_size: int, name: str = "state") -> tuple[jax.Array, jax.Array]:
+    """Check a per-env key carry and split it: ``[B]`` typed keys ->
+    (next keys ``[B]``, sample keys ``[B]``). Errors name ``owner`` and ``name``."""
+    if not (hasattr(keys, "dtype") and jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)):
+        raise ValueError(f"{owner}: {name} must be a typed PRNG key array of shape (B,) "
+                         f"(from initialize_state), got {keys!r}")
+    if tuple(keys.shape) != (batch_size,):
+        raise ValueError(f"{owner}: {name} has shape {tuple(keys.shape)}, expected "
+                         f"({batch_size},) (one key per env, B from x)")
+    both = jax.vmap(jax.random.split)(keys)  # [B, 2]
+    return both[:, 0], both[:, 1]
 
 
 def select_where(mask: jax.Array, if_true: Any, if_false: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from nnx_ppo.networks.containers import _DictContainer
+from nnx_ppo.networks.containers import Parallel, _DictContainer
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["Flattener", "Filter", "Map", "Merge", "Scale", "flatten_batch"]
@@ -105,12 +105,10 @@ class Map(_DictContainer):
 
 
 
-class Merge(_DictContainer):
-    """Run every child on the same input and merge their dict outputs into one
-    flat dict; a key produced by two children is an error."""
-
-    def _inputs(self, x):
-        return {name: x for name in self.names}
+class Merge(Parallel):
+    """Run every child on the same input (like :class:`Parallel`) and merge
+    their dict outputs into one flat dict; a key produced by two children is
+    an error."""
 
     def _combine(self, outputs):
         merged = {}

@@ -17,28 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, batch_size_of
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, as_rngs, batch_size_of, split_key_carry
 
 __all__ = ["VariationalBottleneck", "AR1VariationalBottleneck"]
-
-
-def _as_rngs(rng: Any) -> nnx.Rngs:
-    return rng if isinstance(rng, nnx.Rngs) else nnx.Rngs(rng)
-
-
-def _check_keys(cls_name: str, name: str, keys: Any, batch: int) -> None:
-    if not (hasattr(keys, "dtype") and jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)):
-        raise ValueError(f"{cls_name}: {name} must be a typed PRNG key array of shape (B,) "
-                         f"(from initialize_state), got {keys!r}")
-    if tuple(keys.shape) != (batch,):
-        raise ValueError(f"{cls_name}: {name} has shape {tuple(keys.shape)}, expected "
-                         f"({batch},) (one key per env, B from x)")
-
-
-def _split_keys(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Per env: ``key -> (next_key, sample_key)``; shapes ``[B] -> [B], [B]``."""
-    both = jax.vmap(jax.random.split)(keys)  # [B, 2]
-    return both[:, 0], both[:, 1]
 
 
 class VariationalBottleneck(StatefulModule):
@@ -77,7 +58,7 @@ class VariationalBottleneck(StatefulModule):
         if min_std < 0:
             raise ValueError(f"{name}: min_std must be >= 0, got {min_std!r}")
         self.latent_size = latent_size
-        self.rng = _as_rngs(rng)
+        self.rng = as_rngs(rng)
         self.kl_weight = float(kl_weight)
         self.min_std = float(min_std)
         self.fresh_keys_on_reset = bool(fresh_keys_on_reset)
@@ -95,11 +76,10 @@ class VariationalBottleneck(StatefulModule):
     def _sample(self, keys: jax.Array, x: jax.Array):
         """Shared maths: returns (next_keys, z, kl per env [B])."""
         self._check_x(x)
-        _check_keys(type(self).__name__, "key carry", keys, x.shape[0])
         latent = self.latent_size
         mean = x[:, :latent]
         std = jax.nn.softplus(x[:, latent:]) + self.min_std
-        next_keys, sample_keys = _split_keys(keys)
+        next_keys, sample_keys = split_key_carry(type(self).__name__, keys, x.shape[0], "key carry")
         eps = jax.vmap(lambda k: jax.random.normal(k, (latent,), dtype=x.dtype))(sample_keys)
         z = mean + std * eps
         kl = jnp.sum(0.5 * (jnp.square(mean) + jnp.square(std) - 1.0) - jnp.log(std), axis=-1)

@@ -26,25 +26,27 @@ def network():
 
 
 def rollout(net, xs, reset):
-    """Step the network like the trainer: record carries (post-reset) and extras."""
+    """Step the network like the trainer: record carries (post-reset), extras
+    and outputs, each stacked to ``[T, B, ...]``."""
     carry = net.initialize_state(B)
-    carries, extras = [], []
+    carries, extras, outputs = [], [], []
     for t in range(T):
         if t > 0:
             carry = select_where(reset[t], net.reset_state(carry), carry)
         carries.append(carry)
         out = net(carry, xs[t])
         extras.append(out.rollout_extras)
+        outputs.append(out.output)
         carry = out.next_state
     stack = lambda trees: jax.tree.map(lambda *x: jnp.stack(x), *trees)
-    return stack(carries), stack(extras)
+    return stack(carries), stack(extras), stack(outputs)
 
 
 def test_replay_sequence_equals_step_by_step_replay():
     net = network()
     xs = jax.random.normal(jax.random.key(1), (T, B, 3))
     reset = jnp.zeros((T, B), bool).at[2, 1].set(True).at[4, 0].set(True).at[4, 3].set(True)
-    stored, extras = rollout(net, xs, reset)
+    stored, extras, _ = rollout(net, xs, reset)
     start = jax.tree.map(lambda x: x[0], stored)
     graphdef, params, rest = nnx.split(net, nnx.Param, ...)
 
@@ -88,16 +90,6 @@ def test_subclass_that_changes_call_falls_back_to_step_by_step():
     for module in (Doubled(3, 4, rngs), Shifted([Dense(3, 4, rngs), LSTM(4, 4, rngs)])):
         xs = jax.random.normal(jax.random.key(2), (T, B, 3))
         reset = jnp.zeros((T, B), bool).at[3, 1].set(True)
-        carry = module.initialize_state(B)
-        stored, outputs = [], []
-        for t in range(T):
-            if t > 0:
-                carry = select_where(reset[t], module.reset_state(carry), carry)
-            stored.append(carry)
-            out = module(carry, xs[t])
-            outputs.append(out.output)
-            carry = out.next_state
-        stored = jax.tree.map(lambda *x: jnp.stack(x), *stored)
-        extras = jax.tree.map(lambda x: None, module(module.initialize_state(B), xs[0]).rollout_extras)
+        stored, extras, outputs = rollout(module, xs, reset)
         result = module.replay_sequence(jax.tree.map(lambda x: x[0], stored), xs, extras, reset, stored)
-        np.testing.assert_allclose(np.asarray(result.output), np.asarray(jnp.stack(outputs)), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(result.output), np.asarray(outputs), atol=1e-6)
