@@ -44,22 +44,27 @@ def lstm_actor_critic(obs_size, action_size, rngs):
     ])
 
 
+def build_network(name, arch, env, rngs):
+    """The peers' network for ``arch`` on env spec ``name``: "mlp" is 64-64
+    actor and critic (4x64 actor, 2x256 critic for Playground envs, the
+    original's README example); "lstm" is Dense(64) -> LSTM(64) for both."""
+    obs_size = env.observation_space.shape[0]
+    action_size = env.action_space.shape[0]
+    if arch == "mlp" and name.startswith("playground:"):
+        return make_mlp_actor_critic(obs_size, action_size, (64,) * 4, (256,) * 2, rngs, entropy_weight=1e-2)
+    if arch == "mlp":
+        return make_mlp_actor_critic(obs_size, action_size, (64, 64), (64, 64), rngs, entropy_weight=1e-2)
+    return lstm_actor_critic(obs_size, action_size, rngs)
+
+
 def main(argv):
     name, arch, n_envs, rollout, total = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     reward_scale = float(argv[5]) if len(argv) > 5 else 1.0
     iters_per_call = int(argv[6]) if len(argv) > 6 else 1
     eval_env = make(name)
     env = RewardScale(eval_env, reward_scale) if reward_scale != 1.0 else eval_env
-    obs_size = eval_env.observation_space.shape[0]
-    action_size = eval_env.action_space.shape[0]
-    rngs = nnx.Rngs(0)
     playground = name.startswith("playground:")
-    if arch == "mlp" and playground:  # the sizes of the peer script (the original's README example)
-        net = make_mlp_actor_critic(obs_size, action_size, (64,) * 4, (256,) * 2, rngs, entropy_weight=1e-2)
-    elif arch == "mlp":
-        net = make_mlp_actor_critic(obs_size, action_size, (64, 64), (64, 64), rngs, entropy_weight=1e-2)
-    else:
-        net = lstm_actor_critic(obs_size, action_size, rngs)
+    net = build_network(name, arch, eval_env, nnx.Rngs(0))
     max_len = 200 if name.endswith("Pendulum-v1") else 1000
     config = TrainConfig(
         ppo=PPOConfig(n_envs=n_envs, rollout_length=rollout, total_steps=total, learning_rate=3e-4),

@@ -25,8 +25,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 import tyro
 
-from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.config import TrainConfig
 from nnx_ppo import run_dir as rd
+from nnx_ppo.presets import find_preset, get_preset, network_kwargs
 
 __all__ = ["main", "TrainCommand", "EvalCommand", "EnvsCommand", "DEFAULT_ENV", "DEFAULT_TRAIN_CONFIG"]
 
@@ -44,30 +45,17 @@ def _has_checkpoint(directory: Path) -> bool:
 # An LSTM actor-critic on the built-in memory task: a cue (one of 4) is shown
 # at the first step and must be reported after 8 blank steps. A memoryless
 # policy gets 0.25; the trained LSTM gets 1.0. On a laptop CPU this takes a
-# couple of minutes.
+# couple of minutes. It is the cue_memory preset (nnx_ppo.presets); every
+# env with a preset starts from it (see `nnx-ppo envs`).
 
 DEFAULT_ENV = "cue_memory"
-DEFAULT_ENV_KWARGS: dict[str, Any] = {"n_cues": 4, "delay": 8}
+_DEFAULT_PRESET = get_preset(DEFAULT_ENV)
+DEFAULT_ENV_KWARGS: dict[str, Any] = dict(_DEFAULT_PRESET.env_kwargs)
 """Used only when the env is the default one and ``--env-kwargs`` is not given."""
 
-DEFAULT_NETWORK = "lstm"
-DEFAULT_HIDDEN_SIZE = 32
-
-DEFAULT_TRAIN_CONFIG = TrainConfig(
-    ppo=PPOConfig(
-        n_envs=64,
-        rollout_length=24,
-        total_steps=150_000,
-        learning_rate=1e-3,
-        n_epochs=4,
-        n_minibatches=4,
-    ),
-    eval=EvalConfig(every_steps=10_000, n_envs=64, max_episode_length=1000),
-    seed=0,
-    iterations_per_call=1,
-    checkpoint_every_steps=50_000,
-    keep_checkpoints=3,
-)
+DEFAULT_NETWORK = _DEFAULT_PRESET.network
+DEFAULT_HIDDEN_SIZE = _DEFAULT_PRESET.hidden_size
+DEFAULT_TRAIN_CONFIG = _DEFAULT_PRESET.config
 
 
 class CliError(Exception):
@@ -84,7 +72,9 @@ class CliError(Exception):
 @dataclasses.dataclass
 class TrainCommand:
     """Train a PPO agent. With no arguments: the default agent (an LSTM on the
-    cue_memory memory task), which learns in a few minutes on a CPU.
+    cue_memory memory task), which learns in a few minutes on a CPU. An env
+    with a tuned preset (`nnx-ppo envs` lists them) starts from the preset's
+    network and hyperparameters; flags given here override them.
 
     Writes a run directory (config.json, metrics.jsonl, TensorBoard events in
     tb/, learning_curve.png, checkpoints/). Ctrl-C stops cleanly after the
@@ -105,6 +95,15 @@ class TrainCommand:
 
     config: Annotated[TrainConfig, tyro.conf.arg(name="")] = DEFAULT_TRAIN_CONFIG
     """training configuration."""
+
+    train_env_kwargs: Optional[str] = None
+    """JSON object of extra keyword arguments for the training env only, e.g. '{"random_reset_steps": 500}' (evaluation keeps full episodes)."""
+
+    reward_scale: float = 1.0
+    """multiply the training rewards by this (evaluation reports unscaled returns)."""
+
+    no_preset: bool = False
+    """ignore the env's tuned preset (see `nnx-ppo envs`): start from the library's defaults instead."""
 
     run_dir: Optional[str] = None
     """where to write the run (default: runs/<env>-<YYYYmmdd-HHMMSS>)."""
@@ -161,15 +160,15 @@ def _err(msg: str) -> None:
     print(f"{PROG}: error: {msg}", file=sys.stderr)
 
 
-def _parse_env_kwargs(text: str | None, env: str) -> dict[str, Any]:
+def _parse_env_kwargs(text: str | None, env: str, flag: str = "--env-kwargs") -> dict[str, Any]:
     if text is None:
-        return dict(DEFAULT_ENV_KWARGS) if env == DEFAULT_ENV else {}
+        return dict(DEFAULT_ENV_KWARGS) if env == DEFAULT_ENV and flag == "--env-kwargs" else {}
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise CliError(f"--env-kwargs must be a JSON object, got {text!r} ({e})") from None
+        raise CliError(f"{flag} must be a JSON object, got {text!r} ({e})") from None
     if not isinstance(value, dict):
-        raise CliError(f"--env-kwargs must be a JSON object, got {text!r}")
+        raise CliError(f"{flag} must be a JSON object, got {text!r}")
     return value
 
 
@@ -189,9 +188,7 @@ def _make_env(spec: str, kwargs: dict[str, Any]):
 def _network_kwargs(kind: str, hidden_size: int) -> dict[str, Any]:
     if hidden_size <= 0:
         raise CliError(f"--hidden-size must be positive, got {hidden_size}")
-    if kind == "mlp":
-        return {"actor_hidden_sizes": [hidden_size, hidden_size], "critic_hidden_sizes": [hidden_size, hidden_size]}
-    return {"hidden_size": hidden_size, "encoder_sizes": [hidden_size]}
+    return network_kwargs(kind, hidden_size)
 
 
 def _build_network(env, kind: str, kwargs: dict[str, Any], seed: int):
@@ -337,7 +334,10 @@ def _resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
             network=net["kind"],
             hidden_size=int(net["hidden_size"]),
             env_kwargs=json.dumps(saved.get("env_kwargs", {})),
+            train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
             config=config,
+            reward_scale=float(saved.get("reward_scale", 1.0)),
+            no_preset=True,  # the run's own settings are the defaults
             resume=run_dir,
         )
     except FileNotFoundError as e:
@@ -362,6 +362,9 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
             ("--hidden-size", cmd.hidden_size, saved["network"]["hidden_size"]),
             ("--env-kwargs", env_kwargs, saved.get("env_kwargs", {})),
             ("--ppo.n-envs", cmd.config.ppo.n_envs, saved["config"]["ppo"]["n_envs"]),
+            ("--reward-scale", cmd.reward_scale, float(saved.get("reward_scale", 1.0))),
+            ("--train-env-kwargs", _parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs"),
+             saved.get("train_env_kwargs", {})),
         ):
             if now != before:
                 raise CliError(f"cannot change {what} when resuming ({before!r} in the run, {now!r} given)")
@@ -379,7 +382,14 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
     env = _make_env(cmd.env, env_kwargs)
     # Training envs start their time-limit counters at random steps so the
     # vmapped episodes de-synchronise (evaluation keeps full-length episodes).
-    train_env = _make_env(cmd.env, {"random_initial_steps": True, **env_kwargs})
+    train_env_kwargs = _parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
+    train_env = _make_env(cmd.env, {"random_initial_steps": True, **env_kwargs, **train_env_kwargs})
+    if not cmd.reward_scale > 0:
+        raise CliError(f"--reward-scale must be positive, got {cmd.reward_scale}")
+    if cmd.reward_scale != 1.0:
+        from nnx_ppo.envs.wrappers import RewardScale
+
+        train_env = RewardScale(train_env, cmd.reward_scale)
     net_kwargs = _network_kwargs(cmd.network, cmd.hidden_size)
     config = cmd.config
     try:
@@ -400,13 +410,20 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
     content = {
         "env": cmd.env,
         "env_kwargs": env_kwargs,
+        "train_env_kwargs": train_env_kwargs,
         "network": network_info,
         "config": rd.train_config_to_dict(config),
+        "reward_scale": cmd.reward_scale,
         "created": saved.get("created", now) if saved else now,
         "command": [PROG, *argv],
     }
+    preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network)
+    if preset is not None:
+        content["preset"] = {"env": preset.env, "network": preset.network}
     if saved:
         content["resumed"] = [*saved.get("resumed", []), now]
+        if "preset" in saved:
+            content["preset"] = saved["preset"]
         if "wandb_id" in saved:
             content["wandb_id"] = saved["wandb_id"]
     wandb_run = None
@@ -422,6 +439,9 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
     print(f"{'resuming' if resuming else 'training'} {cmd.network} (hidden {cmd.hidden_size}) on {cmd.env}"
           f"{' ' + json.dumps(env_kwargs) if env_kwargs else ''}: {total:,} env steps, "
           f"{ppo.n_envs} envs x {ppo.rollout_length} steps per iteration", flush=True)
+    if preset is not None and not resuming:
+        print(f"starting from the tuned preset for {preset.env} ({preset.network}); flags given override it, "
+              "--no-preset starts from the library defaults", flush=True)
 
     logger = rd.RunLogger(run_dir, steps_per_iteration=ppo.steps_per_iteration,
                           title=f"{cmd.network} on {cmd.env}", wandb_run=wandb_run, resumed=resuming)
@@ -597,9 +617,15 @@ def _record_video(env, network, path: str, max_len: int, seed: int, stochastic: 
 def _run_envs() -> int:
     from nnx_ppo.envs import list_envs
 
+    from nnx_ppo.presets import PRESETS
+
     print("built-in tasks and example specs (any gymnax:NAME, playground:NAME, brax:NAME works):")
     for spec in list_envs():
         print(f"  {spec}")
+    print("\ntuned presets (`nnx-ppo train ENV [--network KIND]` starts from them; nnx_ppo.presets in Python):")
+    for p in PRESETS:
+        ppo = p.config.ppo
+        print(f"  {p.env:<28} {p.network:<5} {ppo.total_steps:>9,} steps  target {p.target:g}  {p.description}")
     return 0
 
 
@@ -618,22 +644,48 @@ def _find_resume(argv: list[str]) -> str | None:
     return None
 
 
-def _parse(argv: list[str]):
-    saved = None
-    train_default = TrainCommand()
-    resume = _find_resume(argv)
-    if resume is not None and not any(a in ("-h", "--help") for a in argv):
-        train_default, saved = _resume_defaults(resume)
+def _preset_defaults(preset) -> TrainCommand:
+    """A TrainCommand holding a preset's settings (the parser's defaults for
+    an env with a preset, so that flags given explicitly override them)."""
+    return TrainCommand(
+        env=preset.env,
+        network=preset.network,
+        hidden_size=preset.hidden_size,
+        env_kwargs=json.dumps(preset.env_kwargs) if preset.env_kwargs else None,
+        train_env_kwargs=json.dumps(preset.train_env_kwargs) if preset.train_env_kwargs else None,
+        config=preset.config,
+        reward_scale=preset.reward_scale,
+    )
+
+
+def _tyro_parse(argv: list[str], train_default: TrainCommand):
     commands = Union[
         Annotated[TrainCommand, tyro.conf.subcommand("train", default=train_default, prefix_name=False)],
         Annotated[EvalCommand, tyro.conf.subcommand("eval", prefix_name=False)],
         Annotated[EnvsCommand, tyro.conf.subcommand("envs", prefix_name=False)],
     ]
     try:
-        cmd = tyro.cli(commands, args=argv, prog=PROG,
-                       description="PPO for stateful (recurrent) networks in JAX + Flax NNX.")
+        return tyro.cli(commands, args=argv, prog=PROG,
+                        description="PPO for stateful (recurrent) networks in JAX + Flax NNX.")
     except ValueError as e:  # a config's __post_init__ rejected a value
         raise CliError(str(e)) from None
+
+
+def _parse(argv: list[str]):
+    """Parse the command line. ``train --resume`` takes its defaults from the
+    run; ``train ENV`` from ENV's preset (of ``--network``, when given)."""
+    saved = None
+    resume = _find_resume(argv)
+    helping = any(a in ("-h", "--help") for a in argv)
+    if resume is not None and not helping:
+        train_default, saved = _resume_defaults(resume)
+        return _tyro_parse(argv, train_default), saved
+    cmd = _tyro_parse(argv, TrainCommand())
+    if isinstance(cmd, TrainCommand) and not cmd.no_preset:
+        network_given = any(a == "--network" or a.startswith("--network=") for a in argv)
+        preset = find_preset(cmd.env, cmd.network if network_given else None)
+        if preset is not None:
+            cmd = _tyro_parse(argv, _preset_defaults(preset))
     return cmd, saved
 
 

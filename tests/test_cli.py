@@ -96,6 +96,44 @@ def test_envs_lists_cue_memory(capsys):
     assert "cue_memory" in out and "gymnax:CartPole-v1" in out
 
 
+def test_envs_lists_the_presets(capsys):
+    from nnx_ppo.presets import PRESETS
+
+    assert cli.main(["envs"]) == 0
+    out = capsys.readouterr().out
+    assert "tuned presets" in out
+    for preset in PRESETS:
+        assert any(preset.env in line and f" {preset.network} " in line for line in out.splitlines())
+
+
+def test_train_env_starts_from_its_preset_and_flags_override_it():
+    from nnx_ppo.presets import get_preset
+
+    cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1"])
+    preset = get_preset("gymnax:Pendulum-v1")
+    assert (cmd.network, cmd.hidden_size, cmd.config, cmd.reward_scale) == (
+        preset.network, preset.hidden_size, preset.config, preset.reward_scale)
+
+    cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--ppo.learning-rate", "5e-4"])
+    assert cmd.config.ppo.learning_rate == 5e-4
+    assert cmd.config.ppo.discounting_factor == preset.config.ppo.discounting_factor
+    assert cmd.reward_scale == preset.reward_scale
+
+    cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--network", "lstm"])
+    assert cmd.config == get_preset("gymnax:Pendulum-v1", "lstm").config and cmd.network == "lstm"
+
+    cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--no-preset"])
+    assert cmd.config == cli.TrainCommand().config and cmd.reward_scale == 1.0
+
+    cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1"])  # no preset: the defaults
+    assert cmd.config == cli.TrainCommand().config
+
+
+def test_bad_reward_scale_is_a_clear_error(tmp_path, capsys):
+    assert cli.main(["train", "--reward-scale", "0", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "--reward-scale must be positive" in capsys.readouterr().err
+
+
 def test_unknown_env_is_a_one_line_error(tmp_path, capsys):
     assert cli.main(["train", "no_such_env", "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()

@@ -37,6 +37,11 @@ class PPOConfig:
       bootstrap_on_truncation: a time-limit truncation bootstraps from the value
         of the true final observation; off, truncation cuts the return like a
         termination.
+      recompute_advantages: recompute advantages and value targets by GAE in
+        every minibatch from the current critic's values of its replayed
+        steps (the bootstrap values after the rollout's last step and at
+        truncations stay the rollout's); off, both are computed once per
+        iteration from the rollout's values.
     """
 
     n_envs: int = 256
@@ -56,6 +61,7 @@ class PPOConfig:
     gradient_clipping: float | None = 0.5
     weight_decay: float | None = None
     bootstrap_on_truncation: bool = True
+    recompute_advantages: bool = False
 
     def __post_init__(self):
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["compute_gae", "next_values"]
+__all__ = ["compute_gae", "next_values", "trajectory_gae"]
 
 
 def next_values(values, last_value, truncated, final_values, bootstrap_on_truncation=True):
@@ -65,3 +65,28 @@ def compute_gae(
 
     _, advantages = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, done), reverse=True)
     return advantages, advantages + values
+
+
+def trajectory_gae(trajectory, values, last_values, config):
+    """Per-reward-key GAE of a rollout (or a minibatch of its env sequences).
+
+    Args:
+      trajectory: a :class:`~nnx_ppo.algorithms.rollout.Trajectory` with
+        ``[T, B]`` rewards, terminations, truncations and final values.
+      values: ``[T, B]`` value estimates (a pytree like the rewards).
+      last_values: ``[B]`` values of the observations after the last step.
+      config: the :class:`~nnx_ppo.algorithms.config.PPOConfig` (gamma,
+        lambda, bootstrapping).
+
+    Returns ``(advantages, returns)``, pytrees of ``[T, B]`` leaves like the rewards.
+    """
+
+    def one_key(rewards, values, last, final):
+        return compute_gae(
+            rewards, values, last, trajectory.terminated, trajectory.truncated, final,
+            config.discounting_factor, config.gae_lambda, config.bootstrap_on_truncation,
+        )
+
+    pairs = jax.tree.map(one_key, trajectory.rewards, values, last_values, trajectory.final_values)
+    is_pair = lambda x: isinstance(x, tuple)
+    return (jax.tree.map(lambda p: p[0], pairs, is_leaf=is_pair), jax.tree.map(lambda p: p[1], pairs, is_leaf=is_pair))

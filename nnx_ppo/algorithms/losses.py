@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig
+from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.rollout import Trajectory, sum_leaves
 from nnx_ppo.networks.types import SequenceOutput
 
@@ -29,11 +30,14 @@ __all__ = ["Minibatch", "replay_network", "normalize_advantages", "ppo_loss"]
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Minibatch:
     """A slice of whole env sequences: ``trajectory`` leaves ``[T, M, ...]``,
-    ``advantages`` and ``returns`` ``[T, M]`` (pytrees for dict rewards)."""
+    ``advantages`` and ``returns`` ``[T, M]`` (pytrees for dict rewards),
+    ``last_values`` ``[1, M]``: the rollout's values of the observations after
+    its last step (kept ``[1, ...]`` so that every leaf splits along axis 1)."""
 
     trajectory: Trajectory
     advantages: Any
     returns: Any
+    last_values: Any = None
 
 
 def replay_network(graphdef, params, rest, trajectory: Trajectory) -> SequenceOutput:
@@ -77,13 +81,20 @@ def ppo_loss(params, graphdef, rest, batch: Minibatch, config: PPOConfig):
 
     ``total = policy_loss + critic_loss_weight * value_loss + regularization``
     where regularization is the sum of the modules' ``regularization_loss``
-    (entropy bonus, KL, ...), averaged over steps. Returns ``(total, metrics)``.
+    (entropy bonus, KL, ...), averaged over steps. With
+    ``config.recompute_advantages`` the advantages and value targets are
+    recomputed by GAE from the replayed (current) values of this minibatch
+    instead of the rollout's. Returns ``(total, metrics)``.
     """
     traj = batch.trajectory
     replay = replay_network(graphdef, params, rest, traj)
     new = replay.output
 
-    advantages = _policy_advantages(batch.advantages, new.loglikelihoods, config)
+    advantages, returns = batch.advantages, batch.returns
+    if config.recompute_advantages:
+        last_values = jax.tree.map(lambda v: v[0], batch.last_values)
+        advantages, returns = jax.lax.stop_gradient(trajectory_gae(traj, new.value_estimates, last_values, config))
+    advantages = _policy_advantages(advantages, new.loglikelihoods, config)
     if isinstance(advantages, dict):
         new_ll, old_ll = new.loglikelihoods, traj.loglikelihoods
     else:
@@ -113,7 +124,7 @@ def ppo_loss(params, graphdef, rest, batch: Minibatch, config: PPOConfig):
             error = jnp.maximum(error, (v_clipped - ret) ** 2)
         return 0.5 * jnp.mean(error)
 
-    value_loss = sum_leaves(jax.tree.map(value_error, new.value_estimates, traj.values, batch.returns))
+    value_loss = sum_leaves(jax.tree.map(value_error, new.value_estimates, traj.values, returns))
     total = policy_loss + config.critic_loss_weight * value_loss + replay.regularization_loss
     metrics = {
         "loss/total": total,

@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
-from nnx_ppo.algorithms.gae import compute_gae
+from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.losses import Minibatch, ppo_loss
 from nnx_ppo.algorithms.rollout import RolloutState, Trajectory, apply_network, collect_rollout, sum_leaves
 
@@ -226,29 +226,6 @@ def new_training_state(env, network, config: TrainConfig) -> TrainingState:
     )
 
 
-def _advantages(traj: Trajectory, last_values, config: PPOConfig):
-    """Per-reward-key GAE: ``(advantages, returns)``, leaves ``[T, B]``."""
-
-    def gae(rewards, values, last, final):
-        return compute_gae(
-            rewards,
-            values,
-            last,
-            traj.terminated,
-            traj.truncated,
-            final,
-            config.discounting_factor,
-            config.gae_lambda,
-            config.bootstrap_on_truncation,
-        )
-
-    pairs = jax.tree.map(gae, traj.rewards, traj.values, last_values, traj.final_values)
-    is_pair = lambda x: isinstance(x, tuple)
-    advantages = jax.tree.map(lambda p: p[0], pairs, is_leaf=is_pair)
-    returns = jax.tree.map(lambda p: p[1], pairs, is_leaf=is_pair)
-    return advantages, returns
-
-
 def _minibatches(key, data: Minibatch, n_minibatches: int) -> Minibatch:
     """Permute the env axis and split it: leaves ``[n_minibatches, T, M, ...]``."""
     B = data.trajectory.reset.shape[1]
@@ -311,8 +288,9 @@ def train_iteration(env, graphdef, optimizer, config: PPOConfig, state: Training
         env, graphdef, state.params, state.rest, state.rollout, rollout_key,
         config.rollout_length, config.bootstrap_on_truncation,
     )
-    advantages, returns = _advantages(traj, last_values, config)
-    data = Minibatch(trajectory=traj, advantages=advantages, returns=returns)
+    advantages, returns = trajectory_gae(traj, traj.values, last_values, config)
+    data = Minibatch(trajectory=traj, advantages=advantages, returns=returns,
+                     last_values=jax.tree.map(lambda v: v[None], last_values))
     params, opt_state, loss_metrics = _update_epochs(
         graphdef, optimizer, state.params, state.opt_state, rest, data, epoch_key, config
     )

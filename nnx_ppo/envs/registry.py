@@ -49,10 +49,10 @@ def _missing(extra: str, package: str, err: ImportError) -> ImportError:
     )
 
 
-def _time_limit(env: RLEnv, episode_length, random_initial_steps: bool) -> RLEnv:
+def _time_limit(env: RLEnv, episode_length, random_initial_steps: bool, random_reset_steps: int) -> RLEnv:
     if episode_length is None:
         return env
-    return TimeLimit(env, int(episode_length), random_initial_steps=random_initial_steps)
+    return TimeLimit(env, int(episode_length), random_initial_steps, random_reset_steps)
 
 
 def make(spec: str, **kwargs) -> RLEnv:
@@ -61,18 +61,21 @@ def make(spec: str, **kwargs) -> RLEnv:
     * ``"NAME"``: a built-in task (see ``list_envs()``); kwargs go to its
       constructor, except ``episode_length`` (wraps in ``TimeLimit``; built-in
       default: 200 for cartpole_no_velocity, 1000 for constant_reward, none for
-      cue_memory) and ``random_initial_steps``.
+      cue_memory), ``random_initial_steps`` and ``random_reset_steps`` (see
+      :class:`~nnx_ppo.envs.wrappers.TimeLimit`).
     * ``"gymnax:NAME"``: kwargs override gymnax env params (e.g.
-      ``max_steps_in_episode=100``).
+      ``max_steps_in_episode=100``), plus ``random_initial_steps`` and
+      ``random_reset_steps`` (they add a ``TimeLimit`` at the env's limit).
     * ``"playground:NAME"``: kwargs are Playground config overrides, plus
       ``episode_length`` (default: the config's ``episode_length``, else 1000)
-      and ``random_initial_steps``. ``impl`` defaults to ``"jax"``.
+      ``random_initial_steps`` and ``random_reset_steps``. ``impl`` defaults to ``"jax"``.
     * ``"brax:NAME"``: kwargs go to ``brax.envs.get_environment``, plus
-      ``episode_length`` (default 1000) and ``random_initial_steps``.
+      ``episode_length`` (default 1000), ``random_initial_steps`` and ``random_reset_steps``.
     """
     if not isinstance(spec, str):
         raise TypeError(f"make expects a string spec, got {spec!r}")
     random_initial_steps = bool(kwargs.pop("random_initial_steps", False))
+    random_reset_steps = int(kwargs.pop("random_reset_steps", 0))
     prefix, sep, name = spec.partition(":")
 
     if not sep:
@@ -80,7 +83,7 @@ def make(spec: str, **kwargs) -> RLEnv:
             raise ValueError(f"Unknown environment {spec!r}. Available: {', '.join(list_envs())}")
         ctor, default_len = _BUILTINS[spec]
         episode_length = kwargs.pop("episode_length", default_len)
-        return _time_limit(ctor(**kwargs), episode_length, random_initial_steps)
+        return _time_limit(ctor(**kwargs), episode_length, random_initial_steps, random_reset_steps)
 
     if prefix not in _PREFIXES or not name:
         raise ValueError(
@@ -102,7 +105,9 @@ def make(spec: str, **kwargs) -> RLEnv:
         if episode_length is not None:
             kwargs["max_steps_in_episode"] = int(episode_length)
         env = GymnaxEnv(name, **kwargs)
-        return TimeLimit(env, int(env.params.max_steps_in_episode), random_initial_steps) if random_initial_steps else env
+        if not (random_initial_steps or random_reset_steps):
+            return env
+        return TimeLimit(env, int(env.params.max_steps_in_episode), random_initial_steps, random_reset_steps)
 
     if prefix == "playground":
         try:
@@ -122,7 +127,7 @@ def make(spec: str, **kwargs) -> RLEnv:
         if episode_length is None:
             cfg = getattr(pg_env, "_config", None)
             episode_length = cfg.get("episode_length", 1000) if cfg is not None and hasattr(cfg, "get") else 1000
-        return TimeLimit(PlaygroundEnv(pg_env, name), int(episode_length), random_initial_steps)
+        return TimeLimit(PlaygroundEnv(pg_env, name), int(episode_length), random_initial_steps, random_reset_steps)
 
     # brax
     try:
@@ -136,4 +141,7 @@ def make(spec: str, **kwargs) -> RLEnv:
             f"Unknown environment {spec!r}: brax has no {name!r}. Available: {', '.join(sorted(brax_envs._envs))}"
         )
     episode_length = kwargs.pop("episode_length", 1000)
-    return TimeLimit(BraxEnv(brax_envs.get_environment(name, **kwargs), name), int(episode_length), random_initial_steps)
+    return TimeLimit(
+        BraxEnv(brax_envs.get_environment(name, **kwargs), name), int(episode_length), random_initial_steps,
+        random_reset_steps,
+    )

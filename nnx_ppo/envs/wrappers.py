@@ -67,20 +67,35 @@ class TimeLimit(Wrapper):
     trainer calls once, on the initial states) starts each env's counter
     uniformly in ``[0, max_steps)``, so the first episodes of vmapped envs end
     at different times and later ones stay out of step. Every later episode
-    is full length; ``reset`` always starts the counter at 0.
+    is full length.
+
+    With ``random_reset_steps=k > 0``, every ``reset`` starts the counter
+    uniformly in ``[0, k)``, so every episode lasts between
+    ``max_steps - k + 1`` and ``max_steps`` steps and vmapped episodes never
+    fall back into lock-step (``k = max_steps // 2`` is what the original
+    nnx-ppo's episode wrapper does). Use it for training envs only: an
+    evaluation env should run full episodes.
     """
 
-    def __init__(self, env: RLEnv, max_steps: int, random_initial_steps: bool = False):
+    def __init__(self, env: RLEnv, max_steps: int, random_initial_steps: bool = False, random_reset_steps: int = 0):
         super().__init__(env)
         if int(max_steps) < 1:
             raise ValueError(f"TimeLimit max_steps must be >= 1, got {max_steps}")
+        if not 0 <= int(random_reset_steps) <= int(max_steps):
+            raise ValueError(
+                f"TimeLimit random_reset_steps must be in [0, max_steps={max_steps}], got {random_reset_steps}"
+            )
         self.max_steps = int(max_steps)
         self.random_initial_steps = bool(random_initial_steps)
+        self.random_reset_steps = int(random_reset_steps)
 
     def reset(self, key):
         state = self.env.reset(key)
         inner_trunc = _f32(state.info.get("truncated", 0.0))
-        return state.replace(info={**state.info, "steps": jnp.zeros((), jnp.int32), "truncated": inner_trunc})
+        steps = jnp.zeros((), jnp.int32)
+        if self.random_reset_steps > 0:
+            steps = jax.random.randint(jax.random.fold_in(key, 1), (), 0, self.random_reset_steps, dtype=jnp.int32)
+        return state.replace(info={**state.info, "steps": steps, "truncated": inner_trunc})
 
     def desynchronize(self, state, key):
         """Start this (un-batched) state's episode at a random step of the time

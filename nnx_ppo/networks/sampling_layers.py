@@ -116,6 +116,10 @@ class NormalSampler(ActionSampler):
     def _sample_and_score(self, x, stored):
         mean, std = self._distribution(x)
         raw = jax.lax.stop_gradient(self._raw(mean, std, stored))
+        return self._score(mean, std, raw)
+
+    def _score(self, mean, std, raw):
+        """``(raw, action, log_likelihood, entropy, metrics)`` of a raw sample."""
         loglik = jnp.sum(_normal_logpdf(raw, mean, std), axis=-1)
         entropy = jnp.sum(0.5 + _HALF_LOG_2PI + jnp.log(std), axis=-1)
         return raw, raw, loglik, entropy, {"std": jnp.mean(std)}
@@ -126,14 +130,23 @@ class NormalTanhSampler(NormalSampler):
 
     The log-likelihood includes the change of variables,
     ``log N(u; mean, std) - sum log(1 - tanh(u)^2)`` for the raw sample ``u``.
+
     The entropy (for the bonus and the metric) is the Gaussian's plus the
-    log-determinant of the squashing at ``u``, a one-sample estimate.
+    expected log-determinant of the squashing, estimated with one sample:
+    the raw action written as ``mean + std * noise`` with the noise
+    ``(u - mean) / std`` held constant. Its value is the log-determinant at
+    ``u``, so the replay reproduces it exactly, and its gradient is the
+    reparameterization gradient: the bonus pulls the mean away from the
+    saturated ends of ``tanh`` and keeps the std from growing without bound
+    (the Gaussian part alone only pushes the std up).
     """
 
-    def _sample_and_score(self, x, stored):
-        raw, _, gaussian_loglik, gaussian_entropy, metrics = super()._sample_and_score(x, stored)
+    def _score(self, mean, std, raw):
+        raw, _, gaussian_loglik, gaussian_entropy, metrics = super()._score(mean, std, raw)
+        noise = jax.lax.stop_gradient((raw - mean) / std)
         log_det = jnp.sum(_log_one_minus_tanh_sq(raw), axis=-1)
-        return raw, jnp.tanh(raw), gaussian_loglik - log_det, gaussian_entropy + log_det, metrics
+        log_det_estimate = jnp.sum(_log_one_minus_tanh_sq(mean + std * noise), axis=-1)
+        return raw, jnp.tanh(raw), gaussian_loglik - log_det, gaussian_entropy + log_det_estimate, metrics
 
 
 class CategoricalSampler(ActionSampler):

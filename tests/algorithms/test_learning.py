@@ -1,56 +1,90 @@
-"""Quick learning checks on real envs (full-length versions: bench/learning.py)."""
+"""Learning on real tasks, asserted over several seeds with a margin.
 
+Floating-point results change with the CPU, so no test rests on one seed at
+the edge of what the algorithm reaches: each trains a few seeds and asserts
+what most of them reach, with margins from the measurements in
+docs/training.md. Full-length versions over 5 seeds, with the peers:
+bench/learning_curves.py.
+"""
+
+import dataclasses
+
+import numpy as np
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.envs import make
-from nnx_ppo.envs.wrappers import RewardScale
 from nnx_ppo.networks.factories import make_actor_critic_for_env
+from nnx_ppo.presets import get_preset
 
 
-def _train_cue_memory(kind):
-    env = make("cue_memory")
+def final_returns(make_envs, make_network, config: TrainConfig, seeds) -> list[float]:
+    """Final deterministic evaluation return of one training run per seed."""
+    returns = []
+    for seed in seeds:
+        train_env, eval_env = make_envs()
+        result = train_ppo(train_env, make_network(eval_env, seed), dataclasses.replace(config, seed=seed),
+                           eval_env=eval_env)
+        returns.append(result.eval_history[-1][1]["eval/episode_return"])
+    return returns
+
+
+def preset_returns(env: str, network: str, total_steps: int, seeds) -> list[float]:
+    """A preset trained for ``total_steps`` (evaluated once, at the end)."""
+    preset = get_preset(env, network)
+    config = dataclasses.replace(
+        preset.config,
+        ppo=dataclasses.replace(preset.config.ppo, total_steps=total_steps),
+        eval=dataclasses.replace(preset.config.eval, every_steps=10**9),
+        checkpoint_every_steps=None,
+        iterations_per_call=25,
+    )
+    return final_returns(preset.make_envs, preset.build_network, config, seeds)
+
+
+def cue_memory_returns(kind: str, delay: int, rollout_length: int, total_steps: int, seeds) -> list[float]:
+    """Success rate on cue_memory (2 cues) after training ``kind`` for ``total_steps``."""
+    env = make("cue_memory", n_cues=2, delay=delay)
     sizes = {"hidden_size": 32, "encoder_sizes": (32,)} if kind != "mlp" else {
         "actor_hidden_sizes": (32, 32), "critic_hidden_sizes": (32, 32)}
-    net = make_actor_critic_for_env(env, kind, nnx.Rngs(0), **sizes)
     config = TrainConfig(
-        ppo=PPOConfig(n_envs=32, rollout_length=24, total_steps=32 * 24 * 30, learning_rate=3e-3),
-        eval=EvalConfig(every_steps=10**9, n_envs=512, max_episode_length=10),
+        ppo=PPOConfig(n_envs=32, rollout_length=rollout_length, total_steps=total_steps, learning_rate=3e-3),
+        eval=EvalConfig(every_steps=10**9, n_envs=512, max_episode_length=delay + 2),
         iterations_per_call=10,
     )
-    return train_ppo(env, net, config).eval_history[-1][1]["eval/episode_return"]
+
+    def network(env, seed):
+        return make_actor_critic_for_env(env, kind, nnx.Rngs(seed), **sizes)
+
+    return final_returns(lambda: (env, env), network, config, seeds)
 
 
 def test_memory_task_needs_memory():
-    """Cue memory: the return is the success rate. An LSTM agent succeeds; a
-    memoryless MLP cannot beat chance (0.5)."""
-    lstm = _train_cue_memory("lstm")
-    mlp = _train_cue_memory("mlp")
-    assert lstm >= 0.9, lstm
-    assert mlp <= 0.6, mlp
+    """The return is the success rate: LSTM agents succeed; memoryless MLPs
+    cannot beat chance (0.5)."""
+    lstm = cue_memory_returns("lstm", delay=4, rollout_length=24, total_steps=32 * 24 * 30, seeds=(0, 1, 2))
+    mlp = cue_memory_returns("mlp", delay=4, rollout_length=24, total_steps=32 * 24 * 30, seeds=(0, 1))
+    assert sorted(lstm)[1] >= 0.9, lstm  # at least 2 of 3
+    assert max(mlp) <= 0.6, mlp
 
 
-def test_cartpole_discrete_reaches_475():
-    env = make("gymnax:CartPole-v1")
-    net = make_actor_critic_for_env(env, "mlp", nnx.Rngs(0))
-    config = TrainConfig(
-        ppo=PPOConfig(n_envs=64, rollout_length=32, total_steps=64 * 32 * 100, learning_rate=1e-3),
-        eval=EvalConfig(every_steps=10**9, n_envs=16, max_episode_length=500),
-        iterations_per_call=25,
-    )
-    result = train_ppo(env, net, config)
-    assert result.eval_history[-1][1]["eval/episode_return"] >= 475
+def test_memory_span_longer_than_the_rollout():
+    """Cue at step 0, query at step 11, rollouts of 6 steps: the carry crosses
+    rollout boundaries (gradients do not), and the LSTM still learns."""
+    lstm = cue_memory_returns("lstm", delay=10, rollout_length=6, total_steps=32 * 6 * 500, seeds=(0, 1, 2))
+    assert sorted(lstm)[1] >= 0.9, lstm
 
 
-def test_pendulum_reaches_minus_250():
-    env = make("gymnax:Pendulum-v1")
-    net = make_actor_critic_for_env(env, "mlp", nnx.Rngs(0))
-    config = TrainConfig(
-        ppo=PPOConfig(n_envs=256, rollout_length=32, total_steps=256 * 32 * 100, learning_rate=1e-3,
-                      discounting_factor=0.95),
-        eval=EvalConfig(every_steps=10**9, n_envs=64, max_episode_length=200),
-        iterations_per_call=25,
-    )
-    result = train_ppo(RewardScale(env, 0.1), net, config, eval_env=env)
-    assert result.eval_history[-1][1]["eval/episode_return"] >= -250
+def test_cartpole_preset_reaches_475():
+    """Measured: 500 on each of 5 seeds at 205k steps (first reached at 52k-129k)."""
+    returns = preset_returns("gymnax:CartPole-v1", "mlp", 200_000, seeds=(0, 1, 2, 3))
+    assert sum(r >= 475 for r in returns) >= 3, returns
+
+
+def test_pendulum_preset_reaches_minus_250():
+    """Measured: -157, -143, -142, -169 at 1M steps (seeds 0-3); evaluations
+    can dip to about -300 for a while after the first success."""
+    returns = preset_returns("gymnax:Pendulum-v1", "mlp", 1_000_000, seeds=(0, 1, 2, 3))
+    assert sum(r >= -250 for r in returns) >= 3, returns
+    assert float(np.median(returns)) >= -220, returns

@@ -75,20 +75,6 @@ def test_nan_reward_raises_at_that_iteration():
         train_ppo(env, net, config)
 
 
-def test_learns_discrete_target_quickly():
-    env = Target(obs_size=3, discrete=True, max_steps=10, p_end=0.0)
-    net = make_mlp_actor_critic(3, 3, (32,), (32,), nnx.Rngs(1), discrete=True, normalize_obs=False)
-    config = TrainConfig(
-        ppo=PPOConfig(n_envs=32, rollout_length=10, total_steps=32 * 10 * 60, learning_rate=3e-3,
-                      n_minibatches=4),
-        eval=EvalConfig(every_steps=10**9, n_envs=64, max_episode_length=10),
-        iterations_per_call=20,
-    )
-    result = train_ppo(env, net, config)
-    final = result.eval_history[-1][1]["eval/episode_return"]
-    assert final >= 9.0, final  # 10 is optimal, 3.3 is chance
-
-
 def test_log_fn_gets_flat_metrics():
     env = Target()
     net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
@@ -244,3 +230,47 @@ def test_evaluate_respects_the_mode_it_is_asked_for():
     assert deterministic[0] == deterministic[1]
     assert stochastic["eval/episode_return"] != deterministic[0]
     assert net.layers[-1].action.layers[-1].deterministic  # still in eval mode
+
+
+def test_recomputed_advantages_equal_the_rollouts_before_the_first_update():
+    """With recompute_advantages the minibatch GAE uses the replayed values;
+    before any update those equal the rollout's (an LSTM, resets and
+    truncations inside the rollout), so loss and gradient are the same."""
+    from nnx_ppo.algorithms.gae import trajectory_gae
+    from nnx_ppo.algorithms.losses import Minibatch, ppo_loss
+    from nnx_ppo.algorithms.ppo import new_training_state, split_in_mode
+    from nnx_ppo.algorithms.rollout import collect_rollout
+    from nnx_ppo.networks.factories import make_recurrent_actor_critic
+
+    env = Target(max_steps=5, p_end=0.2)
+    net = make_recurrent_actor_critic(3, 2, nnx.Rngs(0), hidden_size=8, encoder_sizes=(8,))
+    ppo = PPOConfig(n_envs=4, rollout_length=12, n_minibatches=1)
+    state = new_training_state(env, net, TrainConfig(ppo=ppo))
+    graphdef, _, _ = split_in_mode(net, deterministic=False)
+    traj, _, last_values, rest, _ = collect_rollout(env, graphdef, state.params, state.rest, state.rollout,
+                                                    jax.random.key(1), ppo.rollout_length, True)
+    assert float(traj.truncated.sum()) > 0 and float(traj.terminated.sum()) > 0
+    advantages, returns = trajectory_gae(traj, traj.values, last_values, ppo)
+    batch = Minibatch(trajectory=traj, advantages=advantages, returns=returns, last_values=last_values[None])
+    grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
+    (fixed, _), g_fixed = grad_fn(state.params, graphdef, rest, batch, ppo)
+    again = dataclasses.replace(ppo, recompute_advantages=True)
+    (recomputed, _), g_recomputed = grad_fn(state.params, graphdef, rest, batch, again)
+    np.testing.assert_allclose(recomputed, fixed, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_recomputed), jax.tree.leaves(g_fixed)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_learns_discrete_target_either_way(recompute):
+    env = Target(obs_size=3, discrete=True, max_steps=10, p_end=0.0)
+    net = make_mlp_actor_critic(3, 3, (32,), (32,), nnx.Rngs(1), discrete=True, normalize_obs=False)
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=32, rollout_length=10, total_steps=32 * 10 * 60, learning_rate=3e-3,
+                      n_minibatches=4, recompute_advantages=recompute),
+        eval=EvalConfig(every_steps=10**9, n_envs=64, max_episode_length=10),
+        iterations_per_call=20,
+    )
+    result = train_ppo(env, net, config)
+    final = result.eval_history[-1][1]["eval/episode_return"]
+    assert final >= 9.0, final  # 10 is optimal, 3.3 is chance

@@ -101,6 +101,21 @@ def test_time_limit_random_initial_steps():
     np.testing.assert_array_equal(np.asarray(same.info["steps"]), 0)
 
 
+def test_time_limit_random_reset_steps_on_every_reset():
+    env = TimeLimit(ConstantReward(), 50, random_reset_steps=25)
+    keys = jax.random.split(jax.random.PRNGKey(1), 256)
+    steps = np.asarray(jax.vmap(env.reset)(keys).info["steps"])
+    assert steps.dtype == np.int32
+    assert steps.min() >= 0 and steps.max() < 25 and len(np.unique(steps)) > 15
+    # Each reset draws anew: the same env's next episodes start elsewhere too.
+    again = np.asarray(jax.vmap(env.reset)(jax.random.split(jax.random.PRNGKey(2), 256)).info["steps"])
+    assert not np.array_equal(steps, again)
+    s = jax.vmap(env.step)(jax.vmap(env.reset)(keys), jnp.zeros(256, jnp.int32))
+    np.testing.assert_array_equal(np.asarray(s.info["truncated"]), (steps + 1 >= 50).astype(np.float32))
+    with pytest.raises(ValueError, match="random_reset_steps"):
+        TimeLimit(ConstantReward(), 10, random_reset_steps=11)
+
+
 def test_reward_scale():
     env = RewardScale(Countdown(5), 0.5)
     states = run(env, 3)

@@ -1,0 +1,160 @@
+"""Tuned presets: an env, a network and a training config that learn it.
+
+``nnx-ppo train ENV`` starts from the preset of ``ENV`` (and of
+``--network``, when given) and lets every flag override it; ``nnx-ppo envs``
+lists them. In Python::
+
+    from nnx_ppo.presets import get_preset
+
+    preset = get_preset("gymnax:Pendulum-v1")
+    env, eval_env = preset.make_envs()
+    network = preset.build_network(eval_env, seed=0)
+    # train_ppo(env, network, preset.config, eval_env=eval_env)
+
+Each preset's ``target`` is the evaluation return it reached on every one of
+5 seeds within ``config.ppo.total_steps`` when it was tuned; the
+measurements are in ``docs/training.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+
+__all__ = ["Preset", "PRESETS", "get_preset", "find_preset", "network_kwargs"]
+
+
+def network_kwargs(network: str, hidden_size: int) -> dict[str, Any]:
+    """Factory sizes for a network kind and width: an MLP gets two hidden
+    layers each for actor and critic; LSTM/GRU one encoder layer and the core."""
+    if network == "mlp":
+        return {"actor_hidden_sizes": [hidden_size, hidden_size], "critic_hidden_sizes": [hidden_size, hidden_size]}
+    return {"hidden_size": hidden_size, "encoder_sizes": [hidden_size]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A tuned recipe for one env and one kind of network.
+
+    Attributes:
+      env: env spec for :func:`nnx_ppo.envs.make`.
+      network: ``"mlp"``, ``"lstm"`` or ``"gru"``.
+      hidden_size: hidden width (as ``nnx-ppo train --hidden-size``).
+      config: the training configuration.
+      env_kwargs: keyword arguments for ``make`` (training and evaluation).
+      train_env_kwargs: keyword arguments for the training env only (e.g.
+        ``random_reset_steps``; ``random_initial_steps`` is always on).
+      reward_scale: training rewards are multiplied by this (evaluation
+        reports unscaled returns).
+      target: evaluation return every tuning seed reached.
+      description: one line for listings.
+    """
+
+    env: str
+    network: str
+    hidden_size: int
+    config: TrainConfig
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    train_env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    reward_scale: float = 1.0
+    target: float = 0.0
+    description: str = ""
+
+    def make_envs(self):
+        """``(train_env, eval_env)``: the training env has de-synchronized
+        episodes and scaled rewards; the evaluation env is plain."""
+        from nnx_ppo.envs import make
+        from nnx_ppo.envs.wrappers import RewardScale
+
+        eval_env = make(self.env, **self.env_kwargs)
+        train_env = make(self.env, **{"random_initial_steps": True, **self.env_kwargs, **self.train_env_kwargs})
+        if self.reward_scale != 1.0:
+            train_env = RewardScale(train_env, self.reward_scale)
+        return train_env, eval_env
+
+    def build_network(self, env, seed: int = 0):
+        """The preset's actor-critic for ``env``, initialized from ``seed``."""
+        from flax import nnx
+
+        from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+        kwargs = network_kwargs(self.network, self.hidden_size)
+        return make_actor_critic_for_env(env, self.network, nnx.Rngs(seed), **kwargs)
+
+
+def _config(total_steps: int, eval_every: int, eval_envs: int, eval_length: int, **ppo: Any) -> TrainConfig:
+    return TrainConfig(
+        ppo=PPOConfig(total_steps=total_steps, **ppo),
+        eval=EvalConfig(every_steps=eval_every, n_envs=eval_envs, max_episode_length=eval_length),
+        checkpoint_every_steps=max(total_steps // 4, 1),
+    )
+
+
+PRESETS: tuple[Preset, ...] = (
+    Preset(
+        env="cue_memory",
+        env_kwargs={"n_cues": 4, "delay": 8},
+        network="lstm",
+        hidden_size=32,
+        config=_config(150_000, 10_000, 64, 1000, n_envs=64, rollout_length=24, learning_rate=1e-3),
+        target=1.0,
+        description="report a cue (1 of 4) after 8 blank steps; a memoryless policy scores 0.25",
+    ),
+    Preset(
+        env="gymnax:CartPole-v1",
+        network="mlp",
+        hidden_size=64,
+        config=_config(300_000, 25_000, 16, 500, n_envs=8, rollout_length=128, learning_rate=1e-3),
+        target=500.0,
+        description="balance a pole (discrete actions); 500 is the maximum",
+    ),
+    Preset(
+        env="gymnax:Pendulum-v1",
+        network="mlp",
+        hidden_size=64,
+        config=_config(1_000_000, 50_000, 64, 200, n_envs=256, rollout_length=32, learning_rate=1e-3,
+                       discounting_factor=0.95),
+        reward_scale=0.1,
+        target=-250.0,
+        description="swing a pendulum up and hold it",
+    ),
+    Preset(
+        env="gymnax:Pendulum-v1",
+        network="lstm",
+        hidden_size=64,
+        config=_config(2_000_000, 100_000, 64, 200, n_envs=256, rollout_length=32, learning_rate=1e-3,
+                       discounting_factor=0.95),
+        reward_scale=0.1,
+        target=-250.0,
+        description="the same with a Dense + LSTM actor and critic",
+    ),
+    Preset(
+        env="playground:CartpoleBalance",
+        network="lstm",
+        hidden_size=32,
+        train_env_kwargs={"random_reset_steps": 500},
+        config=_config(3_000_000, 250_000, 32, 1000, n_envs=64, rollout_length=24, learning_rate=1e-3),
+        target=900.0,
+        description="MuJoCo Playground cart-pole, keep the pole upright for 1000 steps",
+    ),
+)
+
+
+def find_preset(env: str, network: str | None = None) -> Preset | None:
+    """The preset for ``env`` (and ``network``, when given), or ``None``."""
+    for preset in PRESETS:
+        if preset.env == env and (network is None or preset.network == network):
+            return preset
+    return None
+
+
+def get_preset(env: str, network: str | None = None) -> Preset:
+    """Like :func:`find_preset` but raises a ``KeyError`` naming the presets there are."""
+    preset = find_preset(env, network)
+    if preset is None:
+        have = ", ".join(f"{p.env} ({p.network})" for p in PRESETS)
+        what = env if network is None else f"{env} with network {network!r}"
+        raise KeyError(f"no preset for {what}; presets: {have}")
+    return preset
