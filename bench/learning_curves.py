@@ -111,7 +111,6 @@ def run_ours(task: dict, seed: int, sets: dict) -> dict:
     from flax import nnx
 
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-    from nnx_ppo.algorithms.ppo import train_ppo
     from nnx_ppo.envs import make
     from nnx_ppo.envs.wrappers import RewardScale
 
@@ -132,29 +131,14 @@ def run_ours(task: dict, seed: int, sets: dict) -> dict:
         eval=EvalConfig(every_steps=task["eval_every"], n_envs=task["eval_envs"], max_episode_length=task["eval_len"]),
         seed=seed,
     )
-    config = _apply_sets(config, sets)
-    evals = []
-    t0 = time.perf_counter()
-
-    def log_fn(metrics, steps):
-        if "eval/episode_return" in metrics:
-            evals.append([steps, metrics["eval/episode_return"], time.perf_counter() - t0])
-
-    train_ppo(train_env, net, config, log_fn=log_fn, eval_env=eval_env)
-    return {"evals": evals, "wall_s": time.perf_counter() - t0}
+    return _timed_training(train_env, net, _apply_sets(config, sets), eval_env)
 
 
-def run_preset(task: dict, seed: int, sets: dict) -> dict:
-    """Train a tuned preset (as ``nnx-ppo train ENV`` does) with ``seed``."""
-    import dataclasses
-
+def _timed_training(train_env, network, config, eval_env) -> dict:
+    """``train_ppo`` with every evaluation recorded as ``[env steps, return,
+    wall seconds since the start]`` (compilation included)."""
     from nnx_ppo.algorithms.ppo import train_ppo
-    from nnx_ppo.presets import get_preset
 
-    preset = get_preset(*task["preset"])
-    train_env, eval_env = preset.make_envs()
-    network = preset.build_network(eval_env, seed)
-    config = _apply_sets(dataclasses.replace(preset.config, seed=seed, checkpoint_every_steps=None), sets)
     evals = []
     t0 = time.perf_counter()
 
@@ -164,6 +148,19 @@ def run_preset(task: dict, seed: int, sets: dict) -> dict:
 
     train_ppo(train_env, network, config, log_fn=log_fn, eval_env=eval_env)
     return {"evals": evals, "wall_s": time.perf_counter() - t0}
+
+
+def run_preset(task: dict, seed: int, sets: dict) -> dict:
+    """Train a tuned preset (as ``nnx-ppo train ENV`` does) with ``seed``."""
+    import dataclasses
+
+    from nnx_ppo.presets import get_preset
+
+    preset = get_preset(*task["preset"])
+    train_env, eval_env = preset.make_envs()
+    network = preset.build_network(eval_env, seed)
+    config = _apply_sets(dataclasses.replace(preset.config, seed=seed, checkpoint_every_steps=None), sets)
+    return _timed_training(train_env, network, config, eval_env)
 
 
 # ----------------------------------------------------------------------------- driver

@@ -171,6 +171,20 @@ def _unalias(tree: Any) -> Any:
     return jax.tree.map(leaf, tree)
 
 
+def _strong_types(tree: Any) -> Any:
+    """Give weakly typed leaves (e.g. env fields built from Python floats)
+    their plain dtype. The compiled iteration returns strongly typed arrays,
+    so without this the second call would see a new signature and compile
+    the whole program again."""
+
+    def leaf(x):
+        if getattr(x, "weak_type", False):
+            return jax.lax.convert_element_type(x, x.dtype)
+        return x
+
+    return jax.tree.map(leaf, tree)
+
+
 def split_in_mode(network, deterministic: bool):
     """``nnx.split(network, nnx.Param, ...)`` with every module's
     ``deterministic`` flag set as asked (training: False; evaluation: True);
@@ -461,7 +475,7 @@ def train_ppo(
                 "checkpoint this branch into another directory.",
                 stacklevel=2,
             )
-    state = _unalias(state)
+    state = _unalias(_strong_types(state))
     last_checkpoint_steps = int(state.iteration) * ppo.steps_per_iteration
 
     def save_checkpoint(steps: int) -> None:

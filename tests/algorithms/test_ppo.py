@@ -274,3 +274,29 @@ def test_learns_discrete_target_either_way(recompute):
     result = train_ppo(env, net, config)
     final = result.eval_history[-1][1]["eval/episode_return"]
     assert final >= 9.0, final  # 10 is optimal, 3.3 is chance
+
+
+@pytest.mark.parametrize("spec, kind", [("gymnax:Pendulum-v1", "mlp"), ("cue_memory", "lstm")])
+def test_training_compiles_its_program_once(spec, kind, monkeypatch):
+    """The state the compiled iteration returns has the same signature as
+    the one it was given (no weak types left), so later calls reuse the
+    compiled program instead of compiling it again."""
+    from nnx_ppo.algorithms import ppo as ppo_module
+    from nnx_ppo.envs import make
+    from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+    compiled = []
+    original = ppo_module.make_train_fn
+
+    def recording(*args, **kwargs):
+        compiled.append(original(*args, **kwargs))
+        return compiled[-1]
+
+    monkeypatch.setattr(ppo_module, "make_train_fn", recording)
+    env = make(spec)
+    net = make_actor_critic_for_env(env, kind, nnx.Rngs(0), **(
+        {"hidden_size": 8, "encoder_sizes": (8,)} if kind == "lstm" else {}))
+    config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=4, n_minibatches=2, total_steps=8 * 4 * 3),
+                         eval=EvalConfig(enabled=False))
+    train_ppo(env, net, config)
+    assert len(compiled) == 1 and compiled[0]._cache_size() == 1
