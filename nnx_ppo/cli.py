@@ -354,6 +354,7 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
 
     resuming = cmd.resume is not None
     env_kwargs = _parse_env_kwargs(cmd.env_kwargs, cmd.env)
+    train_env_kwargs = _parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
     if resuming:
         assert saved is not None
         for what, now, before in (
@@ -363,8 +364,7 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
             ("--env-kwargs", env_kwargs, saved.get("env_kwargs", {})),
             ("--ppo.n-envs", cmd.config.ppo.n_envs, saved["config"]["ppo"]["n_envs"]),
             ("--reward-scale", cmd.reward_scale, float(saved.get("reward_scale", 1.0))),
-            ("--train-env-kwargs", _parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs"),
-             saved.get("train_env_kwargs", {})),
+            ("--train-env-kwargs", train_env_kwargs, saved.get("train_env_kwargs", {})),
         ):
             if now != before:
                 raise CliError(f"cannot change {what} when resuming ({before!r} in the run, {now!r} given)")
@@ -382,7 +382,6 @@ def _run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None)
     env = _make_env(cmd.env, env_kwargs)
     # Training envs start their time-limit counters at random steps so the
     # vmapped episodes de-synchronise (evaluation keeps full-length episodes).
-    train_env_kwargs = _parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
     train_env = _make_env(cmd.env, {"random_initial_steps": True, **env_kwargs, **train_env_kwargs})
     if not cmd.reward_scale > 0:
         raise CliError(f"--reward-scale must be positive, got {cmd.reward_scale}")

@@ -67,7 +67,7 @@ def make(spec: str, **kwargs) -> RLEnv:
       ``max_steps_in_episode=100``), plus ``random_initial_steps`` and
       ``random_reset_steps`` (they add a ``TimeLimit`` at the env's limit).
     * ``"playground:NAME"``: kwargs are Playground config overrides, plus
-      ``episode_length`` (default: the config's ``episode_length``, else 1000)
+      ``episode_length`` (default: the config's ``episode_length``, else 1000),
       ``random_initial_steps`` and ``random_reset_steps``. ``impl`` defaults to ``"jax"``.
     * ``"brax:NAME"``: kwargs go to ``brax.envs.get_environment``, plus
       ``episode_length`` (default 1000), ``random_initial_steps`` and ``random_reset_steps``.
