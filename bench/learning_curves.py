@@ -315,7 +315,7 @@ def cmd_report(args) -> None:
                   f"{'-' if t is None else f'{t:.0f}'}{f' ({times})' if times else ''} | "
                   f"{'-' if st is None else f'{100 * st:.0f}%'} | "
                   f"{s['wall_s_median']:.0f} |")
-        plot_task(task_name, task, by_label, plots / f"{task_name}.png")
+        plot_task(task_name, task, by_label, plots / f"{task_name.replace(':', '_')}.png")
 
 
 def plot_task(task_name: str, task: dict, by_label: dict, path: Path) -> None:
