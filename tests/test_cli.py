@@ -125,6 +125,10 @@ def test_train_env_starts_from_its_preset_and_flags_override_it():
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--no-preset"])
     assert cmd.config == cli.TrainCommand().config and cmd.reward_scale == 1.0
 
+    cmd, _ = cli._parse(["train", "playground:CartpoleBalance"])  # train-only env kwargs come along
+    assert json.loads(cmd.train_env_kwargs) == get_preset("playground:CartpoleBalance").train_env_kwargs
+    assert cmd.env_kwargs is None
+
     cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1"])  # no preset: the defaults
     assert cmd.config == cli.TrainCommand().config
 
