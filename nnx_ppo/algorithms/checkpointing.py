@@ -69,7 +69,9 @@ _METADATA_FILE = "metadata.json"
 _FORMAT_VERSION = 1
 # Which TrainingState fields go into which orbax item.
 _NETWORK_FIELDS = ("params", "rest")
-_TRAINING_FIELDS = ("opt_state", "rollout", "key", "iteration")
+_TRAINING_FIELDS = ("opt_state", "rollout", "key", "iteration", "return_stats")
+# Fields added after format 1: a checkpoint written before them restores them from the template.
+_LATER_FIELDS = ("return_stats",)
 
 
 class CheckpointError(RuntimeError):
@@ -446,7 +448,8 @@ def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
     layout = _read_layout(path)
     values = {}
     values.update(_restore_sections(path, "network", _sections(template, _NETWORK_FIELDS), layout))
-    values.update(_restore_sections(path, "training", _sections(template, _TRAINING_FIELDS), layout))
+    training = [f for f in _TRAINING_FIELDS if f in layout or f not in _LATER_FIELDS]
+    values.update(_restore_sections(path, "training", _sections(template, tuple(training)), layout))
     return dataclasses.replace(template, **values)
 
 

@@ -42,6 +42,10 @@ class PPOConfig:
         steps (the bootstrap values after the rollout's last step and at
         truncations stay the rollout's); off, both are computed once per
         iteration from the rollout's values.
+      normalize_rewards: divide the rewards GAE sees by a running standard
+        deviation of the discounted return (see
+        :mod:`nnx_ppo.algorithms.reward_scaling`), so value targets have a
+        scale near one; logged returns stay in the env's units.
     """
 
     n_envs: int = 256
@@ -62,6 +66,7 @@ class PPOConfig:
     weight_decay: float | None = None
     bootstrap_on_truncation: bool = True
     recompute_advantages: bool = False
+    normalize_rewards: bool = False
 
     def __post_init__(self):
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):

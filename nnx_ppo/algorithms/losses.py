@@ -21,9 +21,9 @@ from flax import nnx
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.rollout import Trajectory, sum_leaves
-from nnx_ppo.networks.types import SequenceOutput
+from nnx_ppo.networks.replay import SequenceOutput
 
-__all__ = ["Minibatch", "replay_network", "normalize_advantages", "ppo_loss"]
+__all__ = ["Minibatch", "split_minibatches", "replay_network", "normalize_advantages", "ppo_loss"]
 
 
 @jax.tree_util.register_dataclass
@@ -38,6 +38,23 @@ class Minibatch:
     advantages: Any
     returns: Any
     last_values: Any = None
+
+
+def split_minibatches(key: jax.Array, data: Minibatch, n_minibatches: int) -> Minibatch:
+    """Permute the env axis and split it into groups of whole env sequences.
+
+    ``data`` leaves ``[T, B, ...]`` become ``[n_minibatches, T, B // n_minibatches, ...]``
+    (``n_minibatches`` must divide ``B``); scan over the leading axis for one epoch.
+    """
+    B = data.trajectory.reset.shape[1]
+    perm = jax.random.permutation(key, B)
+
+    def split(x):
+        x = jnp.take(x, perm, axis=1)
+        x = jnp.reshape(x, (x.shape[0], n_minibatches, B // n_minibatches) + x.shape[2:])
+        return jnp.swapaxes(x, 0, 1)
+
+    return jax.tree.map(split, data)
 
 
 def replay_network(graphdef, params, rest, trajectory: Trajectory) -> SequenceOutput:

@@ -21,8 +21,15 @@ from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.gae import trajectory_gae
-from nnx_ppo.algorithms.losses import Minibatch, ppo_loss
-from nnx_ppo.algorithms.rollout import RolloutState, Trajectory, apply_network, collect_rollout, sum_leaves
+from nnx_ppo.algorithms.losses import Minibatch, ppo_loss, split_minibatches
+from nnx_ppo.algorithms.reward_scaling import (
+    ReturnStatistics,
+    initial_return_statistics,
+    scale_rewards,
+    update_return_statistics,
+)
+from nnx_ppo.envs.validation import check_actions, check_env_structure
+from nnx_ppo.algorithms.rollout import RolloutState, apply_network, collect_rollout, sum_leaves
 
 __all__ = [
     "TrainingState",
@@ -55,6 +62,8 @@ class TrainingState:
       rollout: env states, network carries and running episode statistics.
       key: the training PRNG key (env resets, minibatch shuffling).
       iteration: completed iterations (int32 scalar).
+      return_stats: running discounted-return statistics (used with
+        ``PPOConfig.normalize_rewards``).
     """
 
     params: Any
@@ -63,6 +72,7 @@ class TrainingState:
     rollout: RolloutState
     key: jax.Array
     iteration: jax.Array
+    return_stats: ReturnStatistics
 
 
 @dataclasses.dataclass
@@ -111,8 +121,6 @@ def _check_network_matches_env(env, network, config: PPOConfig) -> None:
         return apply_network(graphdef, params, rest, carry, obs)[0].output
 
     out = jax.eval_shape(forward, params, rest, env_state.obs)
-    from nnx_ppo.testing.env_check import check_env_structure  # testing imports this module
-
     check_env_structure(env, B, actions=out.actions)
     reward_tree = jax.tree.structure(env_state.reward)
     value_tree = jax.tree.structure(out.value_estimates)
@@ -125,30 +133,7 @@ def _check_network_matches_env(env, network, config: PPOConfig) -> None:
         for leaf in jax.tree.leaves(tree):
             if leaf.shape != (B,):
                 raise ValueError(f"the network's {name} have shape {leaf.shape}, expected ({B},) = (n_envs,)")
-    _check_actions(env, out.actions, B)
-
-
-def _check_actions(env, actions, B: int) -> None:
-    """The network's actions fit the env's ``action_space`` (Box: shape;
-    Discrete: integer per env), when the env declares one."""
-    from nnx_ppo.envs.spaces import Box, Discrete
-
-    space = getattr(env, "action_space", None)
-    if isinstance(space, Box):
-        expected = (B, *space.shape)
-        if not hasattr(actions, "shape") or tuple(actions.shape) != expected:
-            got = getattr(actions, "shape", type(actions).__name__)
-            raise ValueError(
-                f"the network's actions have shape {got}, expected {expected} (n_envs, *action_space.shape) "
-                f"for the env's action space {space}; check the policy head's action_size"
-            )
-    elif isinstance(space, Discrete):
-        if not hasattr(actions, "shape") or tuple(actions.shape) != (B,) or not jnp.issubdtype(actions.dtype, jnp.integer):
-            got = (getattr(actions, "shape", None), getattr(actions, "dtype", type(actions).__name__))
-            raise ValueError(
-                f"the network's actions are {got}, expected integer actions of shape ({B},) for the env's "
-                f"discrete action space {space}; use a CategoricalSampler head"
-            )
+    check_actions(env, out.actions, B)
 
 
 def _copy_leaf(x):
@@ -237,20 +222,8 @@ def new_training_state(env, network, config: TrainConfig) -> TrainingState:
         rollout=rollout,
         key=key,
         iteration=jnp.zeros((), jnp.int32),
+        return_stats=initial_return_statistics(ppo.n_envs),
     )
-
-
-def _minibatches(key, data: Minibatch, n_minibatches: int) -> Minibatch:
-    """Permute the env axis and split it: leaves ``[n_minibatches, T, M, ...]``."""
-    B = data.trajectory.reset.shape[1]
-    perm = jax.random.permutation(key, B)
-
-    def split(x):
-        x = jnp.take(x, perm, axis=1)
-        x = jnp.reshape(x, (x.shape[0], n_minibatches, B // n_minibatches) + x.shape[2:])
-        return jnp.swapaxes(x, 0, 1)
-
-    return jax.tree.map(split, data)
 
 
 def _update_epochs(graphdef, optimizer, params, opt_state, rest, data: Minibatch, key, config: PPOConfig):
@@ -267,7 +240,7 @@ def _update_epochs(graphdef, optimizer, params, opt_state, rest, data: Minibatch
         return (params, opt_state), metrics
 
     def epoch(carry, epoch_key):
-        return jax.lax.scan(minibatch_step, carry, _minibatches(epoch_key, data, config.n_minibatches))
+        return jax.lax.scan(minibatch_step, carry, split_minibatches(epoch_key, data, config.n_minibatches))
 
     keys = jax.random.split(key, config.n_epochs)
     (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), keys)
@@ -302,6 +275,13 @@ def train_iteration(env, graphdef, optimizer, config: PPOConfig, state: Training
         env, graphdef, state.params, state.rest, state.rollout, rollout_key,
         config.rollout_length, config.bootstrap_on_truncation,
     )
+    reward_mean = jnp.mean(sum_leaves(traj.rewards))  # in the env's units
+    return_stats = state.return_stats
+    if config.normalize_rewards:
+        done = jnp.maximum(traj.terminated, traj.truncated)
+        return_stats = update_return_statistics(return_stats, sum_leaves(traj.rewards), done,
+                                                config.discounting_factor)
+        traj = dataclasses.replace(traj, rewards=scale_rewards(traj.rewards, return_stats))
     advantages, returns = trajectory_gae(traj, traj.values, last_values, config)
     data = Minibatch(trajectory=traj, advantages=advantages, returns=returns,
                      last_values=jax.tree.map(lambda v: v[None], last_values))
@@ -317,14 +297,17 @@ def train_iteration(env, graphdef, optimizer, config: PPOConfig, state: Training
         **loss_metrics,
         **stats,
         "value/explained_variance": _explained_variance(traj.values, returns),
-        "train/reward_mean": jnp.mean(sum_leaves(traj.rewards)),
+        "train/reward_mean": reward_mean,
         "train/completed_episodes": episodes,
         "train/episode_return": return_sum / jnp.maximum(episodes, 1.0),
         "train/episode_length": length_sum / jnp.maximum(episodes, 1.0),
         "finite_loss": jnp.isfinite(loss_metrics["loss/total"]),
     }
+    if config.normalize_rewards:
+        metrics["train/return_std"] = jnp.sqrt(return_stats.var)
     next_state = TrainingState(
-        params=params, rest=rest, opt_state=opt_state, rollout=rollout, key=key, iteration=state.iteration + 1
+        params=params, rest=rest, opt_state=opt_state, rollout=rollout, key=key,
+        iteration=state.iteration + 1, return_stats=return_stats,
     )
     return next_state, metrics
 

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.types import PPONetworkOutput, StatefulModuleOutput, select_where
+from nnx_ppo.networks.replay import select_where
+from nnx_ppo.networks.types import PPONetworkOutput, StatefulModuleOutput
 
 __all__ = [
     "Trajectory",

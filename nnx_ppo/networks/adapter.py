@@ -7,16 +7,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from nnx_ppo.networks.containers import child_extras, combine_sequences, prefix_metrics
-from nnx_ppo.networks.types import (
-    PPONetworkOutput,
-    StatefulModule,
-    StatefulModuleOutput,
-    defines_own_call,
-    flatten_time,
-    replay_in_time,
-    unflatten_time,
-)
+from nnx_ppo.networks.containers import DictContainer
+from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule
 
 __all__ = ["PPOAdapter", "is_sampler_dict"]
 
@@ -36,7 +28,7 @@ def _squeeze_value(v: jax.Array) -> jax.Array:
     return v
 
 
-class PPOAdapter(StatefulModule):
+class PPOAdapter(DictContainer):
     """Run ``action`` and ``value`` on the same input; output a
     :class:`PPONetworkOutput`.
 
@@ -47,18 +39,34 @@ class PPOAdapter(StatefulModule):
     ``[B]``, or a dict of those for pytree rewards) becomes
     ``value_estimates`` with the trailing size-1 axis squeezed.
 
-    Carry and extras: ``{"action": ..., "value": ...}``.
+    A :class:`~nnx_ppo.networks.containers.DictContainer` with children
+    ``action`` and ``value`` (like ``Parallel``): carry and extras are
+    ``{"action": ..., "value": ...}``, metrics are prefixed ``action/`` and
+    ``value/``, and each port replays on its own.
     """
 
     def __init__(self, action: StatefulModule, value: StatefulModule):
         for name, port in (("action", action), ("value", value)):
             if not isinstance(port, StatefulModule):
                 raise TypeError(f"PPOAdapter: {name} must be a StatefulModule, got {type(port).__name__}")
-        self.action = action
-        self.value = value
+        super().__init__(action=action, value=value)
 
-    def _package(self, samples, values) -> PPONetworkOutput:
+    @property
+    def action(self) -> StatefulModule:
+        """The action port (ends in samplers)."""
+        return self.components["action"]
+
+    @property
+    def value(self) -> StatefulModule:
+        """The value port."""
+        return self.components["value"]
+
+    def _inputs(self, x):
+        return {"action": x, "value": x}
+
+    def _combine(self, outputs) -> PPONetworkOutput:
         """``PPONetworkOutput`` from the ports' ``[B, ...]`` outputs."""
+        samples, values = outputs["action"], outputs["value"]
         if not (is_sampler_dict(samples) or (
             isinstance(samples, dict) and samples and all(is_sampler_dict(v) for v in samples.values())
         )):
@@ -72,44 +80,3 @@ class PPOAdapter(StatefulModule):
             loglikelihoods=pick("log_likelihood"),
             value_estimates=jax.tree.map(_squeeze_value, values),
         )
-
-    def __call__(self, state, x, rollout_extras=None):
-        act = self.action(state["action"], x, child_extras(rollout_extras, "action"))
-        val = self.value(state["value"], x, child_extras(rollout_extras, "value"))
-        metrics = {}
-        prefix_metrics(metrics, "action", act.metrics)
-        prefix_metrics(metrics, "value", val.metrics)
-        return StatefulModuleOutput(
-            next_state={"action": act.next_state, "value": val.next_state},
-            output=self._package(act.output, val.output),
-            regularization_loss=act.regularization_loss + val.regularization_loss,
-            metrics=metrics,
-            rollout_extras={"action": act.rollout_extras, "value": val.rollout_extras},
-        )
-
-    def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
-        """Replay each port on its own (see :meth:`StatefulModule.replay_sequence`)."""
-        if not defines_own_call(self, PPOAdapter):
-            return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
-        results = {
-            port: getattr(self, port).replay_sequence(
-                carry[port], xs, child_extras(rollout_extras, port), reset, stored_carry[port]
-            )
-            for port in ("action", "value")
-        }
-        T, M = reset.shape
-        flat = flatten_time((results["action"].output, results["value"].output), T, M)
-        return combine_sequences(results, unflatten_time(self._package(*flat), T, M))
-
-    def initialize_state(self, batch_size):
-        return {"action": self.action.initialize_state(batch_size), "value": self.value.initialize_state(batch_size)}
-
-    def reset_state(self, prev_state):
-        return {
-            "action": self.action.reset_state(prev_state["action"]),
-            "value": self.value.reset_state(prev_state["value"]),
-        }
-
-    def update_statistics(self, rollout_extras):
-        self.action.update_statistics(rollout_extras["action"])
-        self.value.update_statistics(rollout_extras["value"])

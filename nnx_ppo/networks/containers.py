@@ -1,6 +1,8 @@
 """Containers: compose :class:`StatefulModule` children into one module.
 
-Every container routes the carry (``state``), the ``rollout_extras`` and
+All containers live here (``Map`` and ``Merge`` are re-exported by
+:mod:`nnx_ppo.networks.utils`, and :class:`~nnx_ppo.networks.adapter.PPOAdapter`
+is a :class:`DictContainer`). Every container routes the carry (``state``), the ``rollout_extras`` and
 ``update_statistics`` to its children in the same tree shape it holds them
 in (a tuple for :class:`Sequential`, a dict for the others), sums the
 children's ``regularization_loss`` and prefixes their metrics with the
@@ -16,17 +18,20 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.types import (
-    SequenceOutput,
-    StatefulModule,
-    StatefulModuleOutput,
-    defines_own_call,
-    flatten_time,
-    replay_in_time,
-    unflatten_time,
-)
+from nnx_ppo.networks.replay import SequenceOutput, flatten_time, has_fast_replay, replay_in_time, unflatten_time
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["Sequential", "Parallel", "Concat", "Splitter", "resolve_components", "combine_sequences"]
+__all__ = [
+    "Sequential",
+    "Parallel",
+    "Concat",
+    "Map",
+    "Merge",
+    "Splitter",
+    "DictContainer",
+    "resolve_components",
+    "combine_sequences",
+]
 
 
 def resolve_components(
@@ -73,8 +78,13 @@ def child_extras(rollout_extras: Any, key: Any) -> Any:
     return None if rollout_extras is None else rollout_extras[key]
 
 
-class _DictContainer(StatefulModule):
-    """Shared plumbing for containers that hold named children."""
+class DictContainer(StatefulModule):
+    """Shared plumbing for containers that hold named children.
+
+    Subclasses choose what each child sees (:meth:`_inputs`) and how the
+    children's outputs combine (:meth:`_combine`); calling, replaying,
+    carries, resets and statistics are routed here once for all of them.
+    """
 
     def __init__(self, modules=None, /, **kwargs):
         components = resolve_components(type(self).__name__, modules, kwargs)
@@ -116,7 +126,7 @@ class _DictContainer(StatefulModule):
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Replay each child on its own (stateless children without a time scan)."""
-        if not defines_own_call(self, _DictContainer):
+        if not has_fast_replay(self, DictContainer):
             return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         inputs = self._inputs(xs)
         results = {
@@ -198,7 +208,7 @@ class Sequential(StatefulModule):
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Replay layer by layer: stateless layers run on the flattened batch,
         stateful ones scan time."""
-        if not defines_own_call(self, Sequential):
+        if not has_fast_replay(self, Sequential):
             return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         results = {}
         for i, layer in enumerate(self.layers):
@@ -224,7 +234,7 @@ class Sequential(StatefulModule):
         return len(self.layers)
 
 
-class Parallel(_DictContainer):
+class Parallel(DictContainer):
     """Run every child on the **same** input; output ``{name: child_output}``.
 
     ``Parallel(actor=a, critic=c)`` or ``Parallel({"actor": a, "critic": c})``.
@@ -234,7 +244,7 @@ class Parallel(_DictContainer):
         return {name: x for name in self.names}
 
 
-class Concat(_DictContainer):
+class Concat(DictContainer):
     """Per-key dispatch then concatenation: child ``name`` sees ``x[name]``;
     the children's ``[B, F_i]`` outputs are concatenated on the last axis
     (in construction order)."""
@@ -242,6 +252,32 @@ class Concat(_DictContainer):
     def _combine(self, outputs):
         pieces = [jnp.reshape(outputs[name], (outputs[name].shape[0], -1)) for name in self.names]
         return jnp.concatenate(pieces, axis=-1)
+
+
+class Map(DictContainer):
+    """Per-key dispatch: child ``name`` maps ``x[name]`` to ``output[name]``.
+
+    ``Map(arm=NormalTanhSampler(rngs), grip=CategoricalSampler(rngs))``. Input
+    keys without a child are dropped.
+    """
+
+
+class Merge(Parallel):
+    """Run every child on the same input (like :class:`Parallel`) and merge
+    their dict outputs into one flat dict; a key produced by two children is
+    an error."""
+
+    def _combine(self, outputs):
+        merged = {}
+        for name in self.names:
+            out = outputs[name]
+            if not isinstance(out, Mapping):
+                raise ValueError(f"Merge: child {name!r} must output a dict, got {type(out).__name__}")
+            for key, value in out.items():
+                if key in merged:
+                    raise ValueError(f"Merge: key {key!r} is produced by more than one child")
+                merged[key] = value
+        return merged
 
 
 class Splitter(StatefulModule):

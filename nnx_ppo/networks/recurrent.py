@@ -23,17 +23,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.types import (
+from nnx_ppo.networks.replay import (
     SequenceOutput,
-    StatefulModule,
-    StatefulModuleOutput,
-    batch_size_of,
     flatten_time,
+    has_fast_replay,
     replay_in_time,
     select_where,
     straight_through,
     unflatten_time,
 )
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, batch_size_of
 
 __all__ = ["LSTM", "GRU"]
 
@@ -79,7 +78,7 @@ class _RecurrentBase(StatefulModule):
         """Loss replay with the input projection ``x W_x + b`` computed for all
         ``T`` steps at once; only the recurrent part scans time. Equal to the
         step-by-step replay (same operations, same order)."""
-        if type(self).__call__ not in (LSTM.__call__, GRU.__call__):  # a subclass changed the forward pass
+        if not has_fast_replay(self, LSTM, GRU):  # a subclass changed the forward pass
             return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         T, M = reset.shape
         flat_x = flatten_time(xs, T, M)
@@ -145,8 +144,8 @@ class LSTM(_RecurrentBase):
         if self.trainable_initial_state:
             return {"h": _tile(self.initial_h[...], batch_size),
                     "c": _tile(self.initial_c[...], batch_size)}
-        zeros = jnp.zeros((batch_size, self.hidden_features), jnp.float32)
-        return {"h": zeros, "c": zeros}
+        shape = (batch_size, self.hidden_features)
+        return {"h": jnp.zeros(shape, jnp.float32), "c": jnp.zeros(shape, jnp.float32)}
 
     def reset_state(self, prev_state: dict[str, jax.Array]) -> dict[str, jax.Array]:
         return self.initialize_state(batch_size_of(prev_state))

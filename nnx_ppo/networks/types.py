@@ -29,21 +29,32 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+# The replay machinery lives in nnx_ppo.networks.replay; these names are
+# re-exported here because user code imports them from this module.
+from nnx_ppo.networks.replay import (
+    SequenceOutput,
+    flatten_time,
+    replay_flat,
+    replay_in_time,
+    select_where,
+    straight_through,
+    unflatten_time,
+)
+
 __all__ = [
     "StatefulModule",
     "StatefulModuleOutput",
     "PPONetworkOutput",
+    "batch_size_of",
+    "as_rngs",
+    "split_key_carry",
     "SequenceOutput",
+    "select_where",
     "replay_in_time",
     "replay_flat",
     "flatten_time",
     "unflatten_time",
     "straight_through",
-    "defines_own_call",
-    "batch_size_of",
-    "select_where",
-    "as_rngs",
-    "split_key_carry",
 ]
 
 
@@ -168,109 +179,3 @@ def split_key_carry(owner: str, keys: Any, batch_size: int, name: str = "state")
                          f"({batch_size},) (one key per env, B from x)")
     both = jax.vmap(jax.random.split)(keys)  # [B, 2]
     return both[:, 0], both[:, 1]
-
-
-def select_where(mask: jax.Array, if_true: Any, if_false: Any) -> Any:
-    """Per-env select over two trees of ``[B, ...]`` leaves with a ``[B]`` mask.
-
-    Works for float, integer, boolean and typed-PRNG-key leaves.
-    """
-
-    def pick(a, b):
-        m = jnp.reshape(mask, mask.shape + (1,) * (jnp.ndim(b) - mask.ndim))
-        return jnp.where(m, a, b)
-
-    return jax.tree.map(pick, if_true, if_false)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SequenceOutput:
-    """What :meth:`StatefulModule.replay_sequence` returns.
-
-    Attributes:
-      output: the module's outputs at every step, leaves ``[T, M, ...]``.
-      regularization_loss: scalar, the module's ``regularization_loss`` averaged over steps.
-      metrics: scalars, averaged over steps.
-      carry: the carry the replay computed entering each step, before a reset
-        was applied (leaves ``[T, M, ...]``; the stored carry for modules
-        without state). Used by the consistency checker.
-    """
-
-    output: Any
-    regularization_loss: jax.Array
-    metrics: dict[str, Any]
-    carry: Any
-
-
-def flatten_time(tree: Any, T: int, M: int) -> Any:
-    """``[T, M, ...]`` leaves to ``[T * M, ...]``."""
-    return jax.tree.map(lambda x: jnp.reshape(x, (T * M,) + x.shape[2:]), tree)
-
-
-def unflatten_time(tree: Any, T: int, M: int) -> Any:
-    """``[T * M, ...]`` leaves to ``[T, M, ...]``."""
-    return jax.tree.map(lambda x: jnp.reshape(x, (T, M) + x.shape[1:]), tree)
-
-
-def straight_through(stored: Any, recomputed: Any) -> Any:
-    """Value of ``stored``, gradient of ``recomputed`` for float leaves;
-    other leaves (integers, PRNG keys) are taken from ``stored``."""
-
-    def leaf(s, r):
-        if jnp.issubdtype(s.dtype, jnp.floating):
-            return s + (r - jax.lax.stop_gradient(r))
-        return s
-
-    return jax.tree.map(leaf, stored, recomputed)
-
-
-def replay_in_time(module: "StatefulModule", carry, xs, rollout_extras, reset, stored_carry) -> SequenceOutput:
-    """Reference replay: scan ``module`` over time, one step at a time.
-
-    Before step ``t`` the carry of envs with ``reset[t]`` is replaced by the
-    stored post-reset carry (value) with the gradient of a recomputed
-    ``reset_state``. The module's own variables ride along in the scan carry so
-    a ``reset_state`` that advances its ``nnx.Rngs`` traces cleanly; those
-    updates are discarded.
-    """
-    graphdef, variables = nnx.split(module)
-
-    def step(scan_carry, inputs):
-        carry, variables = scan_carry
-        x, extras, reset_t, stored = inputs
-        m = nnx.merge(graphdef, variables)
-        carry_in = select_where(reset_t, straight_through(stored, m.reset_state(carry)), carry)
-        out = m(carry_in, x, extras)
-        _, variables = nnx.split(m)
-        regularization = jnp.asarray(out.regularization_loss, jnp.float32)
-        return (out.next_state, variables), (out.output, regularization, out.metrics, carry)
-
-    inputs = (xs, rollout_extras, reset, stored_carry)
-    _, (output, regularization, metrics, carries) = jax.lax.scan(step, (carry, variables), inputs)
-    return SequenceOutput(
-        output=output,
-        regularization_loss=jnp.mean(regularization),
-        metrics={k: jnp.mean(v) for k, v in metrics.items()},
-        carry=carries,
-    )
-
-
-def defines_own_call(module: "StatefulModule", cls: type) -> bool:
-    """False when a subclass of ``cls`` overrides ``__call__``: then a fast
-    ``replay_sequence`` written for ``cls`` would not replay the subclass's
-    forward pass, and the generic :func:`replay_in_time` must be used."""
-    return type(module).__call__ is cls.__call__
-
-
-def replay_flat(module: "StatefulModule", carry, xs, rollout_extras, reset, stored_carry) -> SequenceOutput:
-    """Replay of a module without carry leaves: one call on the flattened
-    ``[T * M]`` batch instead of a scan over time."""
-    T, M = reset.shape
-    out = module(carry, flatten_time(xs, T, M), None if rollout_extras is None else flatten_time(rollout_extras, T, M))
-    return SequenceOutput(
-        output=unflatten_time(out.output, T, M),
-        regularization_loss=jnp.asarray(out.regularization_loss, jnp.float32),
-        metrics={k: jnp.mean(v) for k, v in out.metrics.items()},
-        carry=stored_carry,
-    )

@@ -10,12 +10,19 @@ import numpy as np
 
 from nnx_ppo.envs import spaces as _spaces
 from nnx_ppo.envs.types import EnvState
+from nnx_ppo.envs.validation import (
+    EnvCheckError,
+    check_env_structure,
+    check_scalar_per_env,
+    compare_structure,
+    dtype_of,
+    fail,
+    leaves_with_paths,
+    path_name,
+    shape_of,
+)
 
-__all__ = ["check_env", "EnvCheckError", "EnvCheckReport"]
-
-
-class EnvCheckError(ValueError):
-    """Raised by :func:`check_env`; the message names the offending field."""
+__all__ = ["check_env", "check_env_structure", "EnvCheckError", "EnvCheckReport"]
 
 
 @dataclasses.dataclass
@@ -34,15 +41,7 @@ class EnvCheckReport:
     last_state: EnvState | None = None
 
 
-def _fail(msg: str):
-    raise EnvCheckError(msg)
-
-
-def _path(prefix: str, path) -> str:
-    return prefix + jax.tree_util.keystr(path)
-
-
-def _is_key(x) -> bool:
+def _looks_like_key(x) -> bool:
     dt = getattr(x, "dtype", None)
     if dt is None:
         return False
@@ -51,55 +50,10 @@ def _is_key(x) -> bool:
     return dt == jnp.uint32 and x.ndim >= 1 and x.shape[-1] == 2
 
 
-def _shape(x):
-    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
-
-
-def _dtype(x):
-    return x.dtype if hasattr(x, "dtype") else jnp.result_type(x)
-
-
-def _leaves_with_paths(tree, prefix):
-    return {_path(prefix, p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-
-
-def _compare_structure(name, a, b, what_a="reset", what_b="step"):
-    pa, pb = _leaves_with_paths(a, name), _leaves_with_paths(b, name)
-    only_a, only_b = sorted(set(pa) - set(pb)), sorted(set(pb) - set(pa))
-    if only_a or only_b or jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b):
-        parts = []
-        if only_a:
-            parts.append(f"only in {what_a}: {only_a}")
-        if only_b:
-            parts.append(f"only in {what_b}: {only_b}")
-        if not parts:
-            parts.append(f"{jax.tree_util.tree_structure(a)} vs {jax.tree_util.tree_structure(b)}")
-        _fail(f"{name}: pytree structure differs between {what_a} and {what_b} states ({'; '.join(parts)})")
-    for k in pa:
-        xa, xb = pa[k], pb[k]
-        sa, sb = _shape(xa), _shape(xb)
-        da, db = _dtype(xa), _dtype(xb)
-        if sa != sb:
-            _fail(f"{k}: shape differs between {what_a} {sa} and {what_b} {sb}")
-        if da != db:
-            _fail(f"{k}: dtype differs between {what_a} ({da}) and {what_b} ({db})")
-
-
-def _check_scalar_per_env(name, tree, n_envs, dtype=jnp.float32):
-    for k, x in _leaves_with_paths(tree, name).items():
-        if _shape(x) != (n_envs,):
-            _fail(
-                f"{k}: must be a scalar per environment (batched shape ({n_envs},)), "
-                f"got per-env shape {_shape(x)[1:]}"
-            )
-        if _dtype(x) != dtype:
-            _fail(f"{k}: dtype must be {jnp.dtype(dtype).name}, got {_dtype(x)}")
-
-
-def _check_finite(name, tree):
-    for k, x in _leaves_with_paths(tree, name).items():
-        if jnp.issubdtype(_dtype(x), jnp.inexact) and not bool(jnp.all(jnp.isfinite(x))):
-            _fail(f"{k}: contains NaN or inf")
+def _require_finite(name, tree):
+    for k, x in leaves_with_paths(tree, name).items():
+        if jnp.issubdtype(dtype_of(x), jnp.inexact) and not bool(jnp.all(jnp.isfinite(x))):
+            fail(f"{k}: contains NaN or inf")
 
 
 def _check_obs_space(obs, space, n_envs):
@@ -107,68 +61,44 @@ def _check_obs_space(obs, space, n_envs):
     try:
         obs_leaves = treedef.flatten_up_to(obs)
     except (ValueError, TypeError) as e:
-        _fail(f"obs: structure does not match observation_space ({e})")
+        fail(f"obs: structure does not match observation_space ({e})")
     paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(space, is_leaf=_spaces.is_space)[0]]
     for p, s, x in zip(paths, leaves, obs_leaves):
-        k = _path("obs", p)
-        if _shape(x)[1:] != s.shape:
-            _fail(f"{k}: shape {_shape(x)[1:]} does not match observation_space shape {s.shape}")
-        if _dtype(x) != s.dtype:
-            _fail(f"{k}: dtype {_dtype(x)} does not match observation_space dtype {s.dtype}")
+        k = path_name("obs", p)
+        if shape_of(x)[1:] != s.shape:
+            fail(f"{k}: shape {shape_of(x)[1:]} does not match observation_space shape {s.shape}")
+        if dtype_of(x) != s.dtype:
+            fail(f"{k}: dtype {dtype_of(x)} does not match observation_space dtype {s.dtype}")
 
 
 def _check_state(state, n_envs, obs_space, what):
     if not isinstance(state, EnvState):
-        _fail(f"{what} must return an EnvState, got {type(state).__name__}")
+        fail(f"{what} must return an EnvState, got {type(state).__name__}")
     if not isinstance(state.info, dict) or "truncated" not in state.info:
-        _fail(f'info["truncated"]: missing from the {what} state (set it to 0.0 at reset, 1.0 on time-limit ends)')
-    _check_scalar_per_env("reward", state.reward, n_envs)
-    _check_scalar_per_env("done", state.done, n_envs)
-    _check_scalar_per_env("info['truncated']", state.info["truncated"], n_envs)
-    for k, x in _leaves_with_paths(state.metrics, "metrics").items():
-        if _shape(x) != (n_envs,):
-            _fail(f"{k}: metrics must be scalars per environment, got per-env shape {_shape(x)[1:]}")
+        fail(f'info["truncated"]: missing from the {what} state (set it to 0.0 at reset, 1.0 on time-limit ends)')
+    check_scalar_per_env("reward", state.reward, n_envs)
+    check_scalar_per_env("done", state.done, n_envs)
+    check_scalar_per_env("info['truncated']", state.info["truncated"], n_envs)
+    for k, x in leaves_with_paths(state.metrics, "metrics").items():
+        if shape_of(x) != (n_envs,):
+            fail(f"{k}: metrics must be scalars per environment, got per-env shape {shape_of(x)[1:]}")
     _check_obs_space(state.obs, obs_space, n_envs)
-    _check_finite("obs", state.obs)
-    _check_finite("reward", state.reward)
+    _require_finite("obs", state.obs)
+    _require_finite("reward", state.reward)
     d, t = np.asarray(state.done), np.asarray(state.info["truncated"])
     if not np.all((d == 0) | (d == 1)):
-        _fail(f"done: must be 0.0 or 1.0, got {d}")
+        fail(f"done: must be 0.0 or 1.0, got {d}")
     if not np.all((t == 0) | (t == 1)):
-        _fail(f"info['truncated']: must be 0.0 or 1.0, got {t}")
+        fail(f"info['truncated']: must be 0.0 or 1.0, got {t}")
     if np.any(t > d):
-        _fail("info['truncated']: set to 1 on a step where done is 0 (truncated implies done)")
-
-
-def check_env_structure(env, n_envs: int, actions=None) -> None:
-    """Shape-only check of ``env`` (``jax.eval_shape``: nothing runs): the
-    state has ``obs``/``reward``/``done``/``info["truncated"]``, reward and done
-    are float32 scalars per env, and reset and step states have the same
-    structure, shapes and dtypes. Raises :class:`EnvCheckError` naming the field.
-    ``actions`` (shapes suffice) are what ``step`` receives; by default samples
-    of ``env.action_space``. ``train_ppo`` calls it with the network's actions
-    before compiling anything."""
-    keys = jax.random.split(jax.random.key(0), n_envs)
-    reset = jax.eval_shape(jax.vmap(env.reset), keys)
-    for field in ("obs", "reward", "done", "info"):
-        if not hasattr(reset, field):
-            _fail(f"{field}: the env's reset state has no field {field!r} (expected an EnvState)")
-    if not isinstance(reset.info, dict) or "truncated" not in reset.info:
-        _fail('info["truncated"]: missing from the reset state (set it to 0.0 at reset, 1.0 on time-limit ends)')
-    if actions is None:
-        actions = jax.eval_shape(jax.vmap(lambda k: _spaces.sample(env.action_space, k)), keys)
-    step = jax.eval_shape(jax.vmap(env.step), reset, actions)
-    _compare_structure("state", reset, step)
-    _check_scalar_per_env("reward", reset.reward, n_envs)
-    _check_scalar_per_env("done", step.done, n_envs)
-    _check_scalar_per_env("info['truncated']", step.info["truncated"], n_envs)
+        fail("info['truncated']: set to 1 on a step where done is 0 (truncated implies done)")
 
 
 def _stored_keys(state, in_data=True):
     found = {}
     if in_data:
-        found.update({k: x for k, x in _leaves_with_paths(state.data, "data").items() if _is_key(x)})
-    found.update({k: x for k, x in _leaves_with_paths(state.info, "info").items() if _is_key(x)})
+        found.update({k: x for k, x in leaves_with_paths(state.data, "data").items() if _looks_like_key(x)})
+    found.update({k: x for k, x in leaves_with_paths(state.info, "info").items() if _looks_like_key(x)})
     return found
 
 
@@ -217,17 +147,17 @@ def check_env(env, *, n_envs: int = 4, n_steps: int = 8, seed: int = 0, check_ke
         try:
             nxt = step_fn(state, action)
         except (TypeError, ValueError) as e:
-            _fail(f"step failed on a state returned by {'reset' if t == 0 else 'step'}: {type(e).__name__}: {e}")
+            fail(f"step failed on a state returned by {'reset' if t == 0 else 'step'}: {type(e).__name__}: {e}")
         if not isinstance(nxt, EnvState):
-            _fail(f"step must return an EnvState, got {type(nxt).__name__}")
-        _compare_structure("state", s0, nxt, "reset", "step")
+            fail(f"step must return an EnvState, got {type(nxt).__name__}")
+        compare_structure("state", s0, nxt, "reset", "step")
         _check_state(nxt, n_envs, obs_space, "step")
         if check_keys and t == 0:
             in_data = getattr(env.unwrapped, "check_keys_in_data", True)
             before, after = _stored_keys(state, in_data), _stored_keys(nxt, in_data)
             for k, x in before.items():
                 if k in after and np.array_equal(_key_bits(x), _key_bits(after[k])):
-                    _fail(
+                    fail(
                         f"{k}: PRNG key stored in the state never changes after a step; split it "
                         "on every step (or pass check_keys=False if it is only used at reset)"
                     )
@@ -237,7 +167,7 @@ def check_env(env, *, n_envs: int = 4, n_steps: int = 8, seed: int = 0, check_ke
         state = nxt
 
     # A second reset must also agree with step states (e.g. not depend on Python state).
-    _compare_structure("state", reset_fn(jax.random.split(key, n_envs)), state, "reset", "step")
+    compare_structure("state", reset_fn(jax.random.split(key, n_envs)), state, "reset", "step")
     return EnvCheckReport(
         n_envs=n_envs,
         n_steps=n_steps,

@@ -10,9 +10,8 @@ import numpy as np
 from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
-from nnx_ppo.algorithms.losses import replay_network
-from nnx_ppo.algorithms.ppo import _minibatches, new_training_state
-from nnx_ppo.algorithms.losses import Minibatch
+from nnx_ppo.algorithms.losses import Minibatch, replay_network, split_minibatches
+from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.rollout import collect_rollout
 
 __all__ = ["ReplayReport", "check_replay_consistency"]
@@ -120,7 +119,7 @@ def check_replay_consistency(
             env, graphdef, state.params, state.rest, state.rollout, key_rollout, rollout_length, True
         )
         dummy = jax.tree.map(jnp.zeros_like, traj.values)
-        batches = _minibatches(key_perm, Minibatch(trajectory=traj, advantages=dummy, returns=dummy), n_minibatches)
+        batches = split_minibatches(key_perm, Minibatch(trajectory=traj, advantages=dummy, returns=dummy), n_minibatches)
         replayed = jax.lax.map(lambda b: replay_network(graphdef, state.params, rest, b.trajectory), batches)
         return batches.trajectory, replayed
 
