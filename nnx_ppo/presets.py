@@ -22,16 +22,9 @@ import dataclasses
 from typing import Any
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.network_spec import NetworkSpec, network_kwargs  # network_kwargs re-exported
 
 __all__ = ["Preset", "PRESETS", "get_preset", "find_preset", "network_kwargs"]
-
-
-def network_kwargs(network: str, hidden_size: int) -> dict[str, Any]:
-    """Factory sizes for a network kind and width: an MLP gets two hidden
-    layers each for actor and critic; LSTM/GRU one encoder layer and the core."""
-    if network == "mlp":
-        return {"actor_hidden_sizes": [hidden_size, hidden_size], "critic_hidden_sizes": [hidden_size, hidden_size]}
-    return {"hidden_size": hidden_size, "encoder_sizes": [hidden_size]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +67,13 @@ class Preset:
             train_env = RewardScale(train_env, self.reward_scale)
         return train_env, eval_env
 
+    def network_spec(self, seed: int = 0) -> NetworkSpec:
+        """The preset's actor-critic as a :class:`~nnx_ppo.network_spec.NetworkSpec`."""
+        return NetworkSpec.sized(self.env, self.network, self.hidden_size, seed=seed, env_kwargs=self.env_kwargs)
+
     def build_network(self, env, seed: int = 0):
         """The preset's actor-critic for ``env``, initialized from ``seed``."""
-        from flax import nnx
-
-        from nnx_ppo.networks.factories import make_actor_critic_for_env
-
-        kwargs = network_kwargs(self.network, self.hidden_size)
-        return make_actor_critic_for_env(env, self.network, nnx.Rngs(seed), **kwargs)
+        return self.network_spec(seed).build(env)
 
 
 def _config(total_steps: int, eval_every: int, eval_envs: int, eval_length: int, **ppo: Any) -> TrainConfig:

@@ -205,9 +205,6 @@ class RunLogger:
         self._first = True
         self._resumed = resumed
         self._wandb = wandb_run
-        self.iterations_logged = 0
-        self.last_eval: dict[str, float] | None = None
-        self.last_train: dict[str, float] | None = None
 
     @staticmethod
     def is_eval(metrics: dict[str, float]) -> bool:
@@ -249,13 +246,9 @@ class RunLogger:
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=int(env_steps))
         if is_eval:
-            self.last_eval = dict(metrics)
             if self._tb is not None:
                 self._tb.flush()
             self.refresh_curve()
-        else:
-            self.iterations_logged += 1
-            self.last_train = dict(metrics)
 
     def refresh_curve(self) -> None:
         plot_learning_curve(self.rows, self.run_dir / CURVE_FILE, self.title)

@@ -480,22 +480,7 @@ def load_metadata(directory: str | os.PathLike) -> dict | None:
 # --------------------------------------------------------------------------- inference
 
 
-def _network_from_metadata(path: pathlib.Path, metadata: Any):
-    spec = metadata.get("network") if isinstance(metadata, dict) else None
-    if not isinstance(spec, dict) or "env" not in spec:
-        raise ValueError(
-            f"checkpoint {str(path)!r} has no metadata['network'] describing how to rebuild the network; "
-            "build the network yourself and pass it as load_network(directory, network=...)"
-        )
-    from nnx_ppo import envs
-    from nnx_ppo.networks.factories import make_actor_critic_for_env
-
-    env = envs.make(spec["env"], **spec.get("env_kwargs", {}))
-    return make_actor_critic_for_env(env, spec.get("kind", "mlp"), nnx.Rngs(int(spec.get("seed", 0))),
-                                     **spec.get("kwargs", {}))
-
-
-def load_network(directory: str | os.PathLike, network: Any = None):
+def load_network(directory: str | os.PathLike, network: Any):
     """Load a trained network for inference from the latest checkpoint in
     ``directory`` (or the checkpoint ``directory``).
 
@@ -505,10 +490,8 @@ def load_network(directory: str | os.PathLike, network: Any = None):
     Args:
       directory: a run directory or one checkpoint in it.
       network: a network of the same architecture to load into (updated in
-        place). If ``None``, it is rebuilt from ``metadata["network"]`` =
-        ``{"env": spec, "kind": "mlp"|"lstm"|"gru", "kwargs": {...}, "seed": int,
-        "env_kwargs": {...}}`` with
-        :func:`~nnx_ppo.networks.factories.make_actor_critic_for_env`.
+        place). To rebuild it from the checkpoint's metadata instead, use
+        :func:`nnx_ppo.load_network` (:func:`nnx_ppo.network_spec.load_network`).
 
     Returns the network, switched to deterministic mode (``network.eval()``).
     Step it with ``out = net(net.initialize_state(B), obs)``.
@@ -516,12 +499,12 @@ def load_network(directory: str | os.PathLike, network: Any = None):
     Raises:
       FileNotFoundError, CheckpointError: as :func:`restore_training_state`.
       ValueError: the network does not match the checkpoint (names the first
-        differing variable and both shapes), or ``network`` is None and the
-        metadata does not say how to build it.
+        differing variable and both shapes), or ``network`` is None.
     """
-    path = _resolve(directory)
     if network is None:
-        network = _network_from_metadata(path, _read_json(path / _METADATA_FILE))
+        raise ValueError("checkpointing.load_network needs the network to load into; "
+                         "nnx_ppo.load_network(directory) rebuilds it from the checkpoint's metadata")
+    path = _resolve(directory)
     layout = _read_layout(path)
     _, params, rest = nnx.split(network, nnx.Param, ...)
     values = _restore_sections(path, "network", {"params": params, "rest": rest}, layout)
@@ -530,7 +513,7 @@ def load_network(directory: str | os.PathLike, network: Any = None):
     return network
 
 
-# Short names (the ones DESIGN.md lists): save / load / resume.
+# Short names: save / load / resume.
 save = save_training_state
 """Alias of :func:`save_training_state`."""
 load = load_network

@@ -13,6 +13,15 @@ from typing import Any
 __all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "config_from_dict"]
 
 
+def _require_positive_int(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
+    """``owner.name`` must be a positive ``int`` (not a bool; ``None`` too if allowed)."""
+    if allow_none and value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"{owner}.{name} must be a positive integer{extra}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
     """Hyperparameters of PPO.
@@ -70,9 +79,7 @@ class PPOConfig:
 
     def __post_init__(self):
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"PPOConfig.{name} must be a positive integer, got {value!r}")
+            _require_positive_int("PPOConfig", name, getattr(self, name))
         if self.n_envs % self.n_minibatches:
             raise ValueError(
                 f"PPOConfig: n_envs ({self.n_envs}) must be divisible by n_minibatches "
@@ -126,9 +133,7 @@ class EvalConfig:
 
     def __post_init__(self):
         for name in ("every_steps", "n_envs", "max_episode_length"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"EvalConfig.{name} must be a positive integer, got {value!r}")
+            _require_positive_int("EvalConfig", name, getattr(self, name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,14 +159,9 @@ class TrainConfig:
     keep_checkpoints: int = 3
 
     def __post_init__(self):
-        if self.iterations_per_call <= 0:
-            raise ValueError(f"TrainConfig.iterations_per_call must be positive, got {self.iterations_per_call}")
-        if self.keep_checkpoints <= 0:
-            raise ValueError(f"TrainConfig.keep_checkpoints must be positive, got {self.keep_checkpoints}")
-        if self.checkpoint_every_steps is not None and self.checkpoint_every_steps <= 0:
-            raise ValueError(
-                f"TrainConfig.checkpoint_every_steps must be positive or None, got {self.checkpoint_every_steps}"
-            )
+        _require_positive_int("TrainConfig", "iterations_per_call", self.iterations_per_call)
+        _require_positive_int("TrainConfig", "keep_checkpoints", self.keep_checkpoints)
+        _require_positive_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps, allow_none=True)
 
 
 def config_from_dict(data: dict[str, Any], cls: type = TrainConfig, where: str = "config") -> Any:

@@ -16,14 +16,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig
+from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.rollout import Trajectory, sum_leaves
-from nnx_ppo.networks.replay import SequenceOutput
 
-__all__ = ["Minibatch", "split_minibatches", "replay_network", "normalize_advantages", "ppo_loss"]
+__all__ = ["Minibatch", "split_minibatches", "normalize_advantages", "ppo_loss"]
 
 
 @jax.tree_util.register_dataclass
@@ -57,17 +56,6 @@ def split_minibatches(key: jax.Array, data: Minibatch, n_minibatches: int) -> Mi
     return jax.tree.map(split, data)
 
 
-def replay_network(graphdef, params, rest, trajectory: Trajectory) -> SequenceOutput:
-    """Re-run the network over a ``[T, M]`` slice of a rollout, from the
-    stored start carry (``network.replay_sequence``: stateless stretches of
-    the network run on the flattened ``[T * M]`` batch, stateful modules scan
-    time). Updates to non-parameter variables are discarded. The output is a
-    :class:`PPONetworkOutput` with ``[T, M]`` leaves."""
-    net = nnx.merge(graphdef, params, rest)
-    start = jax.tree.map(lambda x: x[0], trajectory.carry)
-    return net.replay_sequence(start, trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
-
-
 def normalize_advantages(advantages: jax.Array) -> jax.Array:
     """Standardize over the minibatch; a single element (or constant
     advantages) gives zeros rather than NaN."""
@@ -93,8 +81,12 @@ def _policy_advantages(advantages, loglikelihoods, config: PPOConfig):
     return sum_leaves(advantages)
 
 
-def ppo_loss(params, graphdef, rest, batch: Minibatch, config: PPOConfig):
-    """Clipped-surrogate PPO loss on one minibatch.
+def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
+    """Clipped-surrogate PPO loss on one minibatch (differentiable in ``params``).
+
+    The minibatch's ``[T, M]`` env sequences are replayed by ``network`` with
+    ``params`` (:meth:`NetworkFn.replay`: from the stored start carry, with the
+    stored extras and resets; updates to other variables are discarded).
 
     ``total = policy_loss + critic_loss_weight * value_loss + regularization``
     where regularization is the sum of the modules' ``regularization_loss``
@@ -104,7 +96,7 @@ def ppo_loss(params, graphdef, rest, batch: Minibatch, config: PPOConfig):
     instead of the rollout's. Returns ``(total, metrics)``.
     """
     traj = batch.trajectory
-    replay = replay_network(graphdef, params, rest, traj)
+    replay = network.with_state(params=params).replay(traj)
     new = replay.output
 
     advantages, returns = batch.advantages, batch.returns

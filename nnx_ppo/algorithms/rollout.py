@@ -1,8 +1,8 @@
 """Rollout: run the network and the vmapped env for ``T`` steps.
 
-The network is used functionally: ``graphdef`` (static), ``params`` (the
-``nnx.Param`` state) and ``rest`` (every other variable: normalizer
-statistics, RNG streams). Shapes: ``B = n_envs``, ``T = rollout_length``.
+The network is used through its functional view
+(:class:`~nnx_ppo.algorithms.functional.NetworkFn`). Shapes: ``B = n_envs``,
+``T = rollout_length``.
 """
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
-
+from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.networks.replay import select_where
-from nnx_ppo.networks.types import PPONetworkOutput, StatefulModuleOutput
+from nnx_ppo.networks.types import PPONetworkOutput
 
 __all__ = [
     "Trajectory",
     "RolloutState",
-    "apply_network",
-    "reset_network_state",
+    "RolloutStats",
+    "Rollout",
     "collect_rollout",
     "sum_leaves",
 ]
@@ -82,21 +81,58 @@ class Trajectory:
     final_values: Any
 
 
-def apply_network(graphdef, params, rest, carry, obs, extras=None) -> tuple[StatefulModuleOutput, Any]:
-    """Run the network once on a ``[B, ...]`` batch; returns its output and the
-    updated non-parameter state (sampler RNG streams advance)."""
-    net = nnx.merge(graphdef, params, rest)
-    out = net(carry, obs, extras)
-    _, _, rest = nnx.split(net, nnx.Param, ...)
-    return out, rest
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutStats:
+    """What the trainer reads from a rollout (scalars, summed over its ``T x B`` steps).
+
+    Attributes:
+      completed_episodes: episodes that ended.
+      completed_return_sum: sum of their (undiscounted) returns.
+      completed_length_sum: sum of their lengths.
+      finite_reward: every reward was finite.
+      finite_obs: every observation (after steps and after resets) was finite.
+    """
+
+    completed_episodes: jax.Array
+    completed_return_sum: jax.Array
+    completed_length_sum: jax.Array
+    finite_reward: jax.Array
+    finite_obs: jax.Array
+
+    @classmethod
+    def total(cls, per_step: "RolloutStats") -> "RolloutStats":
+        """Sum (flags: all) over a leading step axis."""
+        return cls(
+            completed_episodes=jnp.sum(per_step.completed_episodes),
+            completed_return_sum=jnp.sum(per_step.completed_return_sum),
+            completed_length_sum=jnp.sum(per_step.completed_length_sum),
+            finite_reward=jnp.all(per_step.finite_reward),
+            finite_obs=jnp.all(per_step.finite_obs),
+        )
 
 
-def reset_network_state(graphdef, params, rest, carry) -> tuple[Any, Any]:
-    """``network.reset_state(carry)`` for the whole batch, functionally."""
-    net = nnx.merge(graphdef, params, rest)
-    fresh = net.reset_state(carry)
-    _, _, rest = nnx.split(net, nnx.Param, ...)
-    return fresh, rest
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rollout:
+    """What :func:`collect_rollout` returns.
+
+    Attributes:
+      trajectory: the :class:`Trajectory`, leaves ``[T, B, ...]``.
+      state: the :class:`RolloutState` the next rollout starts from.
+      last_values: ``[B]`` values of the observations after the last step (for GAE).
+      network: the network view after the rollout (its RNG streams advanced).
+      stats: the :class:`RolloutStats` the trainer reads.
+      metrics: only logged: ``env/...`` (the env's metrics) and
+        ``network/...`` (the modules' metrics), averaged over steps.
+    """
+
+    trajectory: Trajectory
+    state: RolloutState
+    last_values: Any
+    network: NetworkFn
+    stats: RolloutStats
+    metrics: dict[str, jax.Array]
 
 
 def sum_leaves(tree: Any) -> jax.Array:
@@ -120,26 +156,24 @@ def _vmapped_reset(env, key, n):
 
 def collect_rollout(
     env,
-    graphdef,
-    params,
-    rest,
+    network: NetworkFn,
     state: RolloutState,
     key: jax.Array,
     rollout_length: int,
     bootstrap_on_truncation: bool,
-) -> tuple[Trajectory, RolloutState, Any, Any, dict[str, jax.Array]]:
+) -> Rollout:
     """Step the network and the envs ``rollout_length`` times.
 
-    Ended episodes are reset (env and network carry) inside the scan. Returns
-    ``(trajectory [T, B], next RolloutState, last_values [B], rest, stats)``
-    where ``last_values`` is the value of the final observations (for GAE) and
-    ``stats`` holds completed-episode sums and finiteness flags.
+    Ended episodes are reset (env and network carry) inside the scan; where a
+    time limit truncated an episode (and ``bootstrap_on_truncation``), the
+    value of the true final observation is recorded for GAE. See
+    :class:`Rollout` for what is returned.
     """
 
     def step(carry, step_key):
-        rest, rs = carry
+        net, rs = carry
         obs = rs.env_state.obs
-        out, rest = apply_network(graphdef, params, rest, rs.carry, obs)
+        out, net = net.apply(rs.carry, obs)
         net_out: PPONetworkOutput = out.output
         stepped = jax.vmap(env.step)(rs.env_state, net_out.actions)
         done = stepped.done > 0
@@ -151,9 +185,9 @@ def collect_rollout(
             # Only steps where some env was truncated pay for this forward pass.
             final_values = jax.lax.cond(
                 jnp.any(truncated > 0),
-                lambda p, r, c, o: apply_network(graphdef, p, r, c, o)[0].output.value_estimates,
+                lambda n, c, o: n.apply(c, o)[0].output.value_estimates,
                 lambda *_: zero_values,
-                params, rest, out.next_state, stepped.obs,
+                net, out.next_state, stepped.obs,
             )
         else:
             final_values = zero_values
@@ -165,20 +199,20 @@ def collect_rollout(
             lambda: select_where(done, _vmapped_reset(env, reset_key, n), stepped),
             lambda: stepped,
         )
-        fresh_carry, rest = reset_network_state(graphdef, params, rest, out.next_state)
+        fresh_carry, net = net.reset(out.next_state)
         next_carry = select_where(done, fresh_carry, out.next_state)
 
         reward = sum_leaves(stepped.reward)
         ep_return = rs.episode_return + reward
         ep_length = rs.episode_length + 1
         donef = done.astype(jnp.float32)
-        step_stats = {
-            "completed_episodes": jnp.sum(donef),
-            "completed_return_sum": jnp.sum(ep_return * donef),
-            "completed_length_sum": jnp.sum(ep_length.astype(jnp.float32) * donef),
-            "finite_reward": jnp.all(jnp.isfinite(reward)),
-            "finite_obs": _all_finite(stepped.obs) & _all_finite(env_state.obs),
-        }
+        step_stats = RolloutStats(
+            completed_episodes=jnp.sum(donef),
+            completed_return_sum=jnp.sum(ep_return * donef),
+            completed_length_sum=jnp.sum(ep_length.astype(jnp.float32) * donef),
+            finite_reward=jnp.all(jnp.isfinite(reward)),
+            finite_obs=_all_finite(stepped.obs) & _all_finite(env_state.obs),
+        )
         env_metrics = {f"env/{k}": jnp.mean(v) for k, v in stepped.metrics.items()}
         next_rs = RolloutState(
             env_state=env_state,
@@ -200,22 +234,20 @@ def collect_rollout(
             truncated=truncated,
             final_values=final_values,
         )
-        return (rest, next_rs), (record, step_stats, env_metrics, out.metrics)
+        return (net, next_rs), (record, step_stats, env_metrics, out.metrics)
 
     keys = jax.random.split(key, rollout_length)
-    (rest, next_state), (rec, step_stats, env_metrics, net_metrics) = jax.lax.scan(step, (rest, state), keys)
+    (network, next_state), (rec, step_stats, env_metrics, net_metrics) = jax.lax.scan(step, (network, state), keys)
     done = rec.pop("done")
     reset = jnp.concatenate([state.fresh[None], done[:-1]], axis=0)
-    trajectory = Trajectory(reset=reset, **rec)
-
-    last_out, _ = apply_network(graphdef, params, rest, next_state.carry, next_state.env_state.obs)
-    stats = {
-        "completed_episodes": jnp.sum(step_stats["completed_episodes"]),
-        "completed_return_sum": jnp.sum(step_stats["completed_return_sum"]),
-        "completed_length_sum": jnp.sum(step_stats["completed_length_sum"]),
-        "finite_reward": jnp.all(step_stats["finite_reward"]),
-        "finite_obs": jnp.all(step_stats["finite_obs"]),
-    }
-    stats.update({k: jnp.mean(v) for k, v in env_metrics.items()})
-    stats.update({f"network/{k}": jnp.mean(v) for k, v in net_metrics.items()})
-    return trajectory, next_state, last_out.output.value_estimates, rest, stats
+    last_out, _ = network.apply(next_state.carry, next_state.env_state.obs)
+    metrics = {k: jnp.mean(v) for k, v in env_metrics.items()}
+    metrics.update({f"network/{k}": jnp.mean(v) for k, v in net_metrics.items()})
+    return Rollout(
+        trajectory=Trajectory(reset=reset, **rec),
+        state=next_state,
+        last_values=last_out.output.value_estimates,
+        network=network,
+        stats=RolloutStats.total(step_stats),
+        metrics=metrics,
+    )

@@ -15,17 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from nnx_ppo.envs.spaces import Box, Discrete
-from nnx_ppo.envs.types import EnvState, RLEnv
+from nnx_ppo.envs.types import EnvState, RLEnv, as_f32
 
 __all__ = ["GymnaxEnv", "PlaygroundEnv", "BraxEnv"]
 
 
-def _f32(x):
-    return jnp.asarray(x, dtype=jnp.float32)
-
 
 def _f32_tree(tree):
-    return jax.tree_util.tree_map(_f32, tree)
+    return jax.tree_util.tree_map(as_f32, tree)
 
 
 def _rescale_action(action, low, high):
@@ -116,10 +113,10 @@ class GymnaxEnv(RLEnv):
         obs, gstate = self.env.reset_env(sub, self.params)
         return EnvState(
             obs=_f32_tree(obs),
-            reward=_f32(0.0),
-            done=_f32(0.0),
+            reward=as_f32(0.0),
+            done=as_f32(0.0),
             metrics={},
-            info={"truncated": _f32(0.0)},
+            info={"truncated": as_f32(0.0)},
             data=(gstate, key),
         )
 
@@ -135,10 +132,10 @@ class GymnaxEnv(RLEnv):
         done = jnp.logical_or(terminated, truncated)
         return EnvState(
             obs=_f32_tree(obs),
-            reward=_f32(jnp.asarray(reward).reshape(())),
-            done=_f32(done),
+            reward=as_f32(jnp.asarray(reward).reshape(())),
+            done=as_f32(done),
             metrics={},
-            info={**state.info, "truncated": _f32(truncated)},
+            info={**state.info, "truncated": as_f32(truncated)},
             data=(gstate2, key),
         )
 
@@ -185,12 +182,12 @@ class _JaxPhysicsEnv(RLEnv):
         return Box((int(self.env.action_size),), -1.0, 1.0)
 
     def _wrap(self, inner, info):
-        inner = inner.replace(reward=_f32_tree(inner.reward), done=_f32(inner.done))
+        inner = inner.replace(reward=_f32_tree(inner.reward), done=as_f32(inner.done))
         return EnvState(
             obs=inner.obs,
             reward=inner.reward,
             done=inner.done,
-            metrics={k: _f32(v) for k, v in inner.metrics.items()},
+            metrics={k: as_f32(v) for k, v in inner.metrics.items()},
             info=info,
             data=inner,
         )
@@ -198,12 +195,12 @@ class _JaxPhysicsEnv(RLEnv):
     def reset(self, key):
         with _allow_rank_promotion():
             inner = self.env.reset(key)
-        return self._wrap(inner, {"truncated": _f32(0.0)})
+        return self._wrap(inner, {"truncated": as_f32(0.0)})
 
     def step(self, state, action):
         with _allow_rank_promotion():
             inner = self.env.step(state.data, jnp.asarray(action, jnp.float32))
-        return self._wrap(inner, {**state.info, "truncated": _f32(0.0)})
+        return self._wrap(inner, {**state.info, "truncated": as_f32(0.0)})
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r})"

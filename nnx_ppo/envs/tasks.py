@@ -20,12 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from nnx_ppo.envs.spaces import Box, Discrete
-from nnx_ppo.envs.types import EnvState, RLEnv
+from nnx_ppo.envs.types import EnvState, RLEnv, as_f32
 
 __all__ = ["CueMemory", "CartpoleNoVelocity", "ConstantReward"]
-
-def _f32(x):
-    return jnp.asarray(x, dtype=jnp.float32)
 
 
 class CueMemory(RLEnv):
@@ -70,8 +67,8 @@ class CueMemory(RLEnv):
         return Discrete(self.n_cues)
 
     def _obs(self, cue, t):
-        cue_part = jax.nn.one_hot(cue, self.n_cues, dtype=jnp.float32) * _f32(t == 0)
-        query = _f32(t == self.delay + 1).reshape((1,))
+        cue_part = jax.nn.one_hot(cue, self.n_cues, dtype=jnp.float32) * as_f32(t == 0)
+        query = as_f32(t == self.delay + 1).reshape((1,))
         return jnp.concatenate([cue_part, query])
 
     def reset(self, key):
@@ -79,10 +76,10 @@ class CueMemory(RLEnv):
         t = jnp.zeros((), jnp.int32)
         return EnvState(
             obs=self._obs(cue, t),
-            reward=_f32(0.0),
-            done=_f32(0.0),
-            metrics={"success": _f32(0.0)},
-            info={"truncated": _f32(0.0)},
+            reward=as_f32(0.0),
+            done=as_f32(0.0),
+            metrics={"success": as_f32(0.0)},
+            info={"truncated": as_f32(0.0)},
             data={"cue": cue, "t": t},
         )
 
@@ -91,15 +88,15 @@ class CueMemory(RLEnv):
         already_done = state.done > 0
         is_query = jnp.logical_and(t == self.delay + 1, jnp.logical_not(already_done))
         correct = jnp.asarray(action, jnp.int32).reshape(()) == cue
-        reward = _f32(jnp.logical_and(is_query, correct))
+        reward = as_f32(jnp.logical_and(is_query, correct))
         t_next = t + 1
-        done = jnp.maximum(state.done, _f32(t_next >= self.delay + 2))
+        done = jnp.maximum(state.done, as_f32(t_next >= self.delay + 2))
         return EnvState(
             obs=self._obs(cue, t_next),
             reward=reward,
             done=done,
             metrics={"success": reward},
-            info={**state.info, "truncated": _f32(0.0)},
+            info={**state.info, "truncated": as_f32(0.0)},
             data={"cue": cue, "t": t_next},
         )
 
@@ -169,10 +166,10 @@ class CartpoleNoVelocity(RLEnv):
         phys = jax.random.uniform(key, (4,), minval=-0.05, maxval=0.05, dtype=jnp.float32)
         return EnvState(
             obs=self._obs(phys),
-            reward=_f32(0.0),
-            done=_f32(0.0),
+            reward=as_f32(0.0),
+            done=as_f32(0.0),
             metrics={},
-            info={"truncated": _f32(0.0)},
+            info={"truncated": as_f32(0.0)},
             data=phys,
         )
 
@@ -199,14 +196,14 @@ class CartpoleNoVelocity(RLEnv):
         ).astype(jnp.float32)
         was_done = state.done > 0
         new = jnp.where(was_done, phys, new)  # frozen once the pole has fallen
-        reward = _f32(jnp.logical_not(was_done))
-        done = jnp.maximum(state.done, _f32(self._terminated(new)))
+        reward = as_f32(jnp.logical_not(was_done))
+        done = jnp.maximum(state.done, as_f32(self._terminated(new)))
         return EnvState(
             obs=self._obs(new),
             reward=reward,
             done=done,
             metrics={},
-            info={**state.info, "truncated": _f32(0.0)},
+            info={**state.info, "truncated": as_f32(0.0)},
             data=new,
         )
 
@@ -241,16 +238,16 @@ class ConstantReward(RLEnv):
         del key
         return EnvState(
             obs=jnp.ones((self.obs_size,), jnp.float32),
-            reward=_f32(0.0),
-            done=_f32(0.0),
+            reward=as_f32(0.0),
+            done=as_f32(0.0),
             metrics={},
-            info={"truncated": _f32(0.0)},
+            info={"truncated": as_f32(0.0)},
             data=None,
         )
 
     def step(self, state, action):
         del action
-        return state.replace(reward=_f32(1.0), done=_f32(0.0), info={**state.info, "truncated": _f32(0.0)})
+        return state.replace(reward=as_f32(1.0), done=as_f32(0.0), info={**state.info, "truncated": as_f32(0.0)})
 
     def __repr__(self):
         return f"ConstantReward(obs_size={self.obs_size}, continuous={self.continuous})"

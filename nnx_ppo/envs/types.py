@@ -12,8 +12,14 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
-__all__ = ["EnvState", "RLEnv"]
+__all__ = ["EnvState", "RLEnv", "as_f32"]
+
+
+def as_f32(x: Any) -> jax.Array:
+    """``x`` as a float32 array (the dtype of rewards, ``done`` and ``truncated``)."""
+    return jnp.asarray(x, dtype=jnp.float32)
 
 
 @jax.tree_util.register_dataclass

@@ -9,13 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from nnx_ppo.envs.spaces import Box
-from nnx_ppo.envs.types import RLEnv
+from nnx_ppo.envs.types import RLEnv, as_f32
 
 __all__ = ["Wrapper", "TimeLimit", "RewardScale", "ObservationMask", "ActionRepeat"]
 
-
-def _f32(x) -> jax.Array:
-    return jnp.asarray(x, dtype=jnp.float32)
 
 
 class Wrapper(RLEnv):
@@ -91,7 +88,7 @@ class TimeLimit(Wrapper):
 
     def reset(self, key):
         state = self.env.reset(key)
-        inner_trunc = _f32(state.info.get("truncated", 0.0))
+        inner_trunc = as_f32(state.info.get("truncated", 0.0))
         steps = jnp.zeros((), jnp.int32)
         if self.random_reset_steps > 0:
             steps = jax.random.randint(jax.random.fold_in(key, 1), (), 0, self.random_reset_steps, dtype=jnp.int32)
@@ -108,8 +105,8 @@ class TimeLimit(Wrapper):
     def step(self, state, action):
         nxt = self.env.step(state, action)
         steps = state.info["steps"] + 1
-        inner_done = _f32(nxt.done)
-        inner_trunc = _f32(nxt.info.get("truncated", 0.0))
+        inner_done = as_f32(nxt.done)
+        inner_trunc = as_f32(nxt.info.get("truncated", 0.0))
         hit_limit = jnp.logical_and(steps >= self.max_steps, inner_done == 0.0)
         truncated = jnp.where(hit_limit, 1.0, inner_trunc).astype(jnp.float32)
         done = jnp.where(hit_limit, 1.0, inner_done).astype(jnp.float32)

@@ -6,7 +6,7 @@ result can be inspected, indexed and modified like a hand-built network.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import math
@@ -14,6 +14,7 @@ import math
 import jax
 from flax import nnx
 
+from nnx_ppo.envs.spaces import is_space
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Parallel, Sequential
 from nnx_ppo.networks.feedforward import Dense
@@ -202,7 +203,7 @@ def make_actor_critic_for_env(env: Any, network: str = "mlp", rngs: nnx.Rngs | N
     """
     from nnx_ppo.envs.spaces import Discrete, space_shape
 
-    obs_size = jax.tree.map(lambda s: space_shape(s), env.observation_space, is_leaf=_is_space)
+    obs_size = jax.tree.map(lambda s: space_shape(s), env.observation_space, is_leaf=is_space)
     if isinstance(obs_size, tuple) and len(obs_size) == 1:
         obs_size = obs_size[0]
     space = env.action_space
@@ -213,7 +214,3 @@ def make_actor_critic_for_env(env: Any, network: str = "mlp", rngs: nnx.Rngs | N
     if network in ("lstm", "gru"):
         return make_recurrent_actor_critic(obs_size, action_size, rngs, core=network, discrete=discrete, **kwargs)
     raise ValueError(f"make_actor_critic_for_env: network must be 'mlp', 'lstm' or 'gru', got {network!r}")
-
-
-def _is_space(x: Any) -> bool:
-    return hasattr(x, "shape") and not isinstance(x, Mapping) or hasattr(x, "n")

@@ -7,10 +7,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
-from nnx_ppo.algorithms.losses import Minibatch, replay_network, split_minibatches
+from nnx_ppo.algorithms.functional import NetworkFn
+from nnx_ppo.algorithms.losses import Minibatch, split_minibatches
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.rollout import collect_rollout
 
@@ -110,17 +110,17 @@ def check_replay_consistency(
     """
     ppo = PPOConfig(n_envs=n_envs, rollout_length=rollout_length, n_minibatches=n_minibatches, total_steps=1)
     state = new_training_state(env, network, TrainConfig(ppo=ppo, seed=seed))
-    graphdef, _, _ = nnx.split(network, nnx.Param, ...)
+    graphdef = NetworkFn.of(network).graphdef
 
     @jax.jit
     def run(state):
         key_rollout, key_perm = jax.random.split(state.key)
-        traj, _, _, rest, _ = collect_rollout(
-            env, graphdef, state.params, state.rest, state.rollout, key_rollout, rollout_length, True
-        )
+        net = NetworkFn(graphdef, state.params, state.rest)
+        rollout = collect_rollout(env, net, state.rollout, key_rollout, rollout_length, True)
+        traj = rollout.trajectory
         dummy = jax.tree.map(jnp.zeros_like, traj.values)
         batches = split_minibatches(key_perm, Minibatch(trajectory=traj, advantages=dummy, returns=dummy), n_minibatches)
-        replayed = jax.lax.map(lambda b: replay_network(graphdef, state.params, rest, b.trajectory), batches)
+        replayed = jax.lax.map(lambda b: rollout.network.replay(b.trajectory), batches)
         return batches.trajectory, replayed
 
     traj, replay = run(state)

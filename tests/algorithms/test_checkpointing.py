@@ -229,7 +229,9 @@ def test_load_network_for_inference(tmp_path):
     net.eval()
     expected = net(net.initialize_state(N_ENVS), obs).output
 
-    loaded_from_metadata = load_network(tmp_path)
+    import nnx_ppo
+
+    loaded_from_metadata = nnx_ppo.load_network(tmp_path)  # rebuilt from the NetworkSpec in the metadata
     loaded_into = load_network(tmp_path, network=build(42))
     for loaded in (loaded_from_metadata, loaded_into):
         assert loaded is not net
@@ -246,8 +248,12 @@ def test_load_network_for_inference(tmp_path):
 def test_load_network_without_metadata_asks_for_a_network(tmp_path):
     config = _config(1)
     save_training_state(tmp_path, _small_state(config), config, step=16)
+    import nnx_ppo
+
     with pytest.raises(ValueError, match="network="):
-        load_network(tmp_path)
+        nnx_ppo.load_network(tmp_path)
+    with pytest.raises(ValueError, match="nnx_ppo.load_network"):
+        load_network(tmp_path, None)
     net = load_network(tmp_path, network=_noisy_net(seed=4))
     reference = _noisy_net()
     for a, b in zip(jax.tree.leaves(nnx.state(reference, nnx.Param)), jax.tree.leaves(nnx.state(net, nnx.Param))):

@@ -238,7 +238,8 @@ def test_recomputed_advantages_equal_the_rollouts_before_the_first_update():
     truncations inside the rollout), so loss and gradient are the same."""
     from nnx_ppo.algorithms.gae import trajectory_gae
     from nnx_ppo.algorithms.losses import Minibatch, ppo_loss
-    from nnx_ppo.algorithms.ppo import new_training_state, split_in_mode
+    from nnx_ppo.algorithms.functional import NetworkFn
+    from nnx_ppo.algorithms.ppo import new_training_state
     from nnx_ppo.algorithms.rollout import collect_rollout
     from nnx_ppo.networks.factories import make_recurrent_actor_critic
 
@@ -246,16 +247,16 @@ def test_recomputed_advantages_equal_the_rollouts_before_the_first_update():
     net = make_recurrent_actor_critic(3, 2, nnx.Rngs(0), hidden_size=8, encoder_sizes=(8,))
     ppo = PPOConfig(n_envs=4, rollout_length=12, n_minibatches=1)
     state = new_training_state(env, net, TrainConfig(ppo=ppo))
-    graphdef, _, _ = split_in_mode(net, deterministic=False)
-    traj, _, last_values, rest, _ = collect_rollout(env, graphdef, state.params, state.rest, state.rollout,
-                                                    jax.random.key(1), ppo.rollout_length, True)
+    view = NetworkFn.of(net, deterministic=False).with_state(params=state.params, rest=state.rest)
+    rollout = collect_rollout(env, view, state.rollout, jax.random.key(1), ppo.rollout_length, True)
+    traj, last_values, view = rollout.trajectory, rollout.last_values, rollout.network
     assert float(traj.truncated.sum()) > 0 and float(traj.terminated.sum()) > 0
     advantages, returns = trajectory_gae(traj, traj.values, last_values, ppo)
     batch = Minibatch(trajectory=traj, advantages=advantages, returns=returns, last_values=last_values[None])
     grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
-    (fixed, _), g_fixed = grad_fn(state.params, graphdef, rest, batch, ppo)
+    (fixed, _), g_fixed = grad_fn(state.params, view, batch, ppo)
     again = dataclasses.replace(ppo, recompute_advantages=True)
-    (recomputed, _), g_recomputed = grad_fn(state.params, graphdef, rest, batch, again)
+    (recomputed, _), g_recomputed = grad_fn(state.params, view, batch, again)
     np.testing.assert_allclose(recomputed, fixed, rtol=1e-5, atol=1e-6)
     for a, b in zip(jax.tree.leaves(g_recomputed), jax.tree.leaves(g_fixed)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

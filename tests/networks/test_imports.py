@@ -40,10 +40,41 @@ def test_import_path_exists(module_name, name):
 
 
 def test_population_graph():
-    try:
-        module = importlib.import_module("nnx_ppo.networks.graph")
-    except ModuleNotFoundError as err:
-        if err.name != "nnx_ppo.networks.graph":
-            raise
-        pytest.skip("nnx_ppo.networks.graph (PopulationGraph) is not built yet")
-    assert issubclass(module.PopulationGraph, StatefulModule)
+    from nnx_ppo.networks.graph import PopulationGraph
+
+    assert issubclass(PopulationGraph, StatefulModule)
+
+
+def test_public_face_exports_the_starting_names():
+    import nnx_ppo
+
+    for name in nnx_ppo.__all__:
+        assert getattr(nnx_ppo, name) is not None, name
+    assert nnx_ppo.PopulationGraph is importlib.import_module("nnx_ppo.networks.graph").PopulationGraph
+    assert callable(nnx_ppo.train_ppo) and callable(nnx_ppo.load_network) and callable(nnx_ppo.check_env)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        nnx_ppo.nope
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    """envs < networks < algorithms < testing < (presets, run_dir, cli): every
+    module-level or function-level ``import nnx_ppo.X`` goes down the layers."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(importlib.import_module("nnx_ppo").__file__).parent
+    rank = {"envs": 0, "networks": 1, "algorithms": 2, "testing": 3, "network_spec": 4, "presets": 4, "run_dir": 4,
+            "app": 5, "cli": 6}
+    bad = []
+    for path in root.rglob("*.py"):
+        layer = path.relative_to(root).parts[0].removesuffix(".py")
+        if layer not in rank:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "nnx_ppo" and len(parts) > 1 and parts[1] in rank and rank[parts[1]] > rank[layer]:
+                    bad.append(f"{path.relative_to(root)} imports {name}")
+    assert not bad, bad

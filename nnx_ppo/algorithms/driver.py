@@ -1,0 +1,187 @@
+"""The driver loop: call a compiled training function until done, with hooks.
+
+The compiled part (e.g. :func:`nnx_ppo.algorithms.ppo.make_train_fn`) is a
+pure ``fn(state, n) -> (state, IterationOutput)`` running ``n`` iterations in
+one call. :class:`Driver` is the only Python loop: it calls it, checks the
+health flags, and runs the hooks (log every iteration, evaluate and
+checkpoint on their schedules, stop on request) between calls. PPO and any
+other trainer built on the same state shape share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["NonFiniteError", "Health", "IterationOutput", "Hooks", "DriverResult", "Driver"]
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised when rewards, observations or the loss stop being finite."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Health:
+    """Flags the driver checks after every iteration (bool scalars, or ``[n]``
+    stacked over the iterations of one call)."""
+
+    finite_obs: jax.Array
+    finite_reward: jax.Array
+    finite_loss: jax.Array
+
+    def check(self, iteration: int) -> None:
+        """Raise :class:`NonFiniteError` naming what stopped being finite."""
+        for flag, what, hint in (
+            (self.finite_obs, "observations", "check the environment"),
+            (self.finite_reward, "rewards", "check the environment"),
+            (self.finite_loss, "the loss", "check the learning rate and the network"),
+        ):
+            if not bool(flag):
+                raise NonFiniteError(f"non-finite values (NaN or inf) in {what} at iteration {iteration}; {hint}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IterationOutput:
+    """What one compiled iteration reports: ``health`` (read by the driver)
+    and ``metrics`` (scalars, only logged)."""
+
+    health: Health
+    metrics: dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """What the driver does between compiled calls (every field optional).
+
+    Attributes:
+      log: ``log(metrics, env_steps)`` for every iteration's metrics and every evaluation.
+      evaluate: ``evaluate(state, env_steps) -> metrics``; run after the first
+        call, every ``eval_every_steps`` and at the end.
+      eval_every_steps: env steps between evaluations.
+      checkpoint: ``checkpoint(state, env_steps)``; run every
+        ``checkpoint_every_steps`` and once at the end (if not just saved).
+      checkpoint_every_steps: env steps between checkpoints (None: only at the end).
+      should_stop: polled after every call; True ends training early.
+    """
+
+    log: Callable[[dict[str, float], int], None] | None = None
+    evaluate: Callable[[Any, int], dict[str, float]] | None = None
+    eval_every_steps: int | None = None
+    checkpoint: Callable[[Any, int], None] | None = None
+    checkpoint_every_steps: int | None = None
+    should_stop: Callable[[], bool] | None = None
+
+
+@dataclasses.dataclass
+class DriverResult:
+    """What :func:`drive` returns.
+
+    Attributes:
+      state: the last training state.
+      metrics: the last iteration's metrics.
+      eval_history: ``(env_steps, metrics)`` of every evaluation.
+      iterations: iterations completed (counting those before the start).
+      compile_seconds: wall time of the first (compiling) call.
+    """
+
+    state: Any
+    metrics: dict[str, float]
+    eval_history: list[tuple[int, dict[str, float]]]
+    iterations: int
+    compile_seconds: float
+
+
+def _host_rows(output: IterationOutput, n: int) -> list[tuple[Health, dict[str, float]]]:
+    """Stacked ``[max_iterations]`` outputs of one call to ``n`` host rows."""
+    host = jax.device_get(output)
+    rows = []
+    for i in range(n):
+        health = jax.tree.map(lambda x: np.asarray(x)[i], host.health)
+        rows.append((health, {k: float(np.asarray(v)[i]) for k, v in host.metrics.items()}))
+    return rows
+
+
+class Driver:
+    """Run a compiled ``train_fn(state, n)`` until ``total_iterations`` are done.
+
+    ``driver.state`` is always the latest state (also after an exception or
+    an interrupt between calls), so the caller can keep what was trained.
+
+    Args:
+      train_fn: compiled ``fn(state, n) -> (state, IterationOutput)`` with
+        ``[iterations_per_call]``-stacked outputs (rows ``>= n`` unused).
+      state: the state to start from (donated to ``train_fn``).
+      start_iteration: iterations already done in ``state``.
+      total_iterations: iterations to reach.
+      iterations_per_call: the most iterations one call runs.
+      steps_per_iteration: env steps per iteration (for logging and schedules).
+      hooks: see :class:`Hooks`.
+    """
+
+    def __init__(self, train_fn: Callable, state: Any, *, start_iteration: int, total_iterations: int,
+                 iterations_per_call: int, steps_per_iteration: int, hooks: Hooks = Hooks()):
+        self.train_fn = train_fn
+        self.state = state
+        self.iteration = start_iteration
+        self.start_iteration = start_iteration
+        self.total_iterations = total_iterations
+        self.iterations_per_call = iterations_per_call
+        self.steps_per_iteration = steps_per_iteration
+        self.hooks = hooks
+
+    @property
+    def steps(self) -> int:
+        """Env steps done so far."""
+        return self.iteration * self.steps_per_iteration
+
+    def run(self) -> DriverResult:
+        """The loop. Raises :class:`NonFiniteError` when a health flag fails
+        (``self.state`` is then the state after the failing call)."""
+        hooks = self.hooks
+        last_checkpoint, last_eval = self.steps, None
+        eval_history: list[tuple[int, dict[str, float]]] = []
+        last_metrics: dict[str, float] = {}
+        compile_seconds = 0.0
+        tick = time.perf_counter()
+        while self.iteration < self.total_iterations:
+            n = min(self.iterations_per_call, self.total_iterations - self.iteration)
+            t0 = time.perf_counter()
+            self.state, output = self.train_fn(self.state, jnp.asarray(n, jnp.int32))
+            rows = _host_rows(output, n)
+            elapsed = time.perf_counter() - t0
+            if self.iteration == self.start_iteration:
+                compile_seconds = elapsed
+            for health, row in rows:
+                self.iteration += 1
+                health.check(self.iteration)
+                row["time/steps_per_second"] = n * self.steps_per_iteration / max(elapsed, 1e-9)
+                row["time/elapsed_seconds"] = time.perf_counter() - tick
+                last_metrics = row
+                if hooks.log is not None:
+                    hooks.log(row, self.steps)
+            done = self.iteration == self.total_iterations
+            if hooks.evaluate is not None and (last_eval is None or done or (
+                    hooks.eval_every_steps is not None and self.steps - last_eval >= hooks.eval_every_steps)):
+                metrics = hooks.evaluate(self.state, self.steps)
+                eval_history.append((self.steps, metrics))
+                last_eval = self.steps
+                if hooks.log is not None:
+                    hooks.log(metrics, self.steps)
+            if hooks.checkpoint is not None and hooks.checkpoint_every_steps is not None and (
+                    self.steps - last_checkpoint >= hooks.checkpoint_every_steps):
+                hooks.checkpoint(self.state, self.steps)
+                last_checkpoint = self.steps
+            if hooks.should_stop is not None and hooks.should_stop():
+                break
+        if hooks.checkpoint is not None and last_checkpoint != self.steps:
+            hooks.checkpoint(self.state, self.steps)
+        return DriverResult(state=self.state, metrics=last_metrics, eval_history=eval_history,
+                            iterations=self.iteration, compile_seconds=compile_seconds)

@@ -1,0 +1,174 @@
+"""The command line's commands, defaults and shared helpers (see :mod:`nnx_ppo.cli`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+import tyro
+
+from nnx_ppo.algorithms.config import TrainConfig
+from nnx_ppo.network_spec import NetworkSpec
+from nnx_ppo.presets import get_preset
+
+PROG = "nnx-ppo"
+
+
+def has_checkpoint(directory: Path) -> bool:
+    """A complete checkpoint exists (a crashed save's temp dir does not count)."""
+    from nnx_ppo.algorithms.checkpointing import latest_checkpoint
+
+    return directory.is_dir() and latest_checkpoint(directory) is not None
+
+# ----------------------------------------------------------------------------- the default agent
+#
+# An LSTM actor-critic on the built-in memory task: a cue (one of 4) is shown
+# at the first step and must be reported after 8 blank steps. A memoryless
+# policy gets 0.25; the trained LSTM gets 1.0. On a laptop CPU this takes a
+# couple of minutes. It is the cue_memory preset (nnx_ppo.presets); every
+# env with a preset starts from it (see `nnx-ppo envs`).
+
+DEFAULT_ENV = "cue_memory"
+DEFAULT_PRESET = get_preset(DEFAULT_ENV)
+DEFAULT_ENV_KWARGS: dict[str, Any] = dict(DEFAULT_PRESET.env_kwargs)
+"""Used only when the env is the default one and ``--env-kwargs`` is not given."""
+
+DEFAULT_NETWORK = DEFAULT_PRESET.network
+DEFAULT_HIDDEN_SIZE = DEFAULT_PRESET.hidden_size
+DEFAULT_TRAIN_CONFIG = DEFAULT_PRESET.config
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, no traceback."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+@dataclasses.dataclass
+class TrainCommand:
+    """Train a PPO agent. With no arguments: the default agent (an LSTM on the
+    cue_memory memory task), which learns in a few minutes on a CPU. An env
+    with a tuned preset (`nnx-ppo envs` lists them) starts from the preset's
+    network and hyperparameters; flags given here override them.
+
+    Writes a run directory (config.json, metrics.jsonl, TensorBoard events in
+    tb/, learning_curve.png, checkpoints/). Ctrl-C stops cleanly after the
+    current compiled call and saves a final checkpoint; continue with --resume.
+    """
+
+    env: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV_SPEC")] = DEFAULT_ENV
+    """environment spec for nnx_ppo.envs.make, e.g. cue_memory, gymnax:CartPole-v1, playground:CartpoleBalance (see `nnx-ppo envs`)."""
+
+    network: Literal["mlp", "lstm", "gru"] = DEFAULT_NETWORK
+    """actor-critic architecture: feed-forward MLP, or an encoder + LSTM/GRU core."""
+
+    hidden_size: int = DEFAULT_HIDDEN_SIZE
+    """width of the hidden layers (mlp: two layers per actor/critic; lstm/gru: one encoder layer and the recurrent core)."""
+
+    env_kwargs: Optional[str] = None
+    """JSON object of keyword arguments for nnx_ppo.envs.make, e.g. '{"episode_length": 500}'. Default: {} (the default env cue_memory uses {"n_cues": 4, "delay": 8})."""
+
+    config: Annotated[TrainConfig, tyro.conf.arg(name="")] = DEFAULT_TRAIN_CONFIG
+    """training configuration."""
+
+    train_env_kwargs: Optional[str] = None
+    """JSON object of extra keyword arguments for the training env only, e.g. '{"random_reset_steps": 500}' (evaluation keeps full episodes)."""
+
+    reward_scale: float = 1.0
+    """multiply the training rewards by this (evaluation reports unscaled returns)."""
+
+    no_preset: bool = False
+    """ignore the env's tuned preset (see `nnx-ppo envs`): start from the library's defaults instead."""
+
+    run_dir: Optional[str] = None
+    """where to write the run (default: runs/<env>-<YYYYmmdd-HHMMSS>)."""
+
+    resume: Optional[str] = None
+    """continue the run in this directory (reads its config.json; flags given here override its training config, e.g. a larger --ppo.total-steps)."""
+
+    quiet: bool = False
+    """no progress bar; print only a few log lines (evaluations, summary)."""
+
+    wandb: bool = False
+    """also log metrics to Weights & Biases (needs `pip install wandb`)."""
+
+    wandb_project: str = "nnx-ppo"
+    """Weights & Biases project name (with --wandb)."""
+
+
+@dataclasses.dataclass
+class EvalCommand:
+    """Evaluate the final policy of a run with deterministic episodes and print
+    return statistics; optionally record a video (MP4/GIF, renderable envs only)."""
+
+    run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    """a run directory written by `nnx-ppo train`."""
+
+    episodes: int = 16
+    """number of evaluation episodes (run in parallel)."""
+
+    max_episode_length: Optional[int] = None
+    """step limit per episode (default: the run's eval.max_episode_length)."""
+
+    seed: int = 0
+    """seeds the env resets."""
+
+    stochastic: bool = False
+    """sample actions instead of taking the policy's mode/mean."""
+
+    video: Optional[str] = None
+    """also record one episode to this file (.mp4 or .gif); the env must be able to render (MuJoCo Playground envs)."""
+
+    fps: Optional[float] = None
+    """video frame rate (default: the env's control rate, else 30)."""
+
+
+@dataclasses.dataclass
+class EnvsCommand:
+    """List the available environment specs."""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def print_error(msg: str) -> None:
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+
+
+def parse_env_kwargs(text: str | None, env: str, flag: str = "--env-kwargs") -> dict[str, Any]:
+    if text is None:
+        return dict(DEFAULT_ENV_KWARGS) if env == DEFAULT_ENV and flag == "--env-kwargs" else {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CliError(f"{flag} must be a JSON object, got {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise CliError(f"{flag} must be a JSON object, got {text!r}")
+    return value
+
+
+def make_env(spec: str, kwargs: dict[str, Any]):
+    from nnx_ppo import envs
+
+    try:
+        return envs.make(spec, **kwargs)
+    except ValueError as e:
+        raise CliError(str(e).splitlines()[0] if str(e) else f"invalid environment {spec!r}") from None
+    except TypeError as e:
+        raise CliError(f"bad keyword arguments for environment {spec!r}: {e}") from None
+    except ImportError as e:
+        raise CliError(str(e), code=1) from None
+
+
+def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
+    if cmd.hidden_size <= 0:
+        raise CliError(f"--hidden-size must be positive, got {cmd.hidden_size}")
+    return NetworkSpec.sized(cmd.env, cmd.network, cmd.hidden_size, seed=seed, env_kwargs=env_kwargs)

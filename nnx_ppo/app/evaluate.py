@@ -1,0 +1,103 @@
+"""``nnx-ppo eval``: load a run's final policy, evaluate it, record a video."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nnx_ppo import run_dir as rd
+from nnx_ppo.app.commands import CliError, EvalCommand, has_checkpoint, make_env
+from nnx_ppo.app.progress import pretty_path
+from nnx_ppo.network_spec import NetworkSpec
+
+
+def run_eval(cmd: EvalCommand) -> int:
+    from nnx_ppo.algorithms import checkpointing
+    from nnx_ppo.algorithms.ppo import evaluate
+
+    run_dir = Path(cmd.run_dir)
+    if cmd.episodes <= 0:
+        raise CliError(f"--episodes must be positive, got {cmd.episodes}")
+    try:
+        saved = rd.read_run_config(run_dir)
+    except FileNotFoundError as e:
+        raise CliError(str(e)) from None
+    ckpt_dir = run_dir / rd.CHECKPOINT_DIR
+    if not has_checkpoint(ckpt_dir):
+        raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
+    env = make_env(saved["env"], saved.get("env_kwargs", {}))
+    spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}), **saved["network"]},
+                                 where=f"{run_dir}/config.json")
+    template = spec.build(env)
+    network = checkpointing.load_network(str(ckpt_dir.resolve()), template)
+
+    max_len = cmd.max_episode_length or int(saved.get("config", {}).get("eval", {}).get("max_episode_length", 1000))
+    if cmd.video is not None:
+        check_video_target(cmd.video, env, saved["env"])
+    metrics = evaluate(env, network, n_envs=cmd.episodes, max_episode_length=max_len, seed=cmd.seed,
+                       deterministic=not cmd.stochastic)
+    kind = "stochastic" if cmd.stochastic else "deterministic"
+    print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with the final policy of "
+          f"{pretty_path(run_dir)}")
+    print(f"  return  mean {metrics['eval/episode_return']:.4f}  std {metrics['eval/episode_return_std']:.4f}  "
+          f"min {metrics['eval/episode_return_min']:.4f}  max {metrics['eval/episode_return_max']:.4f}")
+    print(f"  length  mean {metrics['eval/episode_length']:.1f}")
+    if cmd.video is not None:
+        n_frames = record_video(env, network, cmd.video, max_len, cmd.seed, cmd.stochastic, cmd.fps)
+        print(f"video: {cmd.video} ({n_frames} frames)")
+    return 0
+
+
+def can_render(env) -> bool:
+    from nnx_ppo.envs.types import RLEnv
+
+    base = getattr(env, "unwrapped", env)
+    return type(base).render is not RLEnv.render
+
+
+def check_video_target(path: str, env, spec: str) -> None:
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".mp4", ".gif"):
+        raise CliError(f"--video must end in .mp4 or .gif, got {path!r}")
+    if not can_render(env):
+        raise CliError(f"environment {spec!r} cannot render, so no video can be recorded "
+                       "(only MuJoCo Playground envs, 'playground:...', can render)")
+
+
+def record_video(env, network, path: str, max_len: int, seed: int, stochastic: bool, fps: float | None) -> int:
+    """One episode, batch of 1, rendered with ``env.render``."""
+    import jax
+    import numpy as np
+
+    from nnx_ppo.algorithms.evaluation import run_episodes
+    from nnx_ppo.algorithms.functional import NetworkFn
+
+    view = NetworkFn.of(network, deterministic=not stochastic)
+    record = jax.jit(lambda net, key: run_episodes(env, net, key, 1, max_len, record_states=True))
+    episodes = jax.device_get(record(view, jax.random.key(seed)))
+    n_states = int(episodes.lengths[0]) + 1  # the reset state, then one per step until the episode ended
+    states = [jax.tree.map(lambda x: x[t, 0], episodes.states) for t in range(n_states)]
+    try:
+        frames = env.render(states)
+    except NotImplementedError as e:
+        raise CliError(str(e)) from None
+    except RuntimeError as e:
+        raise CliError(str(e).splitlines()[0], code=1) from None
+    frames = [np.asarray(f) for f in frames]
+    if fps is None:
+        dt = getattr(env, "dt", None)
+        try:
+            fps = 1.0 / float(dt) if dt else 30.0
+        except (TypeError, ValueError):
+            fps = 30.0
+    import imageio
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.lower().endswith(".gif"):
+            imageio.mimsave(path, frames, duration=1000.0 / fps, loop=0)
+        else:
+            imageio.mimsave(path, frames, fps=fps)
+    except (ImportError, ValueError, RuntimeError) as e:
+        raise CliError(f"could not write {path}: {e} (MP4 needs `pip install imageio-ffmpeg`; "
+                       "or write a .gif)", code=1) from None
+    return len(frames)

@@ -1,0 +1,230 @@
+"""``nnx-ppo train``: build the envs and the network, write the run directory, train."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from nnx_ppo import run_dir as rd
+from nnx_ppo.app.commands import (
+    PROG,
+    CliError,
+    TrainCommand,
+    has_checkpoint,
+    make_env,
+    network_spec_of,
+    parse_env_kwargs,
+    print_error,
+)
+from nnx_ppo.app.progress import Progress, StopFlag, fmt_seconds, pretty_path
+from nnx_ppo.presets import find_preset
+
+
+def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
+    """A TrainCommand holding a run's saved settings (used as the parser's
+    defaults for --resume, so only flags given explicitly change anything)."""
+    try:
+        saved = rd.read_run_config(run_dir)
+        config = rd.train_config_from_dict(saved["config"])
+        net = saved["network"]
+        cmd = TrainCommand(
+            env=saved["env"],
+            network=net["kind"],
+            hidden_size=int(net["hidden_size"]),
+            env_kwargs=json.dumps(saved.get("env_kwargs", {})),
+            train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
+            config=config,
+            reward_scale=float(saved.get("reward_scale", 1.0)),
+            no_preset=True,  # the run's own settings are the defaults
+            resume=run_dir,
+        )
+    except FileNotFoundError as e:
+        raise CliError(str(e)) from None
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        raise CliError(f"cannot read {Path(run_dir) / rd.CONFIG_FILE}: {e}") from None
+    return cmd, saved
+
+
+def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: dict, train_env_kwargs: dict) -> Path:
+    """The run directory; for ``--resume``, after checking that nothing that
+    must stay fixed changed and that there is a checkpoint to resume from."""
+    if cmd.resume is None:
+        run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
+        if (run_dir / rd.CONFIG_FILE).exists():
+            raise CliError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --run-dir")
+        return run_dir
+    assert saved is not None
+    for what, now, before in (
+        ("env", cmd.env, saved["env"]),
+        ("--network", cmd.network, saved["network"]["kind"]),
+        ("--hidden-size", cmd.hidden_size, saved["network"]["hidden_size"]),
+        ("--env-kwargs", env_kwargs, saved.get("env_kwargs", {})),
+        ("--ppo.n-envs", cmd.config.ppo.n_envs, saved["config"]["ppo"]["n_envs"]),
+        ("--reward-scale", cmd.reward_scale, float(saved.get("reward_scale", 1.0))),
+        ("--train-env-kwargs", train_env_kwargs, saved.get("train_env_kwargs", {})),
+    ):
+        if now != before:
+            raise CliError(f"cannot change {what} when resuming ({before!r} in the run, {now!r} given)")
+    if cmd.run_dir is not None and Path(cmd.run_dir).resolve() != Path(cmd.resume).resolve():
+        raise CliError("give either --run-dir or --resume, not both")
+    run_dir = Path(cmd.resume)
+    if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
+        raise CliError(f"{run_dir} has no checkpoints to resume from")
+    return run_dir
+
+
+def _envs(cmd: TrainCommand, env_kwargs: dict, train_env_kwargs: dict):
+    """``(train_env, eval_env)``. Training envs start their time-limit counters
+    at random steps so the vmapped episodes de-synchronize, and get the
+    reward scale; evaluation keeps full-length episodes and plain rewards."""
+    env = make_env(cmd.env, env_kwargs)
+    train_env = make_env(cmd.env, {"random_initial_steps": True, **env_kwargs, **train_env_kwargs})
+    if not cmd.reward_scale > 0:
+        raise CliError(f"--reward-scale must be positive, got {cmd.reward_scale}")
+    if cmd.reward_scale != 1.0:
+        from nnx_ppo.envs.wrappers import RewardScale
+
+        train_env = RewardScale(train_env, cmd.reward_scale)
+    return train_env, env
+
+
+def _import_wandb(cmd: TrainCommand):
+    if not cmd.wandb:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise CliError("--wandb needs Weights & Biases: pip install wandb  (or pip install 'nnx_ppo[wandb]')") from None
+    return wandb
+
+
+def _run_config(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, spec, env_kwargs: dict,
+                train_env_kwargs: dict) -> dict[str, Any]:
+    """What ``config.json`` records (a resumed run keeps its history)."""
+    now = _dt.datetime.now().isoformat(timespec="seconds")
+    content = {
+        "env": cmd.env,
+        "env_kwargs": env_kwargs,
+        "train_env_kwargs": train_env_kwargs,
+        "network": spec.to_dict(),
+        "config": rd.train_config_to_dict(cmd.config),
+        "reward_scale": cmd.reward_scale,
+        "created": saved.get("created", now) if saved else now,
+        "command": [PROG, *argv],
+    }
+    preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network)
+    if preset is not None:
+        content["preset"] = {"env": preset.env, "network": preset.network}
+    if saved:
+        content["resumed"] = [*saved.get("resumed", []), now]
+        for key in ("preset", "wandb_id"):
+            if key in saved:
+                content[key] = saved[key]
+    return content
+
+
+def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict, resuming: bool) -> None:
+    ppo = cmd.config.ppo
+    total = ppo.n_iterations * ppo.steps_per_iteration
+    print(f"run directory: {pretty_path(run_dir)}", flush=True)
+    print(f"{'resuming' if resuming else 'training'} {cmd.network} (hidden {cmd.hidden_size}) on {cmd.env}"
+          f"{' ' + json.dumps(env_kwargs) if env_kwargs else ''}: {total:,} env steps, "
+          f"{ppo.n_envs} envs x {ppo.rollout_length} steps per iteration", flush=True)
+    preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network)
+    if preset is not None and not resuming:
+        print(f"starting from the tuned preset for {preset.env} ({preset.network}); flags given override it, "
+              "--no-preset starts from the library defaults", flush=True)
+
+
+def _summary(result, elapsed: float, stopped: bool, run_dir: Path) -> None:
+    import numpy as np
+
+    if stopped:
+        print(f"stopped early at {result.total_steps:,} env steps; continue with: "
+              f"{PROG} train --resume {pretty_path(run_dir)}")
+    line = f"trained {result.total_steps:,} env steps in {fmt_seconds(elapsed)} " \
+           f"(compile {result.compile_seconds:.1f} s)"
+    if result.eval_history:
+        _, last = result.eval_history[-1]
+        line += f"; final eval return {last['eval/episode_return']:.3f} ± {last.get('eval/episode_return_std', np.nan):.3f}"
+    elif result.metrics:
+        line += f"; last train return {result.metrics.get('train/episode_return', np.nan):.3f}"
+    print(line)
+    print(f"evaluate with: {PROG} eval {pretty_path(run_dir)}")
+
+
+def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) -> int:
+    """``nnx-ppo train``: returns the exit code (0 done or stopped, 1 failed, 130 aborted)."""
+    from nnx_ppo.algorithms.ppo import NonFiniteError, new_training_state, train_ppo
+
+    resuming = cmd.resume is not None
+    env_kwargs = parse_env_kwargs(cmd.env_kwargs, cmd.env)
+    train_env_kwargs = parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
+    run_dir = _run_directory(cmd, saved, env_kwargs, train_env_kwargs)
+    train_env, env = _envs(cmd, env_kwargs, train_env_kwargs)
+    config = cmd.config
+    spec = network_spec_of(cmd, env_kwargs, config.seed)
+    try:
+        network = spec.build(env)
+    except ValueError as e:
+        raise CliError(f"cannot build a {cmd.network} network for {cmd.env}: {e}") from None
+    wandb = _import_wandb(cmd)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    content = _run_config(cmd, argv, saved, spec, env_kwargs, train_env_kwargs)
+    wandb_run = None
+    if wandb is not None:
+        content.setdefault("wandb_id", wandb.util.generate_id())
+        wandb_run = wandb.init(project=cmd.wandb_project, name=run_dir.name, id=content["wandb_id"],
+                               dir=str(run_dir), config=content, resume="allow")
+    rd.write_run_config(run_dir, content)
+    _announce(cmd, run_dir, env_kwargs, resuming)
+
+    ppo = config.ppo
+    logger = rd.RunLogger(run_dir, steps_per_iteration=ppo.steps_per_iteration,
+                          title=f"{cmd.network} on {cmd.env}", wandb_run=wandb_run, resumed=resuming)
+    progress = Progress(ppo.n_iterations * ppo.steps_per_iteration, ppo.steps_per_iteration, cmd.quiet)
+
+    def log_fn(metrics: dict[str, float], env_steps: int) -> None:
+        logger(metrics, env_steps)
+        if rd.RunLogger.is_eval(metrics):
+            progress.evaluation(metrics, env_steps)
+        else:
+            progress.iteration(metrics, env_steps)
+
+    metadata = {"network": spec.to_dict(), "run_dir": str(run_dir.resolve())}
+    ckpt_dir = str((run_dir / rd.CHECKPOINT_DIR).resolve())
+    t0 = time.perf_counter()
+    code, result = 0, None
+    stop = StopFlag(progress.write)
+    try:
+        with stop:
+            state = new_training_state(train_env, network, config)
+            progress.start()
+            result = train_ppo(
+                train_env, network, config, eval_env=env, log_fn=log_fn, state=state, checkpoint_dir=ckpt_dir,
+                resume_from=ckpt_dir if resuming else None, checkpoint_metadata=metadata, should_stop=stop,
+            )
+    except KeyboardInterrupt:
+        progress.close()
+        print_error("aborted; metrics so far are kept, and the last saved checkpoint (if any) is in "
+                    f"{pretty_path(run_dir / rd.CHECKPOINT_DIR)}")
+        code = 130
+    except NonFiniteError as e:
+        progress.close()
+        print_error(str(e))
+        code = 1
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # env checks, checkpoints, shapes
+        progress.close()
+        print_error(f"{type(e).__name__}: {e}")
+        code = 1
+    finally:
+        progress.close()
+        logger.close()
+    if result is not None:
+        _summary(result, time.perf_counter() - t0, stop.requested, run_dir)
+    print(f"run directory: {pretty_path(run_dir)}", flush=True)
+    return code

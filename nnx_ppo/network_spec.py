@@ -1,0 +1,109 @@
+"""How to rebuild a trained network: one spec, written with the run and the checkpoints.
+
+A :class:`NetworkSpec` names the env and the factory network
+(:func:`~nnx_ppo.networks.factories.make_actor_critic_for_env`) with its
+sizes and seed. The CLI writes ``spec.to_dict()`` into the run's
+``config.json`` and into every checkpoint's metadata (``metadata["network"]``);
+:func:`load_network` reads it back to rebuild the network before loading
+its variables. Checkpointing itself only reads and writes state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+__all__ = ["NetworkSpec", "network_kwargs", "load_network"]
+
+
+def network_kwargs(network: str, hidden_size: int) -> dict[str, Any]:
+    """Factory sizes for a network kind and width: an MLP gets two hidden
+    layers each for actor and critic; LSTM/GRU one encoder layer and the core."""
+    if network == "mlp":
+        return {"actor_hidden_sizes": [hidden_size, hidden_size], "critic_hidden_sizes": [hidden_size, hidden_size]}
+    return {"hidden_size": hidden_size, "encoder_sizes": [hidden_size]}
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkSpec:
+    """A factory actor-critic for an env, rebuildable from JSON.
+
+    Attributes:
+      env: env spec for :func:`nnx_ppo.envs.make`.
+      kind: ``"mlp"``, ``"lstm"`` or ``"gru"``.
+      kwargs: keyword arguments of ``make_actor_critic_for_env`` (sizes).
+      seed: the ``nnx.Rngs`` seed of the initial parameters.
+      env_kwargs: keyword arguments for ``make``.
+      hidden_size: the width ``kwargs`` were derived from (``--hidden-size``), if any.
+    """
+
+    env: str
+    kind: str = "mlp"
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    hidden_size: int | None = None
+
+    @classmethod
+    def sized(cls, env: str, kind: str, hidden_size: int, seed: int = 0,
+              env_kwargs: dict[str, Any] | None = None) -> "NetworkSpec":
+        """The spec of a ``kind`` network of width ``hidden_size`` (see :func:`network_kwargs`)."""
+        if not isinstance(hidden_size, int) or hidden_size <= 0:
+            raise ValueError(f"NetworkSpec: hidden_size must be a positive integer, got {hidden_size!r}")
+        return cls(env=env, kind=kind, kwargs=network_kwargs(kind, hidden_size), seed=seed,
+                   env_kwargs=dict(env_kwargs or {}), hidden_size=hidden_size)
+
+    def make_env(self):
+        """The env the network was built for."""
+        from nnx_ppo.envs import make
+
+        return make(self.env, **self.env_kwargs)
+
+    def build(self, env=None):
+        """The network, freshly initialized from ``seed`` (for ``env``, or
+        :meth:`make_env` when not given)."""
+        from flax import nnx
+
+        from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+        env = self.make_env() if env is None else env
+        return make_actor_critic_for_env(env, self.kind, nnx.Rngs(int(self.seed)), **self.kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form (what :meth:`from_dict` reads)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "network spec") -> "NetworkSpec":
+        """Rebuild from :meth:`to_dict`'s form; a ValueError names ``where``
+        when ``data`` does not describe a network."""
+        if not isinstance(data, dict) or not isinstance(data.get("env"), str):
+            raise ValueError(f"{where} does not describe how to rebuild the network (expected a dict "
+                             f"with 'env', 'kind', 'kwargs', 'seed'), got {data!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def load_network(directory: str | os.PathLike, network: Any = None):
+    """Load a trained network for inference from the latest checkpoint in
+    ``directory`` (a run's checkpoint directory or one checkpoint in it).
+
+    Without ``network``, the network is rebuilt from the checkpoint's
+    ``metadata["network"]`` (a :class:`NetworkSpec`, written by ``nnx-ppo
+    train``); with it, its variables are replaced (same architecture). Returns
+    the network in deterministic mode. See
+    :func:`nnx_ppo.algorithms.checkpointing.load_network` for the errors.
+    """
+    from nnx_ppo.algorithms import checkpointing
+
+    if network is None:
+        metadata = checkpointing.load_metadata(directory)
+        spec = metadata.get("network") if isinstance(metadata, dict) else None
+        try:
+            network = NetworkSpec.from_dict(spec, where=f"the metadata of checkpoint {os.fspath(directory)!r}")
+        except ValueError as err:
+            raise ValueError(f"{err}; build the network yourself and pass it as "
+                             "load_network(directory, network=...)") from None
+        network = network.build()
+    return checkpointing.load_network(directory, network)
