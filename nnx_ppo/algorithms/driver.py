@@ -37,14 +37,18 @@ class Health:
     finite_loss: jax.Array
 
     def check(self, iteration: int) -> None:
-        """Raise :class:`NonFiniteError` naming what stopped being finite."""
+        """Raise :class:`NonFiniteError` naming what stopped being finite
+        (and, for flags with a seed axis, which seed indices)."""
         for flag, what, hint in (
             (self.finite_obs, "observations", "check the environment"),
             (self.finite_reward, "rewards", "check the environment"),
             (self.finite_loss, "the loss", "check the learning rate and the network"),
         ):
-            if not bool(flag):
-                raise NonFiniteError(f"non-finite values (NaN or inf) in {what} at iteration {iteration}; {hint}")
+            flag = np.asarray(flag)
+            if not flag.all():
+                where = f" (seed indices {np.flatnonzero(~flag).tolist()})" if flag.ndim else ""
+                raise NonFiniteError(
+                    f"non-finite values (NaN or inf) in {what} at iteration {iteration}{where}; {hint}")
 
 
 @jax.tree_util.register_dataclass
@@ -99,13 +103,18 @@ class DriverResult:
     compile_seconds: float
 
 
-def _host_rows(output: IterationOutput, n: int) -> list[tuple[Health, dict[str, float]]]:
-    """Stacked ``[max_iterations]`` outputs of one call to ``n`` host rows."""
+def _host_value(x: Any) -> Any:
+    """A float for a scalar; a NumPy array for a metric with a seed axis."""
+    return float(x) if np.ndim(x) == 0 else np.asarray(x, np.float64)
+
+
+def _host_rows(output: IterationOutput, n: int) -> list[tuple[Health, dict[str, Any]]]:
+    """Stacked ``[max_iterations, ...]`` outputs of one call to ``n`` host rows."""
     host = jax.device_get(output)
     rows = []
     for i in range(n):
         health = jax.tree.map(lambda x: np.asarray(x)[i], host.health)
-        rows.append((health, {k: float(np.asarray(v)[i]) for k, v in host.metrics.items()}))
+        rows.append((health, {k: _host_value(np.asarray(v)[i]) for k, v in host.metrics.items()}))
     return rows
 
 

@@ -258,14 +258,18 @@ def train_iteration(env, graphdef, optimizer: optax.GradientTransformation, conf
     return next_state, IterationOutput(health=health, metrics=metrics)
 
 
-def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int) -> Callable:
+def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int, batched_seeds: bool = False) -> Callable:
     """Compile up to ``max_iterations`` iterations into one program:
     ``fn(state, n) -> (state, IterationOutput)`` runs ``n <= max_iterations``
     iterations (``n`` is a runtime value, so a shorter last call does not
     recompile); output leaves are ``[max_iterations]``, rows ``>= n`` unused.
+    With ``batched_seeds`` every state leaf has a leading seed axis ``[S, ...]``
+    and the iteration is vmapped over it (outputs ``[max_iterations, S]``).
     The input state's buffers are donated."""
     optimizer = make_optimizer(config)
     iteration = lambda s: train_iteration(env, graphdef, optimizer, config, s)
+    if batched_seeds:
+        iteration = jax.vmap(iteration)
 
     if max_iterations == 1:
         def run(state, n):

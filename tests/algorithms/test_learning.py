@@ -10,24 +10,21 @@ bench/learning_curves.py.
 import dataclasses
 
 import numpy as np
-from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.seeds import train_seeds
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env
-from nnx_ppo.presets import get_preset
+from nnx_ppo.presets import get_preset, network_kwargs
 
 
 def final_returns(make_envs, make_network, config: TrainConfig, seeds) -> list[float]:
-    """Final deterministic evaluation return of one training run per seed."""
-    returns = []
-    for seed in seeds:
-        train_env, eval_env = make_envs()
-        result = train_ppo(train_env, make_network(eval_env, seed), dataclasses.replace(config, seed=seed),
-                           eval_env=eval_env)
-        returns.append(result.eval_history[-1][1]["eval/episode_return"])
-    return returns
+    """Final deterministic evaluation return of one training run per seed
+    (all seeds in one program: ``train_seeds``; each equals its own
+    ``train_ppo`` run up to float rounding, see test_seeds.py)."""
+    train_env, eval_env = make_envs()
+    results = train_seeds(train_env, lambda rngs: make_network(eval_env, rngs), config, seeds, eval_env=eval_env)
+    return [result.eval_history[-1][1]["eval/episode_return"] for result in results]
 
 
 def preset_returns(env: str, network: str, total_steps: int, seeds) -> list[float]:
@@ -40,7 +37,9 @@ def preset_returns(env: str, network: str, total_steps: int, seeds) -> list[floa
         checkpoint_every_steps=None,
         iterations_per_call=25,
     )
-    return final_returns(preset.make_envs, preset.build_network, config, seeds)
+    sizes = network_kwargs(preset.network, preset.hidden_size)
+    build = lambda env, rngs: make_actor_critic_for_env(env, preset.network, rngs, **sizes)
+    return final_returns(preset.make_envs, build, config, seeds)
 
 
 def cue_memory_returns(kind: str, delay: int, rollout_length: int, total_steps: int, seeds) -> list[float]:
@@ -54,8 +53,8 @@ def cue_memory_returns(kind: str, delay: int, rollout_length: int, total_steps: 
         iterations_per_call=10,
     )
 
-    def network(env, seed):
-        return make_actor_critic_for_env(env, kind, nnx.Rngs(seed), **sizes)
+    def network(env, rngs):
+        return make_actor_critic_for_env(env, kind, rngs, **sizes)
 
     return final_returns(lambda: (env, env), network, config, seeds)
 

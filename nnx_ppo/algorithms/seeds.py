@@ -1,0 +1,137 @@
+"""Many seeds in one compiled program.
+
+:func:`train_seeds` builds one network and one training state per seed,
+stacks the states on a leading seed axis ``[S, ...]`` (parameters, optimizer
+state, env states, carries, keys) and runs the PPO iteration vmapped over it,
+through the same compiled iteration and :class:`~nnx_ppo.algorithms.driver.Driver`
+loop as :func:`~nnx_ppo.algorithms.ppo.train_ppo`. Small networks leave a
+CPU's cores idle; batching seeds fills them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from nnx_ppo.algorithms.config import TrainConfig
+from nnx_ppo.algorithms.driver import Driver, Hooks
+from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
+from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
+from nnx_ppo.algorithms.ppo import TrainResult, make_train_fn, new_training_state
+
+__all__ = ["train_seeds", "stack_trees", "seed_slice"]
+
+
+def stack_trees(trees: Sequence[Any]) -> Any:
+    """Stack equally shaped pytrees on a new leading axis (PRNG keys included)."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def seed_slice(tree: Any, index: int) -> Any:
+    """The ``index``-th entry of every leaf's leading (seed) axis."""
+    return jax.tree.map(lambda x: x[index], tree)
+
+
+def _per_seed(row: dict[str, Any], index: int) -> dict[str, float]:
+    return {k: float(v[index]) if np.ndim(v) else float(v) for k, v in row.items()}
+
+
+def _eval_hook(config: TrainConfig, network, eval_env, seeds: list[int]) -> Callable[[Any, int], dict]:
+    """Every seed evaluated in ``network``'s eval mode, vmapped; a seed's key
+    is the one :func:`train_ppo` uses for that seed."""
+    graphdef = NetworkFn.of(network, config.eval.deterministic).graphdef
+    ev = config.eval
+
+    @jax.jit
+    def evaluate(params, rest, keys):
+        one = lambda p, r, k: episode_metrics(run_episodes(eval_env, NetworkFn(graphdef, p, r), k, ev.n_envs,
+                                                           ev.max_episode_length))
+        return jax.vmap(one)(params, rest, keys)
+
+    def hook(state, steps: int) -> dict[str, np.ndarray]:
+        keys = jnp.stack([jax.random.fold_in(jax.random.key(s + 1), steps) for s in seeds])
+        return {k: np.asarray(v, np.float64) for k, v in evaluate(state.params, state.rest, keys).items()}
+
+    return hook
+
+
+def train_seeds(
+    env,
+    make_network: Callable[[nnx.Rngs], Any],
+    config: TrainConfig,
+    seeds: Sequence[int],
+    *,
+    log_fn: Callable[[dict[str, float], int, int], None] | None = None,
+    eval_env=None,
+) -> list[TrainResult]:
+    """Train one network per seed, all seeds in one compiled program.
+
+    Args:
+      env: the training env.
+      make_network: ``make_network(nnx.Rngs(seed))`` builds one seed's network;
+        every seed must get the same architecture.
+      config: the :class:`TrainConfig`; its ``seed`` is replaced by each seed.
+      seeds: the seeds (at least one).
+      log_fn: called as ``log_fn(metrics, env_steps, seed)`` for every
+        iteration and evaluation of every seed.
+      eval_env: env for evaluation (default ``env``).
+
+    Returns one :class:`TrainResult` per seed, in order; the result for seed
+    ``s`` matches ``train_ppo(env, make_network(nnx.Rngs(s)),
+    dataclasses.replace(config, seed=s))`` up to float rounding (vmapped
+    matrix products may round differently). The networks built by
+    ``make_network`` are trained in place but not returned; take a seed's
+    parameters from its result's ``state``.
+    """
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ValueError("train_seeds: seeds must name at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"train_seeds: seeds must be distinct, got {seeds}")
+    networks = [make_network(nnx.Rngs(s)) for s in seeds]
+    graphdef = NetworkFn.of(networks[0], deterministic=False).graphdef
+    for s, net in zip(seeds[1:], networks[1:]):
+        if NetworkFn.of(net, deterministic=False).graphdef != graphdef:
+            raise ValueError(f"train_seeds: make_network(nnx.Rngs({s})) built a network whose structure differs "
+                             f"from seed {seeds[0]}'s; every seed must build the same architecture")
+    states = [new_training_state(env, net, dataclasses.replace(config, seed=s)) for s, net in zip(seeds, networks)]
+    ppo = config.ppo
+
+    def log(row: dict[str, Any], steps: int) -> None:
+        for i, s in enumerate(seeds):
+            log_fn(_per_seed(row, i), steps, s)
+
+    driver = Driver(
+        make_train_fn(env, graphdef, ppo, config.iterations_per_call, batched_seeds=True),
+        donatable(stack_trees(states)),
+        start_iteration=0, total_iterations=ppo.n_iterations, iterations_per_call=config.iterations_per_call,
+        steps_per_iteration=ppo.steps_per_iteration,
+        hooks=Hooks(log=log if log_fn is not None else None,
+                    evaluate=_eval_hook(config, networks[0], env if eval_env is None else eval_env, seeds)
+                    if config.eval.enabled else None,
+                    eval_every_steps=config.eval.every_steps),
+    )
+    try:
+        result = driver.run()
+    finally:
+        latest = (driver.state.params, driver.state.rest)
+        if not any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(latest)):
+            for i, net in enumerate(networks):
+                nnx.update(net, *jax.tree.map(copy_leaf, seed_slice(latest, i)))
+    return [
+        TrainResult(
+            state=seed_slice(result.state, i),
+            metrics=_per_seed(result.metrics, i),
+            eval_history=[(steps, _per_seed(row, i)) for steps, row in result.eval_history],
+            total_steps=result.iterations * ppo.steps_per_iteration,
+            total_iterations=result.iterations,
+            compile_seconds=result.compile_seconds,
+        )
+        for i in range(len(seeds))
+    ]
