@@ -43,6 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from nnx_ppo.algorithms.checkpoint_layout import as_item, check_layout_matches, describe_leaves, leaf_name, sections_of
+
 __all__ = [
     "CheckpointError",
     "COMMIT_MARKER",
@@ -76,76 +78,6 @@ _LATER_FIELDS = ("return_stats",)
 
 class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be read (corrupt, truncated or not a checkpoint)."""
-
-
-# --------------------------------------------------------------------------- leaves
-
-
-def _entry_name(entry: Any) -> str:
-    if isinstance(entry, jax.tree_util.DictKey):
-        return str(entry.key)
-    if isinstance(entry, jax.tree_util.SequenceKey):
-        return str(entry.idx)
-    if isinstance(entry, jax.tree_util.GetAttrKey):
-        return entry.name
-    if isinstance(entry, jax.tree_util.FlattenedIndexKey):
-        return str(entry.key)
-    return str(entry)
-
-
-def _path_name(prefix: str, path: tuple) -> str:
-    """``params/layers/0/kernel``: a readable name of a leaf (no trailing ``.value``)."""
-    names = [_entry_name(e) for e in path]
-    if names and names[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
-        names = names[:-1]
-    return "/".join([prefix, *names])
-
-
-def _is_key(leaf: Any) -> bool:
-    dtype = getattr(leaf, "dtype", None)
-    return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def _key_impl_name(leaf: Any) -> str:
-    return str(jax.random.key_impl(leaf))
-
-
-def _describe(prefix: str, tree: Any) -> tuple[list[dict], list[Any], Any]:
-    """Flatten one section: ``(layout entries, storable arrays, treedef)``.
-
-    Keys are replaced by their key data; every leaf becomes an array.
-    """
-    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    entries, arrays = [], []
-    for path, leaf in flat:
-        impl = None
-        if _is_key(leaf):
-            impl = _key_impl_name(leaf)
-            leaf = jax.random.key_data(leaf)
-        elif not isinstance(leaf, jax.Array):
-            leaf = jnp.asarray(leaf)
-        entries.append({
-            "path": _path_name(prefix, path),
-            "shape": list(leaf.shape),
-            "dtype": str(leaf.dtype),
-            "key_impl": impl,
-        })
-        arrays.append(leaf)
-    return entries, arrays, treedef
-
-
-def _leaf_name(i: int) -> str:
-    return f"leaf_{i:05d}"
-
-
-def _as_item(arrays: list[Any]) -> dict[str, Any]:
-    """The arrays orbax writes; zero-size arrays (orbax refuses them, e.g. an
-    MJX state's empty contact buffers) live in the layout only."""
-    return {_leaf_name(i): a for i, a in enumerate(arrays) if math.prod(a.shape) > 0}
-
-
-def _sections(state: Any, fields: tuple[str, ...]) -> dict[str, Any]:
-    return {name: getattr(state, name) for name in fields}
 
 
 # --------------------------------------------------------------------------- finding checkpoints
@@ -228,6 +160,10 @@ def save_training_state(
 ) -> pathlib.Path:
     """Save the whole training state as ``directory/step_<step:012d>/``.
 
+    (About 65 lines: writing to a temporary sibling, the two orbax items,
+    the JSON files, the commit marker, the rename and the pruning form one
+    crash-safe sequence, kept in one place on purpose.)
+
     Args:
       directory: the run directory (created if missing).
       state: a :class:`~nnx_ppo.algorithms.ppo.TrainingState`.
@@ -259,10 +195,10 @@ def save_training_state(
     items: dict[str, dict[str, Any]] = {}
     for item_name, fields in (("network", _NETWORK_FIELDS), ("training", _TRAINING_FIELDS)):
         item = {}
-        for name, tree in _sections(state, fields).items():
-            entries, arrays, _ = _describe(name, tree)
+        for name, tree in sections_of(state, fields).items():
+            entries, arrays, _ = describe_leaves(name, tree)
             layout["sections"][name] = entries
-            item[name] = _as_item(arrays)
+            item[name] = as_item(arrays)
         items[item_name] = item
 
     root = pathlib.Path(directory)
@@ -321,61 +257,7 @@ def _read_layout(path: pathlib.Path) -> dict[str, list[dict]]:
     return layout["sections"]
 
 
-def _what(section: str) -> str:
-    return {
-        "params": "network parameters",
-        "rest": "network variables (normalizer statistics, RNG streams)",
-        "opt_state": "optimizer state",
-        "rollout": "env states / network carries",
-        "key": "training key",
-        "iteration": "iteration counter",
-    }.get(section, section)
-
-
-def _hint(section: str) -> str:
-    if section == "rollout":
-        return " (another env or n_envs?)"
-    if section in ("params", "rest", "opt_state"):
-        return " (a network of another architecture?)"
-    return ""
-
-
-def _check_matches(path: pathlib.Path, section: str, saved: list[dict], expected: list[dict]) -> None:
-    """Raise ValueError naming the first leaf whose path, shape, dtype or key impl differ."""
-    saved_by_path = {e["path"]: e for e in saved}
-    expected_paths = {e["path"] for e in expected}
-    where = f"checkpoint {str(path)!r} does not match the template's {_what(section)}"
-    for want in expected:
-        have = saved_by_path.get(want["path"])
-        if have is None:
-            raise ValueError(
-                f"{where}: variable {want['path']} (shape {tuple(want['shape'])}) is not in the checkpoint; "
-                "was it saved from a network of another architecture?"
-            )
-        if list(have["shape"]) != list(want["shape"]):
-            raise ValueError(
-                f"{where}: variable {want['path']} has shape {tuple(have['shape'])} in the checkpoint "
-                f"but shape {tuple(want['shape'])} in the template{_hint(section)}"
-            )
-        if have["dtype"] != want["dtype"] or have.get("key_impl") != want.get("key_impl"):
-            saved_kind = have.get("key_impl") or have["dtype"]
-            want_kind = want.get("key_impl") or want["dtype"]
-            raise ValueError(
-                f"{where}: variable {want['path']} has dtype {saved_kind} in the checkpoint but "
-                f"{want_kind} in the template"
-            )
-    for have in saved:
-        if have["path"] not in expected_paths:
-            raise ValueError(
-                f"{where}: the checkpoint has variable {have['path']} (shape {tuple(have['shape'])}) "
-                "that the template lacks; was it saved from a network of another architecture?"
-            )
-    # Same set of paths: the leaf order must agree too (it does for equal tree structures).
-    if [e["path"] for e in saved] != [e["path"] for e in expected]:
-        raise ValueError(f"{where}: the variables are stored in another order (a different tree structure)")
-
-
-def _restore_sections(path: pathlib.Path, item_name: str, sections: dict[str, Any],
+def _restoresections_of(path: pathlib.Path, item_name: str, sections: dict[str, Any],
                       saved_layout: dict[str, list[dict]]) -> dict[str, Any]:
     """Check ``sections`` (name -> template tree) against the layout, read the
     orbax item and rebuild each tree with the template's structure."""
@@ -383,14 +265,14 @@ def _restore_sections(path: pathlib.Path, item_name: str, sections: dict[str, An
 
     prepared = {}
     for name, tree in sections.items():
-        entries, arrays, treedef = _describe(name, tree)
+        entries, arrays, treedef = describe_leaves(name, tree)
         if name not in saved_layout:
             raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {_LAYOUT_FILE} lacks the {name!r} section")
-        _check_matches(path, name, saved_layout[name], entries)
+        check_layout_matches(path, name, saved_layout[name], entries)
         prepared[name] = (entries, arrays, treedef, jax.tree.leaves(tree))
 
     target = {
-        name: _as_item([jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays])
+        name: as_item([jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays])
         for name, (_, arrays, _, _) in prepared.items()
     }
     try:
@@ -408,7 +290,7 @@ def _restore_sections(path: pathlib.Path, item_name: str, sections: dict[str, An
             if math.prod(entry["shape"]) == 0:
                 value = jnp.zeros(entry["shape"], entry["dtype"])
             else:
-                value = restored[name][_leaf_name(i)]
+                value = restored[name][leaf_name(i)]
             if tuple(value.shape) != tuple(entry["shape"]) or str(value.dtype) != entry["dtype"]:
                 raise CheckpointError(
                     f"checkpoint {str(path)!r} is corrupt: {entry['path']} was read with shape "
@@ -447,9 +329,9 @@ def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
     path = _resolve(directory)
     layout = _read_layout(path)
     values = {}
-    values.update(_restore_sections(path, "network", _sections(template, _NETWORK_FIELDS), layout))
+    values.update(_restoresections_of(path, "network", sections_of(template, _NETWORK_FIELDS), layout))
     training = [f for f in _TRAINING_FIELDS if f in layout or f not in _LATER_FIELDS]
-    values.update(_restore_sections(path, "training", _sections(template, tuple(training)), layout))
+    values.update(_restoresections_of(path, "training", sections_of(template, tuple(training)), layout))
     return dataclasses.replace(template, **values)
 
 
@@ -507,7 +389,7 @@ def load_network(directory: str | os.PathLike, network: Any):
     path = _resolve(directory)
     layout = _read_layout(path)
     _, params, rest = nnx.split(network, nnx.Param, ...)
-    values = _restore_sections(path, "network", {"params": params, "rest": rest}, layout)
+    values = _restoresections_of(path, "network", {"params": params, "rest": rest}, layout)
     nnx.update(network, values["params"], values["rest"])
     network.eval()
     return network

@@ -25,6 +25,7 @@ from nnx_ppo.algorithms.driver import Driver, Health, Hooks, IterationOutput, No
 from nnx_ppo.algorithms.evaluation import evaluate, make_eval_fn
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
 from nnx_ppo.algorithms.gae import trajectory_gae
+from nnx_ppo.algorithms.network_checks import check_network_matches_env
 from nnx_ppo.algorithms.losses import Minibatch, ppo_loss, split_minibatches
 from nnx_ppo.algorithms.reward_scaling import (
     ReturnStatistics,
@@ -33,7 +34,6 @@ from nnx_ppo.algorithms.reward_scaling import (
     update_return_statistics,
 )
 from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout, sum_leaves
-from nnx_ppo.envs.validation import check_actions, check_env_structure
 
 __all__ = [
     "TrainingState",
@@ -107,32 +107,6 @@ def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(config.gradient_clipping), adam)
 
 
-def _check_network_matches_env(env, network, config: PPOConfig) -> None:
-    """Fail early, with names, when the network's value output does not match
-    the reward structure or its outputs have the wrong batch shape."""
-    B = config.n_envs
-    env_state = jax.eval_shape(lambda k: jax.vmap(env.reset)(jax.random.split(k, B)), jax.random.key(0))
-
-    def forward(net: NetworkFn, obs):
-        carry, net = net.initialize(B)
-        return net.apply(carry, obs)[0].output
-
-    out = jax.eval_shape(forward, NetworkFn.of(network), env_state.obs)
-    check_env_structure(env, B, actions=out.actions)
-    reward_tree = jax.tree.structure(env_state.reward)
-    value_tree = jax.tree.structure(out.value_estimates)
-    if reward_tree != value_tree:
-        raise ValueError(
-            f"the network's value_estimates have structure {value_tree} but the env's rewards have "
-            f"structure {reward_tree}; give the value port one head per reward key"
-        )
-    for name, tree in (("value_estimates", out.value_estimates), ("loglikelihoods", out.loglikelihoods)):
-        for leaf in jax.tree.leaves(tree):
-            if leaf.shape != (B,):
-                raise ValueError(f"the network's {name} have shape {leaf.shape}, expected ({B},) = (n_envs,)")
-    check_actions(env, out.actions, B)
-
-
 def new_training_state(env, network, config: TrainConfig) -> TrainingState:
     """Initial training state: resets ``config.ppo.n_envs`` envs (and
     de-synchronizes their time limits where the env asks for it, see
@@ -140,7 +114,7 @@ def new_training_state(env, network, config: TrainConfig) -> TrainingState:
     carry and the optimizer. Works on copies: ``network`` is not modified,
     and training never donates its arrays."""
     ppo = config.ppo
-    _check_network_matches_env(env, network, ppo)
+    check_network_matches_env(env, network, ppo)
     key = jax.random.key(config.seed)
     key, reset_key, sync_key = jax.random.split(key, 3)
 

@@ -150,8 +150,44 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
 
 
-def _vmapped_reset(env, key, n):
-    return jax.vmap(env.reset)(jax.random.split(key, n))
+def _reset_ended(env, done: jax.Array, stepped: Any, key: jax.Array) -> Any:
+    """Env states ``[B, ...]`` with the ended envs (``done``) reset; the
+    reset runs only on steps where some env ended."""
+    n = done.shape[0]
+    fresh = lambda: jax.vmap(env.reset)(jax.random.split(key, n))
+    return jax.lax.cond(jnp.any(done), lambda: select_where(done, fresh(), stepped), lambda: stepped)
+
+
+def _truncation_values(network: NetworkFn, carry: Any, final_obs: Any, truncated: jax.Array,
+                       zero_values: Any, enabled: bool) -> Any:
+    """Values ``[B]`` of the true final observations where a time limit
+    truncated the episode (zeros elsewhere, and when ``enabled`` is off).
+    Only steps where some env was truncated pay for the forward pass."""
+    if not enabled:
+        return zero_values
+    return jax.lax.cond(
+        jnp.any(truncated > 0),
+        lambda n, c, o: n.apply(c, o)[0].output.value_estimates,
+        lambda *_: zero_values,
+        network, carry, final_obs,
+    )
+
+
+def _episode_step(state: "RolloutState", reward: jax.Array, done: jax.Array, stepped_obs: Any,
+                  next_obs: Any) -> tuple[RolloutStats, jax.Array, jax.Array]:
+    """One step of episode bookkeeping: this step's :class:`RolloutStats`
+    and the running returns and lengths ``[B]`` (zeroed where episodes ended)."""
+    ep_return = state.episode_return + reward
+    ep_length = state.episode_length + 1
+    donef = done.astype(jnp.float32)
+    stats = RolloutStats(
+        completed_episodes=jnp.sum(donef),
+        completed_return_sum=jnp.sum(ep_return * donef),
+        completed_length_sum=jnp.sum(ep_length.astype(jnp.float32) * donef),
+        finite_reward=jnp.all(jnp.isfinite(reward)),
+        finite_obs=_all_finite(stepped_obs) & _all_finite(next_obs),
+    )
+    return stats, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length)
 
 
 def collect_rollout(
@@ -178,49 +214,15 @@ def collect_rollout(
         stepped = jax.vmap(env.step)(rs.env_state, net_out.actions)
         done = stepped.done > 0
         truncated = stepped.info["truncated"].astype(jnp.float32) * done
-        terminated = done.astype(jnp.float32) * (1.0 - truncated)
-
-        zero_values = jax.tree.map(jnp.zeros_like, net_out.value_estimates)
-        if bootstrap_on_truncation:
-            # Only steps where some env was truncated pay for this forward pass.
-            final_values = jax.lax.cond(
-                jnp.any(truncated > 0),
-                lambda n, c, o: n.apply(c, o)[0].output.value_estimates,
-                lambda *_: zero_values,
-                net, out.next_state, stepped.obs,
-            )
-        else:
-            final_values = zero_values
-
-        reset_key, _ = jax.random.split(step_key)
-        n = done.shape[0]
-        env_state = jax.lax.cond(
-            jnp.any(done),
-            lambda: select_where(done, _vmapped_reset(env, reset_key, n), stepped),
-            lambda: stepped,
-        )
+        final_values = _truncation_values(net, out.next_state, stepped.obs, truncated,
+                                          jax.tree.map(jnp.zeros_like, net_out.value_estimates),
+                                          bootstrap_on_truncation)
+        env_state = _reset_ended(env, done, stepped, jax.random.split(step_key)[0])
         fresh_carry, net = net.reset(out.next_state)
-        next_carry = select_where(done, fresh_carry, out.next_state)
-
-        reward = sum_leaves(stepped.reward)
-        ep_return = rs.episode_return + reward
-        ep_length = rs.episode_length + 1
-        donef = done.astype(jnp.float32)
-        step_stats = RolloutStats(
-            completed_episodes=jnp.sum(donef),
-            completed_return_sum=jnp.sum(ep_return * donef),
-            completed_length_sum=jnp.sum(ep_length.astype(jnp.float32) * donef),
-            finite_reward=jnp.all(jnp.isfinite(reward)),
-            finite_obs=_all_finite(stepped.obs) & _all_finite(env_state.obs),
-        )
-        env_metrics = {f"env/{k}": jnp.mean(v) for k, v in stepped.metrics.items()}
-        next_rs = RolloutState(
-            env_state=env_state,
-            carry=next_carry,
-            episode_return=jnp.where(done, 0.0, ep_return),
-            episode_length=jnp.where(done, 0, ep_length),
-            fresh=done,
-        )
+        step_stats, ep_return, ep_length = _episode_step(rs, sum_leaves(stepped.reward), done, stepped.obs,
+                                                         env_state.obs)
+        next_rs = RolloutState(env_state=env_state, carry=select_where(done, fresh_carry, out.next_state),
+                               episode_return=ep_return, episode_length=ep_length, fresh=done)
         record = dict(
             obs=obs,
             carry=rs.carry,
@@ -230,10 +232,11 @@ def collect_rollout(
             loglikelihoods=net_out.loglikelihoods,
             values=net_out.value_estimates,
             rewards=stepped.reward,
-            terminated=terminated,
+            terminated=done.astype(jnp.float32) * (1.0 - truncated),
             truncated=truncated,
             final_values=final_values,
         )
+        env_metrics = {f"env/{k}": jnp.mean(v) for k, v in stepped.metrics.items()}
         return (net, next_rs), (record, step_stats, env_metrics, out.metrics)
 
     keys = jax.random.split(key, rollout_length)

@@ -157,7 +157,11 @@ def _summary(result, elapsed: float, stopped: bool, run_dir: Path) -> None:
 
 
 def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) -> int:
-    """``nnx-ppo train``: returns the exit code (0 done or stopped, 1 failed, 130 aborted)."""
+    """``nnx-ppo train``: returns the exit code (0 done or stopped, 1 failed, 130 aborted).
+
+    (About 70 lines: the steps are named helpers; what stays here is the
+    order of the run and the one ``try`` that turns every way training can
+    end into an exit code with the run directory intact.)"""
     from nnx_ppo.algorithms.ppo import NonFiniteError, new_training_state, train_ppo
 
     resuming = cmd.resume is not None

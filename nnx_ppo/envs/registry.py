@@ -91,45 +91,52 @@ def make(spec: str, **kwargs) -> RLEnv:
             f"{', '.join(p + ':' for p in _PREFIXES)}. Available: {', '.join(list_envs())}"
         )
 
-    if prefix == "gymnax":
-        import gymnax
+    build = {"gymnax": _make_gymnax, "playground": _make_playground, "brax": _make_brax}[prefix]
+    return build(spec, name, kwargs, random_initial_steps, random_reset_steps)
 
-        from nnx_ppo.envs.adapters import GymnaxEnv
 
-        if name not in gymnax.registered_envs:
-            raise ValueError(
-                f"Unknown environment {spec!r}: gymnax has no {name!r}. "
-                f"Available gymnax envs: {', '.join(gymnax.registered_envs)}"
-            )
-        episode_length = kwargs.pop("episode_length", None)
-        if episode_length is not None:
-            kwargs["max_steps_in_episode"] = int(episode_length)
-        env = GymnaxEnv(name, **kwargs)
-        if not (random_initial_steps or random_reset_steps):
-            return env
-        return TimeLimit(env, int(env.params.max_steps_in_episode), random_initial_steps, random_reset_steps)
+def _make_gymnax(spec: str, name: str, kwargs: dict, random_initial_steps: bool, random_reset_steps: int) -> RLEnv:
+    import gymnax
 
-    if prefix == "playground":
-        try:
-            from mujoco_playground import registry as pg_registry
-        except ImportError as e:
-            raise _missing("playground", "mujoco_playground", e) from e
-        from nnx_ppo.envs.adapters import PlaygroundEnv
+    from nnx_ppo.envs.adapters import GymnaxEnv
 
-        if name not in pg_registry.ALL_ENVS:
-            raise ValueError(
-                f"Unknown environment {spec!r}: MuJoCo Playground has no {name!r}. "
-                f"Available: {', '.join(pg_registry.ALL_ENVS)}"
-            )
-        episode_length = kwargs.pop("episode_length", None)
-        overrides = {"impl": "jax", **kwargs}
-        pg_env = pg_registry.load(name, config_overrides=overrides)
-        if episode_length is None:
-            cfg = getattr(pg_env, "_config", None)
-            episode_length = cfg.get("episode_length", 1000) if cfg is not None and hasattr(cfg, "get") else 1000
-        return TimeLimit(PlaygroundEnv(pg_env, name), int(episode_length), random_initial_steps, random_reset_steps)
+    if name not in gymnax.registered_envs:
+        raise ValueError(
+            f"Unknown environment {spec!r}: gymnax has no {name!r}. "
+            f"Available gymnax envs: {', '.join(gymnax.registered_envs)}"
+        )
+    episode_length = kwargs.pop("episode_length", None)
+    if episode_length is not None:
+        kwargs["max_steps_in_episode"] = int(episode_length)
+    env = GymnaxEnv(name, **kwargs)
+    if not (random_initial_steps or random_reset_steps):
+        return env
+    return TimeLimit(env, int(env.params.max_steps_in_episode), random_initial_steps, random_reset_steps)
 
-    # brax
+
+def _make_playground(spec: str, name: str, kwargs: dict, random_initial_steps: bool,
+                     random_reset_steps: int) -> RLEnv:
+    try:
+        from mujoco_playground import registry as pg_registry
+    except ImportError as e:
+        raise _missing("playground", "mujoco_playground", e) from e
+    from nnx_ppo.envs.adapters import PlaygroundEnv
+
+    if name not in pg_registry.ALL_ENVS:
+        raise ValueError(
+            f"Unknown environment {spec!r}: MuJoCo Playground has no {name!r}. "
+            f"Available: {', '.join(pg_registry.ALL_ENVS)}"
+        )
+    episode_length = kwargs.pop("episode_length", None)
+    overrides = {"impl": "jax", **kwargs}
+    pg_env = pg_registry.load(name, config_overrides=overrides)
+    if episode_length is None:
+        cfg = getattr(pg_env, "_config", None)
+        episode_length = cfg.get("episode_length", 1000) if cfg is not None and hasattr(cfg, "get") else 1000
+    return TimeLimit(PlaygroundEnv(pg_env, name), int(episode_length), random_initial_steps, random_reset_steps)
+
+
+def _make_brax(spec: str, name: str, kwargs: dict, random_initial_steps: bool, random_reset_steps: int) -> RLEnv:
     try:
         import brax.envs as brax_envs
     except ImportError as e:
@@ -141,7 +148,5 @@ def make(spec: str, **kwargs) -> RLEnv:
             f"Unknown environment {spec!r}: brax has no {name!r}. Available: {', '.join(sorted(brax_envs._envs))}"
         )
     episode_length = kwargs.pop("episode_length", 1000)
-    return TimeLimit(
-        BraxEnv(brax_envs.get_environment(name, **kwargs), name), int(episode_length), random_initial_steps,
-        random_reset_steps,
-    )
+    env = BraxEnv(brax_envs.get_environment(name, **kwargs), name)
+    return TimeLimit(env, int(episode_length), random_initial_steps, random_reset_steps)

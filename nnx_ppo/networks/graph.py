@@ -176,6 +176,9 @@ class PopulationGraph(StatefulModule):
     def finalize(self) -> PopulationGraph:
         """Validate the wiring, build default transforms and fix the step order.
 
+        (About 70 lines: one check per kind of wiring mistake, each with its
+        own named error, in the order a user would fix them.)
+
         Raises ``ValueError`` for duplicate population/connection/output names,
         unknown population names, a transform whose ``in_features`` /
         ``out_features`` disagree with the population sizes, a non-input
@@ -356,6 +359,10 @@ class PopulationGraph(StatefulModule):
             self.transforms[c.name].update_statistics(child_extras(rollout_extras, c.name))
 
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
+        """One step of every population in the fixed order (see the class
+        docstring). Kept as one function (about 60 lines) because the step
+        order, the delay buffers and the transforms' carries are read and
+        written in one pass that is easiest to check top to bottom."""
         self._require_finalized("calling the graph")
         inputs = self._read_inputs(x)
         batch = next(iter(inputs.values())).shape[0]
