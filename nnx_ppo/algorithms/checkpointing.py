@@ -93,7 +93,7 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, pathlib.Pa
     Directories without the ``COMMITTED`` marker and temporary directories of
     unfinished writes are skipped. A missing directory gives ``[]``.
     """
-    root = pathlib.Path(directory)
+    root = pathlib.Path(directory).absolute()  # orbax needs absolute paths
     if not root.is_dir():
         return []
     found = []
@@ -107,7 +107,7 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, pathlib.Pa
 def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
     """The newest complete checkpoint in ``directory`` (a run directory), or
     ``directory`` itself when it is a complete checkpoint; ``None`` if there is none."""
-    root = pathlib.Path(directory)
+    root = pathlib.Path(directory).absolute()  # relative paths are resolved against the working directory
     if root.is_dir() and _is_complete(root):
         return root
     found = list_checkpoints(root)
@@ -115,8 +115,9 @@ def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
 
 
 def _resolve(directory: str | os.PathLike) -> pathlib.Path:
-    """:func:`latest_checkpoint` or a FileNotFoundError explaining why there is none."""
-    root = pathlib.Path(directory)
+    """:func:`latest_checkpoint` (as an absolute path) or a FileNotFoundError
+    explaining why there is none."""
+    root = pathlib.Path(directory).absolute()
     if not root.exists():
         raise FileNotFoundError(f"checkpoint directory {str(root)!r} does not exist")
     if not root.is_dir():
@@ -201,7 +202,7 @@ def save_training_state(
             item[name] = as_item(arrays)
         items[item_name] = item
 
-    root = pathlib.Path(directory)
+    root = pathlib.Path(directory).absolute()  # relative paths are resolved against the working directory
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:012d}"
     tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"

@@ -74,6 +74,9 @@ class Hooks:
         ``checkpoint_every_steps`` and once at the end (if not just saved).
       checkpoint_every_steps: env steps between checkpoints (None: only at the end).
       should_stop: polled after every call; True ends training early.
+      snapshot: ``snapshot(state) -> copy`` of what must survive a failure
+        (e.g. the parameters), taken before every call while the state is
+        known to be finite; kept as ``Driver.last_finite``.
     """
 
     log: Callable[[dict[str, float], int], None] | None = None
@@ -82,6 +85,7 @@ class Hooks:
     checkpoint: Callable[[Any, int], None] | None = None
     checkpoint_every_steps: int | None = None
     should_stop: Callable[[], bool] | None = None
+    snapshot: Callable[[Any], Any] | None = None
 
 
 @dataclasses.dataclass
@@ -122,7 +126,10 @@ class Driver:
     """Run a compiled ``train_fn(state, n)`` until ``total_iterations`` are done.
 
     ``driver.state`` is always the latest state (also after an exception or
-    an interrupt between calls), so the caller can keep what was trained.
+    an interrupt between calls), so the caller can keep what was trained;
+    with a ``snapshot`` hook, ``driver.last_finite`` holds the snapshot of the
+    state before the latest call and ``driver.last_finite_iteration`` its
+    iteration (after a :class:`NonFiniteError`, the last finite state).
 
     Args:
       train_fn: compiled ``fn(state, n) -> (state, IterationOutput)`` with
@@ -145,6 +152,8 @@ class Driver:
         self.iterations_per_call = iterations_per_call
         self.steps_per_iteration = steps_per_iteration
         self.hooks = hooks
+        self.last_finite: Any = None
+        self.last_finite_iteration = start_iteration
 
     @property
     def steps(self) -> int:
@@ -162,6 +171,8 @@ class Driver:
         tick = time.perf_counter()
         while self.iteration < self.total_iterations:
             n = min(self.iterations_per_call, self.total_iterations - self.iteration)
+            if hooks.snapshot is not None:
+                self.last_finite, self.last_finite_iteration = hooks.snapshot(self.state), self.iteration
             t0 = time.perf_counter()
             self.state, output = self.train_fn(self.state, jnp.asarray(n, jnp.int32))
             rows = _host_rows(output, n)

@@ -11,6 +11,24 @@ from nnx_ppo.envs.validation import check_actions, check_env_structure
 __all__ = ["check_network_matches_env"]
 
 
+def _check_carry(what: str, initial, other) -> None:
+    """The carry keeps its tree, shapes and dtypes from step to step (the
+    rollout scans it); a ValueError names the first leaf that changes."""
+    if jax.tree.structure(initial) != jax.tree.structure(other):
+        raise ValueError(
+            f"the network's carry changes structure: initialize_state gives {jax.tree.structure(initial)}, "
+            f"{what} is {jax.tree.structure(other)}; a module must return a carry like the one it was given "
+            "(see docs/custom_modules.md)"
+        )
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(initial), jax.tree.leaves(other)):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(
+                f"the network's carry leaf {jax.tree_util.keystr(path)} is {a.shape} {a.dtype} from "
+                f"initialize_state but {b.shape} {b.dtype} in {what}; a module must keep its carry's shapes and "
+                "dtypes from step to step (see docs/custom_modules.md)"
+            )
+
+
 def check_network_matches_env(env, network, config: PPOConfig) -> None:
     """Fail early, with names, when the network's value output does not match
     the reward structure or its outputs have the wrong batch shape."""
@@ -19,9 +37,13 @@ def check_network_matches_env(env, network, config: PPOConfig) -> None:
 
     def forward(net: NetworkFn, obs):
         carry, net = net.initialize(B)
-        return net.apply(carry, obs)[0].output
+        step, net = net.apply(carry, obs)
+        reset, _ = net.reset(step.next_state)
+        return carry, step.next_state, reset, step.output
 
-    out = jax.eval_shape(forward, NetworkFn.of(network), env_state.obs)
+    carry, next_carry, reset_carry, out = jax.eval_shape(forward, NetworkFn.of(network), env_state.obs)
+    _check_carry("__call__'s next_state", carry, next_carry)
+    _check_carry("reset_state's carry", carry, reset_carry)
     check_env_structure(env, B, actions=out.actions)
     reward_tree = jax.tree.structure(env_state.reward)
     value_tree = jax.tree.structure(out.value_estimates)

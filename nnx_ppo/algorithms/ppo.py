@@ -268,9 +268,19 @@ def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int, batched
 
 def _resume(resume_from: str, checkpoint_dir: str | None, state: TrainingState, ppo: PPOConfig) -> TrainingState:
     """Restore ``state`` from ``resume_from``; warn when the directory also
-    holds checkpoints later than the one resumed from."""
+    holds checkpoints later than the one resumed from. A change of ``n_envs``
+    or ``rollout_length`` (the size of an iteration) is refused before
+    anything is read or written."""
     from nnx_ppo.algorithms import checkpointing
 
+    saved = checkpointing.load_config(resume_from).ppo
+    for name in ("n_envs", "rollout_length"):
+        if getattr(saved, name) != getattr(ppo, name):
+            raise ValueError(
+                f"cannot resume with PPOConfig.{name}={getattr(ppo, name)}: the checkpoint in {str(resume_from)!r} "
+                f"was trained with {name}={getattr(saved, name)} (its iteration count is in iterations of "
+                f"{saved.steps_per_iteration} env steps); keep {name}, or start a new run from its network"
+            )
     state = checkpointing.restore_training_state(resume_from, state)
     steps = int(state.iteration) * ppo.steps_per_iteration
     newer = [s for s, _ in checkpointing.list_checkpoints(checkpoint_dir or resume_from) if s > steps]
@@ -282,6 +292,11 @@ def _resume(resume_from: str, checkpoint_dir: str | None, state: TrainingState, 
             stacklevel=3,
         )
     return state
+
+
+def _all_finite(tree: Any) -> bool:
+    """No float leaf of ``tree`` holds NaN or inf (host check)."""
+    return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact))
 
 
 def _eval_hook(config: TrainConfig, network, eval_env) -> Callable[[TrainingState, int], dict[str, float]]:
@@ -346,7 +361,8 @@ def train_ppo(
 
     Raises:
       NonFiniteError: NaN/inf in rewards, observations or the loss, at the
-        iteration where it happened.
+        iteration where it happened; the network then holds the last finite
+        parameters (from before the compiled call that failed).
     """
     ppo = config.ppo
     if state is None:
@@ -366,15 +382,23 @@ def train_ppo(
             checkpoint=_checkpoint_hook(config, checkpoint_dir, checkpoint_metadata) if checkpoint_dir else None,
             checkpoint_every_steps=config.checkpoint_every_steps,
             should_stop=should_stop,
+            snapshot=lambda state: jax.tree.map(copy_leaf, (state.params, state.rest)),
         ),
     )
     try:
         result = driver.run()
+    except NonFiniteError as err:
+        # The network gets the last finite parameters, not the NaNs.
+        nnx.update(network, *driver.last_finite)
+        steps = driver.last_finite_iteration * ppo.steps_per_iteration
+        raise NonFiniteError(f"{err}. The network holds the last finite parameters and statistics, from "
+                             f"iteration {driver.last_finite_iteration} ({steps} env steps)") from None
     finally:
-        # The network gets (copies of) the latest state, also when training
-        # stops with an exception; the state itself stays donatable.
+        # Otherwise the network gets (copies of) the latest state, also when
+        # training stops with another exception; the state stays donatable.
         latest = (driver.state.params, driver.state.rest)
-        if not any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(latest)):
+        if not any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(latest)) and (
+                _all_finite(latest)):
             nnx.update(network, *jax.tree.map(copy_leaf, latest))
     return TrainResult(
         state=result.state,

@@ -63,6 +63,7 @@ def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: 
         ("--hidden-size", cmd.hidden_size, saved["network"]["hidden_size"]),
         ("--env-kwargs", env_kwargs, saved.get("env_kwargs", {})),
         ("--ppo.n-envs", cmd.config.ppo.n_envs, saved["config"]["ppo"]["n_envs"]),
+        ("--ppo.rollout-length", cmd.config.ppo.rollout_length, saved["config"]["ppo"]["rollout_length"]),
         ("--reward-scale", cmd.reward_scale, float(saved.get("reward_scale", 1.0))),
         ("--train-env-kwargs", train_env_kwargs, saved.get("train_env_kwargs", {})),
     ):

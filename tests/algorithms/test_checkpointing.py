@@ -1,6 +1,7 @@
 """Checkpointing: round trips, resuming, atomic writes, pruning, inference loading, errors."""
 
 import dataclasses
+import pathlib
 import shutil
 
 import jax
@@ -332,3 +333,36 @@ def test_resuming_an_older_checkpoint_warns_about_newer_ones(trained, tmp_path):
     older = sorted(p for p in branch.iterdir() if p.name.startswith("step_"))[0]
     with pytest.warns(UserWarning, match="later checkpoints"):
         train_ppo(Target(), _noisy_net(), _config(2), resume_from=str(older), checkpoint_dir=str(branch))
+
+
+def test_relative_paths_work_everywhere(tmp_path, monkeypatch):
+    """orbax needs absolute paths; every entry point resolves a relative one
+    against the working directory (the docs' own ``runs/...`` form)."""
+    import nnx_ppo
+
+    monkeypatch.chdir(tmp_path)
+    config = _config(1)
+    state = _small_state(config)
+    saved = save_training_state("runs/rel/checkpoints", state, config, step=16)
+    assert saved.is_absolute() and saved.parent == tmp_path / "runs" / "rel" / "checkpoints"
+    assert latest_checkpoint("runs/rel/checkpoints") == saved
+    restored = restore_training_state("runs/rel/checkpoints", _small_state(config))
+    for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, b)
+    net = nnx_ppo.load_network("runs/rel/checkpoints", network=_noisy_net())
+    for a, b in zip(jax.tree.leaves(nnx.state(net, nnx.Param)), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("field", ["rollout_length", "n_envs"])
+def test_resuming_with_another_iteration_size_is_refused_untouched(trained, field):
+    """The saved iteration count is in iterations of n_envs x rollout_length
+    steps: a change is refused by name before anything is read or written."""
+    run_dir, _, _, _ = trained
+    before = sorted(p.name for p in pathlib.Path(run_dir).rglob("*"))
+    config = _config(4)
+    changed = getattr(config.ppo, field) * 2
+    config = dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, **{field: changed}))
+    with pytest.raises(ValueError, match=f"cannot resume with PPOConfig.{field}={changed}"):
+        train_ppo(Target(), _noisy_net(seed=9), config, resume_from=str(run_dir), checkpoint_dir=str(run_dir))
+    assert sorted(p.name for p in pathlib.Path(run_dir).rglob("*")) == before

@@ -324,3 +324,46 @@ def test_normalized_rewards_learn_and_keep_logged_returns_in_env_units():
     assert train_rows[-1]["train/episode_return"] > 500.0
     assert 10.0 < train_rows[-1]["train/return_std"] < 1000.0
     assert result.state.return_stats.count > 32 * 10 * 59
+
+
+def test_nan_leaves_the_network_with_its_last_finite_parameters():
+    """Rewards turn NaN in iteration 2: the error says so, and the network
+    holds the parameters after iteration 1 (equal to a 1-iteration run)."""
+
+    class NaNAfter(Target):
+        def step(self, state, action):
+            s = super().step(state, action)
+            return dataclasses.replace(s, reward=jnp.where(s.info["steps"] >= 3, jnp.nan, s.reward))
+
+    env = NaNAfter(max_steps=50, p_end=0.0)
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=2, total_steps=40, n_minibatches=2),
+                         eval=EvalConfig(enabled=False))
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    with pytest.raises(NonFiniteError, match="last finite parameters .* iteration 1 "):
+        train_ppo(env, net, config)
+    reference = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    train_ppo(env, reference, dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, total_steps=8)))
+    for a, b in zip(jax.tree.leaves(nnx.state(net, nnx.Param)), jax.tree.leaves(nnx.state(reference, nnx.Param))):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype"])
+def test_carry_that_changes_is_named_before_compiling(bad):
+    from nnx_ppo.networks.containers import Sequential
+    from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+    class Drifting(StatefulModule):
+        def initialize_state(self, batch_size):
+            return {"h": jnp.zeros((batch_size, 4), jnp.float32)}
+
+        def __call__(self, state, x, rollout_extras=None):
+            h = state["h"]
+            h = jnp.concatenate([h, h[:, :1]], axis=1) if bad == "shape" else h.astype(jnp.int32)
+            return StatefulModuleOutput(next_state={"h": h}, output=x)
+
+    net = Sequential(Drifting(), make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0)))
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=2, total_steps=8, n_minibatches=2))
+    expected = r"\(4, 5\) float32" if bad == "shape" else r"\(4, 4\) int32"
+    with pytest.raises(ValueError, match=r"carry leaf \[0\]\['h'\] is \(4, 4\) float32 .* but " + expected):
+        train_ppo(Target(), net, config)
