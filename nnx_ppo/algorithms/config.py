@@ -51,6 +51,11 @@ class PPOConfig:
         steps (the bootstrap values after the rollout's last step and at
         truncations stay the rollout's); off, both are computed once per
         iteration from the rollout's values.
+      replay_tolerance: before the first update of every iteration the
+        replayed log-likelihoods and values must equal the rollout's; a
+        larger max |log ratio| or value difference on the first minibatch
+        stops training with ``ReplayMismatchError`` (None: not checked; the
+        measurement is logged as ``replay/...`` either way).
       normalize_rewards: divide the rewards GAE sees by a running standard
         deviation of the discounted return (see
         :mod:`nnx_ppo.algorithms.reward_scaling`), so value targets have a
@@ -76,6 +81,7 @@ class PPOConfig:
     bootstrap_on_truncation: bool = True
     recompute_advantages: bool = False
     normalize_rewards: bool = False
+    replay_tolerance: float | None = 1e-3
 
     def __post_init__(self):
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):
@@ -95,7 +101,7 @@ class PPOConfig:
             raise ValueError(f"PPOConfig.learning_rate must be positive, got {self.learning_rate}")
         if not self.critic_loss_weight >= 0:
             raise ValueError(f"PPOConfig.critic_loss_weight must be >= 0, got {self.critic_loss_weight}")
-        for name in ("value_clip_range", "gradient_clipping"):
+        for name in ("value_clip_range", "gradient_clipping", "replay_tolerance"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"PPOConfig.{name} must be positive or None, got {value}")

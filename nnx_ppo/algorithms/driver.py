@@ -19,22 +19,56 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["NonFiniteError", "Health", "IterationOutput", "Hooks", "DriverResult", "Driver"]
+__all__ = ["NonFiniteError", "ReplayMismatchError", "rule_breaking_module_error", "Health", "IterationOutput", "Hooks", "DriverResult", "Driver"]
 
 
 class NonFiniteError(FloatingPointError):
     """Raised when rewards, observations or the loss stop being finite."""
 
 
+class ReplayMismatchError(RuntimeError):
+    """Raised when the loss replay does not reproduce the rollout before the
+    first update: a module breaks the rules of docs/custom_modules.md."""
+
+
+def rule_breaking_module_error(err: BaseException) -> ReplayMismatchError:
+    """A :class:`ReplayMismatchError` for Flax's ``TraceContextError`` (a module
+    mutated an NNX variable, e.g. drew from a class-level ``nnx.Rngs``,
+    inside ``__call__`` under a JAX transform), naming the innermost module
+    whose ``__call__`` was running."""
+    culprit = None
+    tb = err.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if tb.tb_frame.f_code.co_name == "__call__" and hasattr(owner, "initialize_state"):
+            culprit = type(owner).__name__
+        tb = tb.tb_next
+    where = f"module {culprit}" if culprit else "a module"
+    return ReplayMismatchError(
+        f"{where} mutates an NNX variable inside __call__ (Flax: {str(err).splitlines()[0]}). The randomness rule "
+        "of docs/custom_modules.md: keep one key per env in the carry (seeded in initialize_state, split in "
+        "__call__) instead of drawing from a class-level nnx.Rngs; running statistics change only in "
+        "update_statistics.")
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Health:
-    """Flags the driver checks after every iteration (bool scalars, or ``[n]``
-    stacked over the iterations of one call)."""
+    """Flags the driver checks after every iteration (scalars, with a seed
+    axis ``[S]`` when seeds are batched).
+
+    Attributes:
+      finite_obs, finite_reward, finite_loss: no NaN/inf in them.
+      replay_error: the largest |log ratio| or value difference between the
+        replay and the rollout on the first minibatch, before any update.
+      replay_ok: ``replay_error`` is within the tolerance (or not checked).
+    """
 
     finite_obs: jax.Array
     finite_reward: jax.Array
     finite_loss: jax.Array
+    replay_error: jax.Array
+    replay_ok: jax.Array
 
     def check(self, iteration: int) -> None:
         """Raise :class:`NonFiniteError` naming what stopped being finite
@@ -49,6 +83,15 @@ class Health:
                 where = f" (seed indices {np.flatnonzero(~flag).tolist()})" if flag.ndim else ""
                 raise NonFiniteError(
                     f"non-finite values (NaN or inf) in {what} at iteration {iteration}{where}; {hint}")
+        ok = np.asarray(self.replay_ok)
+        if not ok.all():
+            error = float(np.max(np.asarray(self.replay_error)))
+            raise ReplayMismatchError(
+                f"at iteration {iteration} the loss replay did not reproduce the rollout before the first update "
+                f"(max |log ratio| or value difference {error:.2e}, above PPOConfig.replay_tolerance): a module "
+                "breaks the rules of docs/custom_modules.md (it draws from a class-level nnx.Rngs or writes a "
+                "variable in __call__). nnx_ppo.check_replay_consistency(network, env) names the first carry "
+                "leaf where the replay departs.")
 
 
 @jax.tree_util.register_dataclass

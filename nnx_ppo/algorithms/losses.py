@@ -135,7 +135,11 @@ def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
 
     value_loss = sum_leaves(jax.tree.map(value_error, new.value_estimates, traj.values, returns))
     total = policy_loss + config.critic_loss_weight * value_loss + replay.regularization_loss
+    largest = lambda a, b: jnp.max(jnp.stack([jnp.max(jnp.abs(x - y)) for x, y in
+                                              zip(jax.tree.leaves(a), jax.tree.leaves(b))]))
     metrics = {
+        "replay/max_abs_log_ratio": jax.lax.stop_gradient(largest(new.loglikelihoods, traj.loglikelihoods)),
+        "replay/max_value_difference": jax.lax.stop_gradient(largest(new.value_estimates, traj.values)),
         "loss/total": total,
         "loss/policy": policy_loss,
         "loss/value": value_loss,

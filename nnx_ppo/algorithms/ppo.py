@@ -18,10 +18,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from flax import errors as flax_errors
 from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
-from nnx_ppo.algorithms.driver import Driver, Health, Hooks, IterationOutput, NonFiniteError
+from nnx_ppo.algorithms.driver import (
+    Driver,
+    Health,
+    Hooks,
+    IterationOutput,
+    NonFiniteError,
+    ReplayMismatchError,
+    rule_breaking_module_error,
+)
 from nnx_ppo.algorithms.evaluation import evaluate, make_eval_fn
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
 from nnx_ppo.algorithms.gae import trajectory_gae
@@ -39,6 +48,7 @@ __all__ = [
     "TrainingState",
     "TrainResult",
     "NonFiniteError",
+    "ReplayMismatchError",
     "make_optimizer",
     "new_training_state",
     "train_iteration",
@@ -168,7 +178,9 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
 
     keys = jax.random.split(key, config.n_epochs)
     (params, opt_state), metrics = jax.lax.scan(epoch, (network.params, opt_state), keys)
-    return network.with_state(params=params), opt_state, jax.tree.map(jnp.mean, metrics)
+    # replay/*: measured on the first minibatch, before any update (must be ~0).
+    metrics = {k: v[0, 0] if k.startswith("replay/") else jnp.mean(v) for k, v in metrics.items()}
+    return network.with_state(params=params), opt_state, metrics
 
 
 def _explained_variance(values, returns):
@@ -223,8 +235,11 @@ def train_iteration(env, graphdef, optimizer: optax.GradientTransformation, conf
     }
     if config.normalize_rewards:
         metrics["train/return_std"] = jnp.sqrt(return_stats.var)
+    replay_error = jnp.maximum(loss_metrics["replay/max_abs_log_ratio"], loss_metrics["replay/max_value_difference"])
     health = Health(finite_obs=stats.finite_obs, finite_reward=stats.finite_reward,
-                    finite_loss=jnp.isfinite(loss_metrics["loss/total"]))
+                    finite_loss=jnp.isfinite(loss_metrics["loss/total"]), replay_error=replay_error,
+                    replay_ok=replay_error <= config.replay_tolerance if config.replay_tolerance is not None
+                    else jnp.asarray(True))
     next_state = TrainingState(
         params=network.params, rest=network.rest, opt_state=opt_state, rollout=rollout.state, key=key,
         iteration=state.iteration + 1, return_stats=return_stats,
@@ -387,6 +402,8 @@ def train_ppo(
     )
     try:
         result = driver.run()
+    except flax_errors.TraceContextError as err:
+        raise rule_breaking_module_error(err) from None
     except NonFiniteError as err:
         # The network gets the last finite parameters, not the NaNs.
         nnx.update(network, *driver.last_finite)

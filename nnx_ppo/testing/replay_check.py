@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+from flax import errors as flax_errors
 import jax.numpy as jnp
 import numpy as np
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
+from nnx_ppo.algorithms.driver import rule_breaking_module_error
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.losses import Minibatch, split_minibatches
 from nnx_ppo.algorithms.ppo import new_training_state
@@ -123,7 +125,10 @@ def check_replay_consistency(
         replayed = jax.lax.map(lambda b: rollout.network.replay(b.trajectory), batches)
         return batches.trajectory, replayed
 
-    traj, replay = run(state)
+    try:
+        traj, replay = run(state)
+    except flax_errors.TraceContextError as err:
+        raise rule_breaking_module_error(err) from None
     log_ratio = _max_abs_diff(replay.output.loglikelihoods, traj.loglikelihoods)
     value_diff = _max_abs_diff(replay.output.value_estimates, traj.values)
     divergence = None

@@ -2,11 +2,12 @@
 
 
 import jax
+import pytest
 import jax.numpy as jnp
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.ppo import ReplayMismatchError, train_ppo
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Concat, Parallel, Sequential, Splitter
 from nnx_ppo.networks.delay import Delay
@@ -110,3 +111,50 @@ def test_stateless_network_passes_and_report_mentions_resets():
     ])
     report = check_replay_consistency(net, Target(max_steps=3), n_envs=4, rollout_length=8, n_minibatches=2)
     assert report.passed and report.n_resets > 0, str(report)
+
+
+class ClassLevelNoiseNoCarry(ClassLevelNoise):
+    """The same rule break in a module without carry leaves."""
+
+    def initialize_state(self, batch_size):
+        return ()
+
+
+def _rule_breaking_net(cls):
+    rngs = nnx.Rngs(0)
+    return Sequential([
+        Dense(3, 8, rngs),
+        cls(rngs),
+        PPOAdapter(action=Sequential([Dense(8, 4, rngs), NormalTanhSampler(rngs)]), value=Dense(8, 1, rngs)),
+    ])
+
+
+_TINY = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=8, n_minibatches=4, total_steps=64),
+                    eval=EvalConfig(enabled=False))
+
+
+def test_trainer_stops_a_rule_breaking_module_with_a_carry():
+    """The trainer measures the replay on the first minibatch of every
+    iteration (before any update) and stops with a named error."""
+    with pytest.raises(ReplayMismatchError, match="did not reproduce the rollout .* docs/custom_modules.md"):
+        train_ppo(Target(max_steps=5), _rule_breaking_net(ClassLevelNoise), _TINY)
+
+
+def test_rule_breaking_module_without_carry_is_named_by_trainer_and_checker():
+    with pytest.raises(ReplayMismatchError, match="module ClassLevelNoiseNoCarry mutates an NNX variable"):
+        train_ppo(Target(max_steps=5), _rule_breaking_net(ClassLevelNoiseNoCarry), _TINY)
+    with pytest.raises(ReplayMismatchError, match="module ClassLevelNoiseNoCarry mutates an NNX variable"):
+        check_replay_consistency(_rule_breaking_net(ClassLevelNoiseNoCarry), Target(max_steps=5))
+
+
+def test_trainer_logs_the_replay_measurement():
+    rngs = nnx.Rngs(0)
+    net = Sequential([Normalizer(3), PPOAdapter(action=Sequential([Dense(3, 4, rngs), NormalTanhSampler(rngs)]),
+                                                value=Dense(3, 1, rngs))])
+    rows = []
+    config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=8, n_minibatches=4, total_steps=4 * 64),
+                         eval=EvalConfig(enabled=False))
+    train_ppo(Target(max_steps=3), net, config, log_fn=lambda m, s: rows.append(m))
+    assert len(rows) == 4
+    for row in rows:
+        assert row["replay/max_abs_log_ratio"] <= 1e-5 and row["replay/max_value_difference"] <= 1e-5, row
