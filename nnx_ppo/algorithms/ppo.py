@@ -43,6 +43,7 @@ from nnx_ppo.algorithms.reward_scaling import (
     update_return_statistics,
 )
 from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout, sum_leaves
+from nnx_ppo.envs.registry import as_env
 
 __all__ = [
     "TrainingState",
@@ -124,6 +125,7 @@ def new_training_state(env, network, config: TrainConfig) -> TrainingState:
     carry and the optimizer. Works on copies: ``network`` is not modified,
     and training never donates its arrays."""
     ppo = config.ppo
+    env = as_env(env)
     check_network_matches_env(env, network, ppo)
     key = jax.random.key(config.seed)
     key, reset_key, sync_key = jax.random.split(key, 3)
@@ -380,6 +382,8 @@ def train_ppo(
         parameters (from before the compiled call that failed).
     """
     ppo = config.ppo
+    env = as_env(env)
+    eval_env = None if eval_env is None else as_env(eval_env)
     if state is None:
         state = new_training_state(env, network, config)
     if resume_from is not None:

@@ -24,6 +24,7 @@ from nnx_ppo.algorithms.driver import Driver, Hooks
 from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
 from nnx_ppo.algorithms.ppo import TrainResult, make_train_fn, new_training_state
+from nnx_ppo.envs.registry import as_env
 
 __all__ = ["train_seeds", "stack_trees", "seed_slice"]
 
@@ -89,6 +90,8 @@ def train_seeds(
     ``make_network`` are trained in place but not returned; take a seed's
     parameters from its result's ``state``.
     """
+    env = as_env(env)
+    eval_env = None if eval_env is None else as_env(eval_env)
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("train_seeds: seeds must name at least one seed")

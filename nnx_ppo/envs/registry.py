@@ -8,7 +8,7 @@ from nnx_ppo.envs.tasks import CartpoleNoVelocity, ConstantReward, CueMemory
 from nnx_ppo.envs.types import RLEnv
 from nnx_ppo.envs.wrappers import TimeLimit
 
-__all__ = ["make", "list_envs", "register"]
+__all__ = ["make", "as_env", "list_envs", "register"]
 
 # name -> (constructor, default episode length or None for self-terminating tasks)
 _BUILTINS: dict[str, tuple[Callable[..., RLEnv], int | None]] = {
@@ -150,3 +150,54 @@ def _make_brax(spec: str, name: str, kwargs: dict, random_initial_steps: bool, r
     episode_length = kwargs.pop("episode_length", 1000)
     env = BraxEnv(brax_envs.get_environment(name, **kwargs), name)
     return TimeLimit(env, int(episode_length), random_initial_steps, random_reset_steps)
+
+
+def _playground_episode_length(pg_env) -> int:
+    cfg = getattr(pg_env, "_config", None)
+    return int(cfg.get("episode_length", 1000)) if cfg is not None and hasattr(cfg, "get") else 1000
+
+
+def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool = False,
+           random_reset_steps: int = 0) -> RLEnv:
+    """``env`` in this library's env API, wrapping a third-party env as it ships.
+
+    * an :class:`~nnx_ppo.envs.types.RLEnv` is returned unchanged;
+    * a raw MuJoCo Playground env (``mujoco_playground.registry.load(...)``)
+      gets :class:`~nnx_ppo.envs.adapters.PlaygroundEnv` and a
+      :class:`~nnx_ppo.envs.wrappers.TimeLimit` at ``episode_length`` (default:
+      the env config's ``episode_length``, else 1000), as ``make("playground:NAME")`` does;
+    * a Brax env (``brax.envs.get_environment(...)``) likewise, default 1000 steps;
+    * a gymnax env instance gets :class:`~nnx_ppo.envs.adapters.GymnaxEnv`
+      (its own time limit);
+    * any other object with ``reset`` and ``step`` is returned unchanged (the
+      checks before training name what it lacks); anything else is a TypeError.
+
+    ``train_ppo``, ``train_seeds``, ``new_training_state`` and
+    ``check_replay_consistency`` call it on the envs they are given.
+    """
+    if isinstance(env, RLEnv):
+        return env
+    module = type(env).__module__.split(".")[0]
+    name = type(env).__name__
+    if module == "mujoco_playground":
+        from nnx_ppo.envs.adapters import PlaygroundEnv
+
+        length = episode_length if episode_length is not None else _playground_episode_length(env)
+        return TimeLimit(PlaygroundEnv(env, name), int(length), random_initial_steps, random_reset_steps)
+    if module == "brax":
+        from nnx_ppo.envs.adapters import BraxEnv
+
+        length = episode_length if episode_length is not None else 1000
+        return TimeLimit(BraxEnv(env, name), int(length), random_initial_steps, random_reset_steps)
+    if module == "gymnax":
+        from nnx_ppo.envs.adapters import GymnaxEnv
+
+        return GymnaxEnv(env)
+    if callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
+        return env  # duck-typed: the env checks before training validate it
+    raise TypeError(
+        f"expected an env with this library's API (an nnx_ppo.envs.RLEnv: reset(key) / step(state, action) "
+        f"returning EnvState with info['truncated']), a MuJoCo Playground, Brax or gymnax env; got {name} "
+        f"from {type(env).__module__}. See docs/environments.md"
+    )
+

@@ -12,6 +12,7 @@ import numpy as np
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import rule_breaking_module_error
 from nnx_ppo.algorithms.functional import NetworkFn
+from nnx_ppo.envs.registry import as_env
 from nnx_ppo.algorithms.losses import Minibatch, split_minibatches
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.rollout import collect_rollout
@@ -110,6 +111,7 @@ def check_replay_consistency(
     fails. Does not modify ``network``. Use an env with episodes shorter than
     ``rollout_length`` so that resets happen inside the rollout.
     """
+    env = as_env(env)
     ppo = PPOConfig(n_envs=n_envs, rollout_length=rollout_length, n_minibatches=n_minibatches, total_steps=1)
     state = new_training_state(env, network, TrainConfig(ppo=ppo, seed=seed))
     graphdef = NetworkFn.of(network).graphdef

@@ -112,3 +112,27 @@ def test_brax_adapter():
     np.testing.assert_array_equal(rep.done[:-1], 0.0)
     np.testing.assert_array_equal(np.asarray(rep.last_state.info["steps"]), 3)
     assert not np.allclose(np.asarray(rep.last_state.obs), np.asarray(rep.reset_state.obs))
+
+
+def test_raw_playground_env_is_accepted_as_it_ships():
+    """What the original nnx-ppo's README passes to train_ppo: a raw
+    Playground env. as_env (called by the trainer) wraps it like make does."""
+    pytest.importorskip("mujoco_playground")
+    from flax import nnx
+    from mujoco_playground import registry
+
+    from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.ppo import new_training_state
+    from nnx_ppo.envs import TimeLimit, as_env
+    from nnx_ppo.envs.validation import check_env_structure
+    from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+    raw = registry.load("CartpoleBalance", config_overrides={"impl": "jax"})
+    env = as_env(raw)
+    assert isinstance(env, TimeLimit) and env.max_steps == 1000 and as_env(env) is env
+    check_env_structure(env, 2)
+    net = make_actor_critic_for_env(env, "mlp", nnx.Rngs(0), actor_hidden_sizes=(8,), critic_hidden_sizes=(8,))
+    state = new_training_state(raw, net, TrainConfig(ppo=PPOConfig(n_envs=2, rollout_length=2, n_minibatches=1)))
+    assert state.rollout.env_state.obs.shape == (2, 5)
+    with pytest.raises(TypeError, match="expected an env with this library's API"):
+        as_env(object())
