@@ -60,15 +60,16 @@ class NetworkSpec:
 
         return make(self.env, **self.env_kwargs)
 
-    def build(self, env=None):
-        """The network, freshly initialized from ``seed`` (for ``env``, or
-        :meth:`make_env` when not given)."""
+    def build(self, env=None, rngs=None):
+        """The network, freshly initialized from ``seed`` (or from ``rngs``),
+        for ``env`` (or :meth:`make_env` when not given)."""
         from flax import nnx
 
         from nnx_ppo.networks.factories import make_actor_critic_for_env
 
         env = self.make_env() if env is None else env
-        return make_actor_critic_for_env(env, self.kind, nnx.Rngs(int(self.seed)), **self.kwargs)
+        rngs = nnx.Rngs(int(self.seed)) if rngs is None else rngs
+        return make_actor_critic_for_env(env, self.kind, rngs, **self.kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form (what :meth:`from_dict` reads)."""

@@ -130,8 +130,29 @@ def _json_float(x: float) -> float | str | None:
 # --------------------------------------------------------------------------- learning curve
 
 
+def _seed_band(rows: list[dict[str, Any]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Eval rows of several seeds: per env step the mean return over seeds and
+    a 95% band (mean +- 1.96 standard errors)."""
+    by_step: dict[int, list[float]] = {}
+    for r in rows:
+        if r.get("eval") and isinstance(r.get("eval/episode_return"), (int, float)):
+            by_step.setdefault(r["env_steps"], []).append(float(r["eval/episode_return"]))
+    xs = sorted(by_step)
+    means, lo, hi = [], [], []
+    for x in xs:
+        values = by_step[x]
+        mean = sum(values) / len(values)
+        sem = (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1) / len(values)) ** 0.5
+        means.append(mean)
+        lo.append(mean - 1.96 * sem)
+        hi.append(mean + 1.96 * sem)
+    return xs, means, lo, hi
+
+
 def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, title: str = "") -> None:
-    """Eval return (and its min/max band) and training episode return vs env steps."""
+    """Eval return (and its min/max band) and training episode return vs env
+    steps; for rows of several seeds, the mean eval return over seeds with a
+    95% band and each seed's training return."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -145,20 +166,29 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, tit
                 ys.append(r[key])
         return xs, ys
 
+    seeds = sorted({r["seed"] for r in rows if "seed" in r})
+    first = seeds[0] if seeds else None
     train_x, train_y = series(
-        lambda r: not r.get("eval") and r.get("train/completed_episodes", 1) > 0, "train/episode_return"
+        lambda r: not r.get("eval") and r.get("train/completed_episodes", 1) > 0 and r.get("seed") == first,
+        "train/episode_return",
     )
-    eval_x, eval_y = series(lambda r: r.get("eval"), "eval/episode_return")
-    _, eval_lo = series(lambda r: r.get("eval"), "eval/episode_return_min")
-    _, eval_hi = series(lambda r: r.get("eval"), "eval/episode_return_max")
+    if len(seeds) > 1:
+        eval_x, eval_y, eval_lo, eval_hi = _seed_band(rows)
+    else:
+        eval_x, eval_y = series(lambda r: r.get("eval"), "eval/episode_return")
+        _, eval_lo = series(lambda r: r.get("eval"), "eval/episode_return_min")
+        _, eval_hi = series(lambda r: r.get("eval"), "eval/episode_return_max")
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
     if train_x:
-        ax.plot(train_x, train_y, color="tab:blue", alpha=0.6, linewidth=1, label="train episode return")
+        label = "train episode return" + (f" (seed {first})" if len(seeds) > 1 else "")
+        ax.plot(train_x, train_y, color="tab:blue", alpha=0.6, linewidth=1, label=label)
     if eval_x:
         if len(eval_lo) == len(eval_x) and len(eval_hi) == len(eval_x):
             ax.fill_between(eval_x, eval_lo, eval_hi, color="tab:orange", alpha=0.2, linewidth=0)
-        ax.plot(eval_x, eval_y, "o-", color="tab:orange", linewidth=2, markersize=4, label="eval return (deterministic)")
+        label = (f"eval return, mean of {len(seeds)} seeds (95% band)" if len(seeds) > 1
+                 else "eval return (deterministic)")
+        ax.plot(eval_x, eval_y, "o-", color="tab:orange", linewidth=2, markersize=4, label=label)
     ax.set_xlabel("env steps")
     ax.set_ylabel("episode return")
     if title:
@@ -226,12 +256,16 @@ class RunLogger:
 
             self._tb = SummaryWriter(str(self.run_dir / TB_DIR), purge_step=purge)
 
-    def __call__(self, metrics: dict[str, float], env_steps: int) -> None:
+    def __call__(self, metrics: dict[str, float], env_steps: int, seed: int | None = None) -> None:
+        """Log one row; ``seed`` (runs of several seeds) is written into the
+        row and prefixes the TensorBoard tags (``seed3/eval/...``)."""
         if self._first:
             self._first = False
             self._start(int(env_steps))
         is_eval = self.is_eval(metrics)
         row: dict[str, Any] = {"env_steps": int(env_steps)}
+        if seed is not None:
+            row["seed"] = int(seed)
         if is_eval:
             row["eval"] = True
         else:
@@ -242,7 +276,7 @@ class RunLogger:
         if self._tb is not None:
             for k, v in metrics.items():
                 if math.isfinite(float(v)):
-                    self._tb.add_scalar(k, float(v), int(env_steps))
+                    self._tb.add_scalar(k if seed is None else f"seed{seed}/{k}", float(v), int(env_steps))
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=int(env_steps))
         if is_eval:

@@ -246,3 +246,20 @@ def test_playground_train_then_eval_video(tmp_path):
         pytest.skip(f"no OpenGL context for MuJoCo rendering here: {evaluation.stderr[-300:]}")
     assert evaluation.returncode == 0, evaluation.stdout + evaluation.stderr
     assert video.read_bytes()[:6] in (b"GIF87a", b"GIF89a")
+
+
+def test_train_several_seeds_in_one_run(tmp_path, capsys):
+    """--seeds: one program, one run directory; rows carry their seed; the
+    curve is drawn; the summary lists each seed's final return."""
+    run = tmp_path / "seeds"
+    code = cli.main(["train", *TINY, "--ppo.total-steps", "512", "--eval.every-steps", "256", "--seeds", "0", "1",
+                     "--iterations-per-call", "2", "--run-dir", str(run), "--quiet"])
+    assert code == 0
+    assert json.loads((run / "config.json").read_text())["seeds"] == [0, 1]
+    rows = rd.read_metrics(run)
+    for seed in (0, 1):
+        assert len([r for r in rows if r.get("seed") == seed and not r.get("eval")]) == 4
+        assert len([r for r in rows if r.get("seed") == seed and r.get("eval")]) == 2
+    assert (run / rd.CURVE_FILE).stat().st_size > 0
+    assert "final eval return per seed: 0: " in capsys.readouterr().out
+    assert cli.main(["train", "--seeds", "1", "1", "--run-dir", str(tmp_path / "dup")]) == 2

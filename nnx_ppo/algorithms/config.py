@@ -39,6 +39,12 @@ class PPOConfig:
       combine_advantages: with dict rewards, sum the per-key advantages into one.
       n_epochs: passes over each rollout.
       n_minibatches: groups of whole env sequences per epoch; must divide n_envs.
+      shuffle_blocks: the env axis is cut into this many contiguous blocks;
+        every epoch permutes the envs within each block, and every minibatch
+        takes an equal share of each block. Sharded over devices, the blocks
+        are the devices' shards, so no env sequence crosses devices (training
+        on ``D`` devices uses ``D`` blocks when this is 1). ``n_envs`` must be
+        divisible by ``shuffle_blocks * n_minibatches``.
       critic_loss_weight: weight of the value loss.
       value_clip_range: clip the value update like the policy ratio (None: off).
       gradient_clipping: global-norm clip (None: off).
@@ -74,6 +80,7 @@ class PPOConfig:
     combine_advantages: bool = False
     n_epochs: int = 4
     n_minibatches: int = 4
+    shuffle_blocks: int = 1
     critic_loss_weight: float = 0.5
     value_clip_range: float | None = None
     gradient_clipping: float | None = 0.5
@@ -84,12 +91,17 @@ class PPOConfig:
     replay_tolerance: float | None = 1e-3
 
     def __post_init__(self):
-        for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches"):
+        for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches", "shuffle_blocks"):
             _require_positive_int("PPOConfig", name, getattr(self, name))
         if self.n_envs % self.n_minibatches:
             raise ValueError(
                 f"PPOConfig: n_envs ({self.n_envs}) must be divisible by n_minibatches "
                 f"({self.n_minibatches}); minibatches hold whole env sequences"
+            )
+        if self.n_envs % (self.n_minibatches * self.shuffle_blocks):
+            raise ValueError(
+                f"PPOConfig: n_envs ({self.n_envs}) must be divisible by n_minibatches x shuffle_blocks "
+                f"({self.n_minibatches} x {self.shuffle_blocks}); every minibatch takes an equal share of every block"
             )
         if not 0.0 <= self.discounting_factor <= 1.0:
             raise ValueError(f"PPOConfig.discounting_factor must be in [0, 1], got {self.discounting_factor}")
@@ -155,6 +167,8 @@ class TrainConfig:
       checkpoint_every_steps: env steps between checkpoints (None: only
         when ``checkpoint_dir`` is given, at the end).
       keep_checkpoints: how many recent checkpoints to keep.
+      n_devices: local devices to shard the env axis over (None: all local
+        devices; 1: no sharding). ``ppo.n_envs`` must be divisible by it.
     """
 
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
@@ -163,11 +177,13 @@ class TrainConfig:
     iterations_per_call: int = 1
     checkpoint_every_steps: int | None = None
     keep_checkpoints: int = 3
+    n_devices: int | None = None
 
     def __post_init__(self):
         _require_positive_int("TrainConfig", "iterations_per_call", self.iterations_per_call)
         _require_positive_int("TrainConfig", "keep_checkpoints", self.keep_checkpoints)
         _require_positive_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps, allow_none=True)
+        _require_positive_int("TrainConfig", "n_devices", self.n_devices, allow_none=True)
 
 
 def config_from_dict(data: dict[str, Any], cls: type = TrainConfig, where: str = "config") -> Any:

@@ -39,21 +39,39 @@ class Minibatch:
     last_values: Any = None
 
 
-def split_minibatches(key: jax.Array, data: Minibatch, n_minibatches: int) -> Minibatch:
+def split_minibatches(key: jax.Array, data: Minibatch, n_minibatches: int, n_blocks: int = 1) -> Minibatch:
     """Permute the env axis and split it into groups of whole env sequences.
 
-    ``data`` leaves ``[T, B, ...]`` become ``[n_minibatches, T, B // n_minibatches, ...]``
-    (``n_minibatches`` must divide ``B``); scan over the leading axis for one epoch.
+    ``data`` leaves ``[T, B, ...]`` become ``[n_minibatches, T, B // n_minibatches, ...]``;
+    scan over the leading axis for one epoch. With ``n_blocks > 1`` the env
+    axis is cut into ``n_blocks`` contiguous blocks, envs are permuted within
+    each block, and every minibatch takes ``B / (n_blocks * n_minibatches)``
+    envs from each block, in block order (so under sharding over ``n_blocks``
+    devices no env sequence moves between devices).
     """
     B = data.trajectory.reset.shape[1]
-    perm = jax.random.permutation(key, B)
+    if n_blocks == 1:
+        perm = jax.random.permutation(key, B)
 
-    def split(x):
-        x = jnp.take(x, perm, axis=1)
-        x = jnp.reshape(x, (x.shape[0], n_minibatches, B // n_minibatches) + x.shape[2:])
-        return jnp.swapaxes(x, 0, 1)
+        def split(x):
+            x = jnp.take(x, perm, axis=1)
+            x = jnp.reshape(x, (x.shape[0], n_minibatches, B // n_minibatches) + x.shape[2:])
+            return jnp.swapaxes(x, 0, 1)
 
-    return jax.tree.map(split, data)
+        return jax.tree.map(split, data)
+
+    K = B // n_blocks
+    perms = jax.vmap(lambda k: jax.random.permutation(k, K))(jax.random.split(key, n_blocks))  # [G, K]
+
+    def split_blocks(x):
+        T, rest = x.shape[0], x.shape[2:]
+        x = jnp.reshape(x, (T, n_blocks, K) + rest)
+        x = jax.vmap(lambda block, perm: jnp.take(block, perm, axis=1), in_axes=(1, 0), out_axes=1)(x, perms)
+        x = jnp.reshape(x, (T, n_blocks, n_minibatches, K // n_minibatches) + rest)
+        x = jnp.moveaxis(x, 2, 0)  # [n_minibatches, T, G, K / n_minibatches, ...]
+        return jnp.reshape(x, (n_minibatches, T, B // n_minibatches) + rest)
+
+    return jax.tree.map(split_blocks, data)
 
 
 def normalize_advantages(advantages: jax.Array) -> jax.Array:

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 from flax import errors as flax_errors
 from flax import nnx
 
@@ -43,6 +44,7 @@ from nnx_ppo.algorithms.reward_scaling import (
     update_return_statistics,
 )
 from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout, sum_leaves
+from nnx_ppo.algorithms.sharding import env_mesh, local_devices, sharded_config, state_shardings
 from nnx_ppo.envs.registry import as_env
 
 __all__ = [
@@ -176,7 +178,8 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
         return (params, opt_state), metrics
 
     def epoch(carry, epoch_key):
-        return jax.lax.scan(minibatch_step, carry, split_minibatches(epoch_key, data, config.n_minibatches))
+        batches = split_minibatches(epoch_key, data, config.n_minibatches, config.shuffle_blocks)
+        return jax.lax.scan(minibatch_step, carry, batches)
 
     keys = jax.random.split(key, config.n_epochs)
     (params, opt_state), metrics = jax.lax.scan(epoch, (network.params, opt_state), keys)
@@ -249,13 +252,16 @@ def train_iteration(env, graphdef, optimizer: optax.GradientTransformation, conf
     return next_state, IterationOutput(health=health, metrics=metrics)
 
 
-def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int, batched_seeds: bool = False) -> Callable:
+def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int, batched_seeds: bool = False,
+                  shardings: Any = None) -> Callable:
     """Compile up to ``max_iterations`` iterations into one program:
     ``fn(state, n) -> (state, IterationOutput)`` runs ``n <= max_iterations``
     iterations (``n`` is a runtime value, so a shorter last call does not
     recompile); output leaves are ``[max_iterations]``, rows ``>= n`` unused.
     With ``batched_seeds`` every state leaf has a leading seed axis ``[S, ...]``
     and the iteration is vmapped over it (outputs ``[max_iterations, S]``).
+    With ``shardings`` (see :func:`nnx_ppo.algorithms.sharding.state_shardings`)
+    the state keeps that sharding in and out, and the outputs are replicated.
     The input state's buffers are donated."""
     optimizer = make_optimizer(config)
     iteration = lambda s: train_iteration(env, graphdef, optimizer, config, s)
@@ -280,7 +286,10 @@ def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int, batched
 
             return jax.lax.fori_loop(0, n, body, (state, buffer))
 
-    return jax.jit(run, donate_argnums=0)
+    if shardings is None:
+        return jax.jit(run, donate_argnums=0)
+    replicated = NamedSharding(jax.tree.leaves(shardings)[0].mesh, PartitionSpec())
+    return jax.jit(run, donate_argnums=0, in_shardings=(shardings, replicated), out_shardings=(shardings, replicated))
 
 
 def _resume(resume_from: str, checkpoint_dir: str | None, state: TrainingState, ppo: PPOConfig) -> TrainingState:
@@ -389,9 +398,15 @@ def train_ppo(
     if resume_from is not None:
         state = _resume(resume_from, checkpoint_dir, state, ppo)
     state = donatable(state)
+    devices = local_devices(config.n_devices, ppo.n_envs)
+    shardings = None
+    if len(devices) > 1:
+        ppo = sharded_config(ppo, len(devices))
+        shardings = state_shardings(state, env_mesh(devices))
+        state = jax.device_put(state, shardings)
     graphdef = NetworkFn.of(network, deterministic=False).graphdef  # training samples actions
     driver = Driver(
-        make_train_fn(env, graphdef, ppo, config.iterations_per_call), state,
+        make_train_fn(env, graphdef, ppo, config.iterations_per_call, shardings=shardings), state,
         start_iteration=int(state.iteration), total_iterations=ppo.n_iterations,
         iterations_per_call=config.iterations_per_call, steps_per_iteration=ppo.steps_per_iteration,
         hooks=Hooks(

@@ -92,6 +92,9 @@ def train_seeds(
     """
     env = as_env(env)
     eval_env = None if eval_env is None else as_env(eval_env)
+    if config.n_devices not in (None, 1):
+        raise ValueError(f"train_seeds does not shard over devices yet (TrainConfig.n_devices={config.n_devices}); "
+                         "use n_devices=1 or None (it then runs on the default device)")
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("train_seeds: seeds must name at least one seed")

@@ -88,6 +88,9 @@ class TrainCommand:
     no_preset: bool = False
     """ignore the env's tuned preset (see `nnx-ppo envs`): start from the library's defaults instead."""
 
+    seeds: tuple[int, ...] = ()
+    """train these seeds together in one compiled program (instead of --seed): one run directory, metrics rows carry their "seed", the curve shows the mean and a 95% band over seeds. Such runs write no checkpoints yet (not resumable, nothing for `nnx-ppo eval`)."""
+
     run_dir: Optional[str] = None
     """where to write the run (default: runs/<env>-<YYYYmmdd-HHMMSS>)."""
 

@@ -51,6 +51,8 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
 def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: dict, train_env_kwargs: dict) -> Path:
     """The run directory; for ``--resume``, after checking that nothing that
     must stay fixed changed and that there is a checkpoint to resume from."""
+    if cmd.seeds and (cmd.resume is not None or len(set(cmd.seeds)) != len(cmd.seeds)):
+        raise CliError("--seeds: give distinct seeds for a new run (runs of several seeds cannot be resumed yet)")
     if cmd.resume is None:
         run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
         if (run_dir / rd.CONFIG_FILE).exists():
@@ -116,6 +118,8 @@ def _run_config(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None
         "created": saved.get("created", now) if saved else now,
         "command": [PROG, *argv],
     }
+    if cmd.seeds:
+        content["seeds"] = list(cmd.seeds)
     preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network)
     if preset is not None:
         content["preset"] = {"env": preset.env, "network": preset.network}
@@ -140,21 +144,50 @@ def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict, resuming: bool
               "--no-preset starts from the library defaults", flush=True)
 
 
-def _summary(result, elapsed: float, stopped: bool, run_dir: Path) -> None:
+def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int = 1) -> None:
     import numpy as np
 
     if stopped:
         print(f"stopped early at {result.total_steps:,} env steps; continue with: "
               f"{PROG} train --resume {pretty_path(run_dir)}")
-    line = f"trained {result.total_steps:,} env steps in {fmt_seconds(elapsed)} " \
+    line = f"trained {result.total_steps:,} env steps{' per seed' if n_seeds > 1 else ''} in {fmt_seconds(elapsed)} " \
            f"(compile {result.compile_seconds:.1f} s)"
-    if result.eval_history:
+    if result.eval_history and n_seeds == 1:
         _, last = result.eval_history[-1]
         line += f"; final eval return {last['eval/episode_return']:.3f} ± {last.get('eval/episode_return_std', np.nan):.3f}"
-    elif result.metrics:
+    elif result.metrics and n_seeds == 1:
         line += f"; last train return {result.metrics.get('train/episode_return', np.nan):.3f}"
     print(line)
-    print(f"evaluate with: {PROG} eval {pretty_path(run_dir)}")
+    if n_seeds == 1:
+        print(f"evaluate with: {PROG} eval {pretty_path(run_dir)}")
+
+
+def _train_seeds(cmd: TrainCommand, train_env, env, spec, logger, progress, config):
+    """``--seeds``: every seed in one program; the progress bar counts all
+    seeds' steps and shows the mean evaluation over seeds."""
+    from nnx_ppo.algorithms.seeds import train_seeds
+
+    seeds, pending = list(cmd.seeds), []
+
+    def log_fn(metrics: dict[str, float], env_steps: int, seed: int) -> None:
+        logger(metrics, env_steps, seed)
+        if not rd.RunLogger.is_eval(metrics):
+            if seed == seeds[0]:
+                progress.iteration(metrics, env_steps * len(seeds))
+            return
+        pending.append(metrics)
+        if len(pending) == len(seeds):
+            mean = {k: sum(m[k] for m in pending) / len(pending) for k in pending[0]}
+            progress.evaluation(mean, env_steps * len(seeds))
+            pending.clear()
+
+    progress.start()
+    results = train_seeds(train_env, lambda rngs: spec.build(env, rngs), config, seeds, log_fn=log_fn, eval_env=env)
+    finals = [r.eval_history[-1][1]["eval/episode_return"] for r in results if r.eval_history]
+    if finals:
+        progress.write("final eval return per seed: " + ", ".join(f"{s}: {f:.3f}" for s, f in zip(seeds, finals))
+              + f"; mean {sum(finals) / len(finals):.3f}")
+    return results[0]
 
 
 def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) -> int:
@@ -191,7 +224,9 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) 
     ppo = config.ppo
     logger = rd.RunLogger(run_dir, steps_per_iteration=ppo.steps_per_iteration,
                           title=f"{cmd.network} on {cmd.env}", wandb_run=wandb_run, resumed=resuming)
-    progress = Progress(ppo.n_iterations * ppo.steps_per_iteration, ppo.steps_per_iteration, cmd.quiet)
+    n_runs = max(len(cmd.seeds), 1)
+    progress = Progress(ppo.n_iterations * ppo.steps_per_iteration * n_runs, ppo.steps_per_iteration * n_runs,
+                        cmd.quiet)
 
     def log_fn(metrics: dict[str, float], env_steps: int) -> None:
         logger(metrics, env_steps)
@@ -207,12 +242,15 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) 
     stop = StopFlag(progress.write)
     try:
         with stop:
-            state = new_training_state(train_env, network, config)
-            progress.start()
-            result = train_ppo(
-                train_env, network, config, eval_env=env, log_fn=log_fn, state=state, checkpoint_dir=ckpt_dir,
-                resume_from=ckpt_dir if resuming else None, checkpoint_metadata=metadata, should_stop=stop,
-            )
+            if cmd.seeds:
+                result = _train_seeds(cmd, train_env, env, spec, logger, progress, config)
+            else:
+                state = new_training_state(train_env, network, config)
+                progress.start()
+                result = train_ppo(
+                    train_env, network, config, eval_env=env, log_fn=log_fn, state=state, checkpoint_dir=ckpt_dir,
+                    resume_from=ckpt_dir if resuming else None, checkpoint_metadata=metadata, should_stop=stop,
+                )
     except KeyboardInterrupt:
         progress.close()
         print_error("aborted; metrics so far are kept, and the last saved checkpoint (if any) is in "
@@ -230,6 +268,6 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) 
         progress.close()
         logger.close()
     if result is not None:
-        _summary(result, time.perf_counter() - t0, stop.requested, run_dir)
+        _summary(result, time.perf_counter() - t0, stop.requested, run_dir, n_runs)
     print(f"run directory: {pretty_path(run_dir)}", flush=True)
     return code

@@ -1,0 +1,75 @@
+"""Sharding the env axis of training over local devices (``jax.sharding``).
+
+The env states, network carries and running episode statistics (leaves
+``[B, ...]``) are split over a one-axis :class:`~jax.sharding.Mesh` named
+``"envs"``; parameters, optimizer state and keys are replicated. The jitted
+iteration is the same program: XLA partitions the rollout and the replay by
+env and inserts the all-reduce of the gradient. Minibatches take an equal
+share of every device's envs (``PPOConfig.shuffle_blocks``), so no env
+sequence moves between devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from nnx_ppo.algorithms.config import PPOConfig
+
+__all__ = ["local_devices", "env_mesh", "state_shardings", "sharded_config", "ENV_AXIS"]
+
+ENV_AXIS = "envs"
+
+
+def local_devices(n_devices: int | None, n_envs: int) -> list:
+    """The first ``n_devices`` local devices (all when None); named errors
+    when there are fewer or when ``n_envs`` does not split evenly."""
+    available = jax.local_devices()
+    n = len(available) if n_devices is None else n_devices
+    if n > len(available):
+        raise ValueError(f"TrainConfig.n_devices is {n_devices} but only {len(available)} local devices exist "
+                         f"({available[0].platform})")
+    if n_envs % n:
+        raise ValueError(f"PPOConfig.n_envs ({n_envs}) must be divisible by the number of devices ({n}) to shard "
+                         "the envs over them; change n_envs or TrainConfig.n_devices")
+    return available[:n]
+
+
+def env_mesh(devices: list) -> Mesh:
+    """A one-axis mesh over ``devices`` named :data:`ENV_AXIS`."""
+    return Mesh(np.asarray(devices), (ENV_AXIS,))
+
+
+def sharded_config(config: PPOConfig, n_devices: int) -> PPOConfig:
+    """``config`` with ``shuffle_blocks`` a multiple of ``n_devices`` (1 becomes
+    ``n_devices``), so that every block lies on one device."""
+    blocks = config.shuffle_blocks
+    if blocks % n_devices == 0:
+        return config
+    if blocks != 1:
+        raise ValueError(f"PPOConfig.shuffle_blocks ({blocks}) must be a multiple of the number of devices "
+                         f"({n_devices}) (or 1, which means one block per device)")
+    try:
+        return dataclasses.replace(config, shuffle_blocks=n_devices)
+    except ValueError as err:
+        raise ValueError(f"sharding over {n_devices} devices uses {n_devices} shuffle blocks: {err}") from None
+
+
+def state_shardings(state: Any, mesh: Mesh) -> Any:
+    """Shardings for a :class:`~nnx_ppo.algorithms.ppo.TrainingState`: its
+    rollout state and per-env return statistics split on their leading env
+    axis, everything else replicated (a pytree of the state's structure)."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    by_env = NamedSharding(mesh, PartitionSpec(ENV_AXIS))
+    every = lambda tree, sharding: jax.tree.map(lambda _: sharding, tree)
+    stats = state.return_stats
+    return dataclasses.replace(
+        every(state, replicated),
+        rollout=every(state.rollout, by_env),
+        return_stats=dataclasses.replace(every(stats, replicated),
+                                         discounted_return=by_env),
+    )
