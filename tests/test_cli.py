@@ -226,6 +226,7 @@ def test_wandb_flag_without_wandb_is_a_clear_error(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow  # 1.5 minutes of MJX compilation on 2 cores; `make test ARGS="-m slow"`
 def test_playground_train_then_eval_video(tmp_path):
     """A Playground env trains through the CLI (checkpoints hold MJX states
     with empty buffers) and `eval --video` writes a GIF of the policy."""

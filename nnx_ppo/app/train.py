@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +216,7 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) 
     content = _run_config(cmd, argv, saved, spec, env_kwargs, train_env_kwargs)
     wandb_run = None
     if wandb is not None:
-        content.setdefault("wandb_id", wandb.util.generate_id())
+        content.setdefault("wandb_id", uuid.uuid4().hex[:8])  # wandb >= 0.31 has no util.generate_id
         wandb_run = wandb.init(project=cmd.wandb_project, name=run_dir.name, id=content["wandb_id"],
                                dir=str(run_dir), config=content, resume="allow")
     rd.write_run_config(run_dir, content)

@@ -3,13 +3,15 @@
 Floating-point results change with the CPU, so no test rests on one seed at
 the edge of what the algorithm reaches: each trains a few seeds and asserts
 what most of them reach, with margins from the measurements in
-docs/training.md. Full-length versions over 5 seeds, with the peers:
-bench/learning_curves.py.
+docs/training.md. The preset tests on gymnax envs are marked slow (run them
+with `make test ARGS="-m slow"`); full-length versions over 5 seeds, with
+the peers: bench/learning_curves.py.
 """
 
 import dataclasses
 
 import numpy as np
+import pytest
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.seeds import train_seeds
@@ -75,12 +77,14 @@ def test_memory_span_longer_than_the_rollout():
     assert sorted(lstm)[1] >= 0.9, lstm
 
 
+@pytest.mark.slow  # about 40 s on 2 cores; `make test ARGS="-m slow"`
 def test_cartpole_preset_reaches_475():
     """Measured: 500 on each of 5 seeds at 205k steps (first reached at 52k-129k)."""
     returns = preset_returns("gymnax:CartPole-v1", "mlp", 200_000, seeds=(0, 1, 2, 3))
     assert sum(r >= 475 for r in returns) >= 3, returns
 
 
+@pytest.mark.slow  # about a minute on 2 cores; `make test ARGS="-m slow"`
 def test_pendulum_preset_reaches_minus_250():
     """Measured: -157, -143, -142, -169 at 1M steps (seeds 0-3); evaluations
     can dip to about -300 for a while after the first success."""

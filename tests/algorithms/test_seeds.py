@@ -14,7 +14,7 @@ from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env
 
 
-@pytest.mark.parametrize("kind", ["mlp", "lstm"])
+@pytest.mark.parametrize("kind", ["lstm", pytest.param("mlp", marks=pytest.mark.slow)])
 def test_each_seed_matches_its_own_run(kind):
     env = make("cue_memory", n_cues=2, delay=3)
     sizes = {"hidden_size": 8, "encoder_sizes": (8,)} if kind == "lstm" else {
