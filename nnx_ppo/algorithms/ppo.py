@@ -44,6 +44,7 @@ from nnx_ppo.algorithms.reward_scaling import (
     update_return_statistics,
 )
 from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout, sum_leaves
+from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.algorithms.sharding import env_mesh, local_devices, sharded_config, state_shardings
 from nnx_ppo.envs.registry import as_env
 
@@ -59,52 +60,6 @@ __all__ = [
     "evaluate",
     "train_ppo",
 ]
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainingState:
-    """Everything that changes during training (a pytree; donated each call).
-
-    Attributes:
-      params: the network's ``nnx.Param`` state.
-      rest: every other network variable (normalizer statistics, RNG streams).
-      opt_state: optax state.
-      rollout: env states, network carries and running episode statistics.
-      key: the training PRNG key (env resets, minibatch shuffling).
-      iteration: completed iterations (int32 scalar).
-      return_stats: running discounted-return statistics (used with
-        ``PPOConfig.normalize_rewards``).
-    """
-
-    params: Any
-    rest: Any
-    opt_state: Any
-    rollout: RolloutState
-    key: jax.Array
-    iteration: jax.Array
-    return_stats: ReturnStatistics
-
-
-@dataclasses.dataclass
-class TrainResult:
-    """What :func:`train_ppo` returns.
-
-    Attributes:
-      state: the final :class:`TrainingState` (the network was updated in place too).
-      metrics: metrics of the last iteration.
-      eval_history: ``(env_steps, eval metrics)`` of every evaluation.
-      total_steps: env steps trained.
-      total_iterations: iterations run.
-      compile_seconds: time of the first (compiling) call.
-    """
-
-    state: TrainingState
-    metrics: dict[str, float]
-    eval_history: list[tuple[int, dict[str, float]]]
-    total_steps: int
-    total_iterations: int
-    compile_seconds: float
 
 
 def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
