@@ -43,7 +43,7 @@ from nnx_ppo.algorithms.reward_scaling import (
     scale_rewards,
     update_return_statistics,
 )
-from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout, sum_leaves
+from nnx_ppo.algorithms.rollout import RolloutState, all_finite, collect_rollout, sum_leaves
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.algorithms.sharding import env_mesh, local_devices, sharded_config, state_shardings
 from nnx_ppo.envs.registry import as_env
@@ -275,11 +275,6 @@ def _resume(resume_from: str, checkpoint_dir: str | None, state: TrainingState, 
     return state
 
 
-def _all_finite(tree: Any) -> bool:
-    """No float leaf of ``tree`` holds NaN or inf (host check)."""
-    return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact))
-
-
 def _eval_hook(config: TrainConfig, network, eval_env) -> Callable[[TrainingState, int], dict[str, float]]:
     """Evaluation of the training state in ``network``'s eval mode."""
     eval_graphdef = NetworkFn.of(network, config.eval.deterministic).graphdef
@@ -389,7 +384,7 @@ def train_ppo(
         # training stops with another exception; the state stays donatable.
         latest = (driver.state.params, driver.state.rest)
         if not any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(latest)) and (
-                _all_finite(latest)):
+                bool(all_finite(latest))):
             nnx.update(network, *jax.tree.map(copy_leaf, latest))
     return TrainResult(
         state=result.state,

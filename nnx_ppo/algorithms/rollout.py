@@ -144,7 +144,7 @@ def sum_leaves(tree: Any) -> jax.Array:
     return total
 
 
-def _all_finite(tree: Any) -> jax.Array:
+def all_finite(tree: Any) -> jax.Array:
     """True when no float leaf of ``tree`` holds NaN or inf."""
     flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
@@ -185,7 +185,7 @@ def _episode_step(state: "RolloutState", reward: jax.Array, done: jax.Array, ste
         completed_return_sum=jnp.sum(ep_return * donef),
         completed_length_sum=jnp.sum(ep_length.astype(jnp.float32) * donef),
         finite_reward=jnp.all(jnp.isfinite(reward)),
-        finite_obs=_all_finite(stepped_obs) & _all_finite(next_obs),
+        finite_obs=all_finite(stepped_obs) & all_finite(next_obs),
     )
     return stats, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length)
 

@@ -61,12 +61,15 @@ def test_value_structure_mismatch_is_reported():
         train_ppo(env, net, config)
 
 
-def test_nan_reward_raises_at_that_iteration():
-    class NaNAfter(Target):
-        def step(self, state, action):
-            s = super().step(state, action)
-            return dataclasses.replace(s, reward=jnp.where(s.info["steps"] >= 3, jnp.nan, s.reward))
+class NaNAfter(Target):
+    """Rewards turn NaN from the 3rd step of an episode on."""
 
+    def step(self, state, action):
+        s = super().step(state, action)
+        return dataclasses.replace(s, reward=jnp.where(s.info["steps"] >= 3, jnp.nan, s.reward))
+
+
+def test_nan_reward_raises_at_that_iteration():
     env = NaNAfter(max_steps=50, p_end=0.0)
     net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
     config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=2, total_steps=40, n_minibatches=2),
@@ -262,16 +265,21 @@ def test_recomputed_advantages_equal_the_rollouts_before_the_first_update():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def _discrete_target_config(**ppo) -> TrainConfig:
+    """60 iterations of 32 envs x 10 steps on the 10-step discrete Target, one evaluation at the end."""
+    return TrainConfig(
+        ppo=PPOConfig(n_envs=32, rollout_length=10, total_steps=32 * 10 * 60, learning_rate=3e-3,
+                      n_minibatches=4, **ppo),
+        eval=EvalConfig(every_steps=10**9, n_envs=64, max_episode_length=10),
+        iterations_per_call=20,
+    )
+
+
 @pytest.mark.parametrize("recompute", [False, True])
 def test_learns_discrete_target_either_way(recompute):
     env = Target(obs_size=3, discrete=True, max_steps=10, p_end=0.0)
     net = make_mlp_actor_critic(3, 3, (32,), (32,), nnx.Rngs(1), discrete=True, normalize_obs=False)
-    config = TrainConfig(
-        ppo=PPOConfig(n_envs=32, rollout_length=10, total_steps=32 * 10 * 60, learning_rate=3e-3,
-                      n_minibatches=4, recompute_advantages=recompute),
-        eval=EvalConfig(every_steps=10**9, n_envs=64, max_episode_length=10),
-        iterations_per_call=20,
-    )
+    config = _discrete_target_config(recompute_advantages=recompute)
     result = train_ppo(env, net, config)
     final = result.eval_history[-1][1]["eval/episode_return"]
     assert final >= 9.0, final  # 10 is optimal, 3.3 is chance
@@ -310,12 +318,7 @@ def test_normalized_rewards_learn_and_keep_logged_returns_in_env_units():
 
     env = RewardScale(Target(obs_size=3, discrete=True, max_steps=10, p_end=0.0), 100.0)
     net = make_mlp_actor_critic(3, 3, (32,), (32,), nnx.Rngs(1), discrete=True, normalize_obs=False)
-    config = TrainConfig(
-        ppo=PPOConfig(n_envs=32, rollout_length=10, total_steps=32 * 10 * 60, learning_rate=3e-3,
-                      n_minibatches=4, normalize_rewards=True),
-        eval=EvalConfig(every_steps=10**9, n_envs=64, max_episode_length=10),
-        iterations_per_call=20,
-    )
+    config = _discrete_target_config(normalize_rewards=True)
     rows = []
     result = train_ppo(env, net, config, log_fn=lambda m, s: rows.append(m))
     final = result.eval_history[-1][1]["eval/episode_return"]
@@ -329,11 +332,6 @@ def test_normalized_rewards_learn_and_keep_logged_returns_in_env_units():
 def test_nan_leaves_the_network_with_its_last_finite_parameters():
     """Rewards turn NaN in iteration 2: the error says so, and the network
     holds the parameters after iteration 1 (equal to a 1-iteration run)."""
-
-    class NaNAfter(Target):
-        def step(self, state, action):
-            s = super().step(state, action)
-            return dataclasses.replace(s, reward=jnp.where(s.info["steps"] >= 3, jnp.nan, s.reward))
 
     env = NaNAfter(max_steps=50, p_end=0.0)
     config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=2, total_steps=40, n_minibatches=2),
