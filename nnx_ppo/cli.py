@@ -4,6 +4,7 @@
     nnx-ppo train gymnax:CartPole-v1 --network mlp --ppo.total-steps 200000
     nnx-ppo train --resume runs/cue_memory-20250101-120000
     nnx-ppo eval runs/cue_memory-20250101-120000 --episodes 100
+    nnx-ppo distill runs/cue_memory-20250101-120000 --network gru
     nnx-ppo envs
 
 Every :class:`~nnx_ppo.algorithms.config.TrainConfig` field is a flag
@@ -29,11 +30,13 @@ from nnx_ppo.app.commands import (
     DEFAULT_TRAIN_CONFIG,
     PROG,
     CliError,
+    DistillCommand,
     EnvsCommand,
     EvalCommand,
     TrainCommand,
     print_error,
 )
+from nnx_ppo.app.distill import run_distill
 from nnx_ppo.app.evaluate import run_eval
 from nnx_ppo.app.train import resume_defaults, run_train
 from nnx_ppo.presets import find_preset
@@ -42,6 +45,7 @@ __all__ = [
     "main",
     "TrainCommand",
     "EvalCommand",
+    "DistillCommand",
     "EnvsCommand",
     "CliError",
     "DEFAULT_ENV",
@@ -103,6 +107,7 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand):
     commands = Union[
         Annotated[TrainCommand, tyro.conf.subcommand("train", default=train_default, prefix_name=False)],
         Annotated[EvalCommand, tyro.conf.subcommand("eval", prefix_name=False)],
+        Annotated[DistillCommand, tyro.conf.subcommand("distill", prefix_name=False)],
         Annotated[EnvsCommand, tyro.conf.subcommand("envs", prefix_name=False)],
     ]
     try:
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_train(cmd, argv, saved)
         if isinstance(cmd, EvalCommand):
             return run_eval(cmd)
+        if isinstance(cmd, DistillCommand):
+            return run_distill(cmd, argv)
         return _run_envs()
     except CliError as e:
         print_error(str(e))

@@ -284,6 +284,36 @@ class RunLogger:
                 self._tb.flush()
             self.refresh_curve()
 
+    def log_video(self, path: Path, frames: list, fps: float, env_steps: int, max_tb_frames: int = 100) -> None:
+        """Log a video already written to ``path``: to TensorBoard as an
+        animated GIF image summary (tag ``eval/video``, at most
+        ``max_tb_frames`` frames, evenly spaced) and to W&B as a video."""
+        if self._first:
+            self._first = False
+            self._start(int(env_steps))
+        if self._tb is not None and frames:
+            import io
+
+            import imageio
+            import numpy as np
+            from tensorboardX.proto.summary_pb2 import Summary
+
+            step = max(1, -(-len(frames) // max_tb_frames))
+            shown = [np.asarray(f, np.uint8) for f in frames[::step]]
+            buffer = io.BytesIO()
+            imageio.mimsave(buffer, shown, format="gif", duration=1000.0 * step / fps, loop=0)
+            height, width = shown[0].shape[:2]
+            image = Summary.Image(height=height, width=width, colorspace=shown[0].shape[2] if shown[0].ndim == 3 else 1,
+                                  encoded_image_string=buffer.getvalue())
+            self._tb.file_writer.add_summary(Summary(value=[Summary.Value(tag="eval/video", image=image)]),
+                                             int(env_steps))
+            self._tb.flush()
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({"eval/video": wandb.Video(str(path), format=Path(path).suffix.lstrip("."))},
+                            step=int(env_steps))
+
     def refresh_curve(self) -> None:
         plot_learning_curve(self.rows, self.run_dir / CURVE_FILE, self.title)
 

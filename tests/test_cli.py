@@ -90,6 +90,24 @@ def test_train_refuses_to_overwrite_a_run(trained_run: Path, capsys):
     assert "--resume" in capsys.readouterr().err
 
 
+def test_distill_a_run_into_a_gru_then_eval_it(trained_run: Path, tmp_path, capsys):
+    student = tmp_path / "student"
+    assert cli.main(["distill", str(trained_run), "--network", "gru", "--hidden-size", "8", "--total-steps", "512",
+                     "--teacher-mixing", "0.5", "--run-dir", str(student), "--quiet"]) == 0
+    config = json.loads((student / "config.json").read_text())
+    assert config["env"] == "cue_memory" and config["network"]["kind"] == "gru"
+    assert config["distillation"]["teacher_run"] == str(trained_run.resolve())
+    assert config["distillation"]["teacher_mixing"] == 0.5
+    rows = iteration_rows(student)
+    assert rows[-1]["env_steps"] == 512 and "loss/distillation" in rows[-1] and "distill/teacher_mixing" in rows[-1]
+    assert rows[-1]["replay/max_error"] < 1e-5
+    assert cli.main(["eval", str(student), "--episodes", "8"]) == 0
+    assert "8 deterministic episodes" in capsys.readouterr().out
+    assert cli.main(["train", "--resume", str(student)]) == 2
+    assert "distillation run" in capsys.readouterr().err
+    assert cli.main(["distill", str(tmp_path / "nothing")]) == 2
+
+
 def test_envs_lists_cue_memory(capsys):
     assert cli.main(["envs"]) == 0
     out = capsys.readouterr().out.split()
@@ -214,31 +232,46 @@ def test_ctrl_c_stops_cleanly_then_resume_appends(tmp_path):
     assert eval_rows(run)[-1]["env_steps"] == target
 
 
-def test_wandb_flag_without_wandb_is_a_clear_error(tmp_path, capsys):
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("wandb is installed")
+def test_wandb_flag_without_wandb_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
     assert cli.main(["train", "--wandb", "--run-dir", str(tmp_path / "r")]) == 2
     assert "pip install wandb" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 
+def test_wandb_logs_offline_with_the_installed_release(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "r"
+    assert cli.main(["train", *TINY, "--ppo.total-steps", "256", "--eval.every-steps", "256", "--wandb",
+                     "--run-dir", str(run), "--quiet"]) == 0
+    run_id = json.loads((run / "config.json").read_text())["wandb_id"]
+    offline = list((run / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert offline, (wandb.__version__, list((run / "wandb").iterdir()))
+    assert list(offline[0].glob("*.wandb"))
+
+
 @pytest.mark.slow  # 1.5 minutes of MJX compilation on 2 cores; `make test ARGS="-m slow"`
 def test_playground_train_then_eval_video(tmp_path):
     """A Playground env trains through the CLI (checkpoints hold MJX states
-    with empty buffers) and `eval --video` writes a GIF of the policy."""
+    with empty buffers) with an MP4 video of its evaluation episode in the run
+    directory and TensorBoard, and `eval --video` writes a GIF of the policy."""
     pytest.importorskip("mujoco_playground")
     run = tmp_path / "pg"
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     train = subprocess.run(
         _console("train", "playground:CartpoleBalance", "--network", "mlp", "--ppo.total-steps", "256",
                  "--ppo.n-envs", "8", "--ppo.n-minibatches", "2", "--ppo.rollout-length", "16",
-                 "--eval.no-enabled", "--quiet", "--run-dir", str(run)),
+                 "--eval.every-steps", "256", "--eval.n-envs", "2", "--eval.max-episode-length", "20",
+                 "--video-every", "1", "--quiet", "--run-dir", str(run)),
         capture_output=True, text=True, timeout=600, env=env)
+    if train.returncode != 0 and "render" in (train.stdout + train.stderr).lower():
+        pytest.skip(f"no OpenGL context for MuJoCo rendering here: {train.stderr[-300:]}")
     assert train.returncode == 0, train.stdout + train.stderr
+    videos = sorted((run / "videos").glob("step_*.mp4"))  # one per evaluation: 256 steps and the end
+    assert videos and videos[0].stat().st_size > 0
+    assert any(b"eval/video" in f.read_bytes() for f in (run / "tb").glob("events.out.tfevents.*"))
     video = tmp_path / "policy.gif"
     evaluation = subprocess.run(
         _console("eval", str(run), "--episodes", "1", "--max-episode-length", "20", "--video", str(video)),
@@ -247,6 +280,22 @@ def test_playground_train_then_eval_video(tmp_path):
         pytest.skip(f"no OpenGL context for MuJoCo rendering here: {evaluation.stderr[-300:]}")
     assert evaluation.returncode == 0, evaluation.stdout + evaluation.stderr
     assert video.read_bytes()[:6] in (b"GIF87a", b"GIF89a")
+
+
+def test_video_writer_is_checked_before_rendering(tmp_path):
+    from nnx_ppo.app.commands import CliError
+    from nnx_ppo.app.evaluate import check_video_writer, write_video
+
+    check_video_writer(str(tmp_path / "v.mp4"))  # imageio-ffmpeg comes with the playground extra
+    check_video_writer(str(tmp_path / "v.gif"))
+    with pytest.raises(CliError, match="cannot write"):
+        write_video(str(tmp_path / "v.xyz"), [], fps=10.0)
+
+
+def test_video_every_on_an_unrenderable_env_is_an_error_before_training(tmp_path, capsys):
+    assert cli.main(["train", *TINY, "--video-every", "1", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "cannot render" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
 
 
 def test_train_several_seeds_in_one_run(tmp_path, capsys):

@@ -1,10 +1,11 @@
-"""PPO: configs, rollout, advantages, loss replay, the training loop.
+"""PPO: configs, rollout, advantages, loss replay, the training loop; distillation on the same loop.
 
 Checkpointing lives in :mod:`nnx_ppo.algorithms.checkpointing` (imported on
 use, it pulls in orbax).
 """
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.distillation import DistillationConfig, train_distillation
 from nnx_ppo.algorithms.gae import compute_gae
 from nnx_ppo.algorithms.ppo import (
     NonFiniteError,
@@ -21,6 +22,8 @@ __all__ = [
     "TrainConfig",
     "compute_gae",
     "train_ppo",
+    "train_distillation",
+    "DistillationConfig",
     "new_training_state",
     "evaluate",
     "TrainingState",

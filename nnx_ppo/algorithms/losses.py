@@ -39,17 +39,17 @@ class Minibatch:
     last_values: Any = None
 
 
-def split_minibatches(key: jax.Array, data: Minibatch, n_minibatches: int, n_blocks: int = 1) -> Minibatch:
+def split_minibatches(key: jax.Array, data: Any, n_minibatches: int, n_blocks: int = 1) -> Any:
     """Permute the env axis and split it into groups of whole env sequences.
 
-    ``data`` leaves ``[T, B, ...]`` become ``[n_minibatches, T, B // n_minibatches, ...]``;
+    ``data`` (a :class:`Minibatch` or any pytree) leaves ``[T, B, ...]`` become ``[n_minibatches, T, B // n_minibatches, ...]``;
     scan over the leading axis for one epoch. With ``n_blocks > 1`` the env
     axis is cut into ``n_blocks`` contiguous blocks, envs are permuted within
     each block, and every minibatch takes ``B / (n_blocks * n_minibatches)``
     envs from each block, in block order (so under sharding over ``n_blocks``
     devices no env sequence moves between devices).
     """
-    B = data.trajectory.reset.shape[1]
+    B = jax.tree.leaves(data)[0].shape[1]
     if n_blocks == 1:
         perm = jax.random.permutation(key, B)
 

@@ -43,7 +43,7 @@ from nnx_ppo.algorithms.reward_scaling import (
     scale_rewards,
     update_return_statistics,
 )
-from nnx_ppo.algorithms.rollout import RolloutState, all_finite, collect_rollout, sum_leaves
+from nnx_ppo.algorithms.rollout import RolloutState, all_finite, collect_rollout, episode_metrics, sum_leaves
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.algorithms.sharding import env_mesh, local_devices, sharded_config, state_shardings
 from nnx_ppo.envs.registry import as_env
@@ -57,6 +57,9 @@ __all__ = [
     "new_training_state",
     "train_iteration",
     "make_train_fn",
+    "compile_iterations",
+    "update_epochs",
+    "run_training",
     "evaluate",
     "train_ppo",
 ]
@@ -115,18 +118,25 @@ def new_training_state(env, network, config: TrainConfig) -> TrainingState:
 
 
 def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, opt_state: Any,
-                  data: Minibatch, key: jax.Array, config: PPOConfig) -> tuple[NetworkFn, Any, dict]:
+                  data: Any, key: jax.Array, config: PPOConfig,
+                  loss_fn: Callable | None = None) -> tuple[NetworkFn, Any, dict]:
     """``n_epochs`` passes of ``n_minibatches`` gradient steps (nested scans).
 
-    ``data`` leaves are ``[T, B, ...]``; each epoch permutes the env axis and
-    splits it into ``[n_minibatches, T, B / n_minibatches, ...]``. Returns the
-    network with new ``params``, the optimizer state and the mean metrics.
+    ``data`` leaves are ``[T, B, ...]`` (a :class:`Minibatch` for PPO); each
+    epoch permutes the env axis and splits it into
+    ``[n_minibatches, T, B / n_minibatches, ...]``. ``loss_fn(params,
+    network, minibatch) -> (loss, metrics)`` defaults to :func:`ppo_loss`
+    with ``config`` (distillation passes its own). Returns the network with
+    new ``params``, the optimizer state and the mean metrics (``replay/...``
+    metrics: those of the first minibatch, before any update).
     """
-    grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
+    if loss_fn is None:
+        loss_fn = lambda params, net, batch: ppo_loss(params, net, batch, config)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def minibatch_step(carry, batch):
         params, opt_state = carry
-        (_, metrics), grads = grad_fn(params, network, batch, config)
+        (_, metrics), grads = grad_fn(params, network, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics["optimizer/grad_norm"] = optax.tree.norm(grads)
@@ -183,15 +193,12 @@ def train_iteration(env, graphdef, optimizer: optax.GradientTransformation, conf
                                                      epoch_key, config)
     network = network.update_statistics(traj.extras)
 
-    episodes = jnp.maximum(stats.completed_episodes, 1.0)
     metrics = {
         **loss_metrics,
         **rollout.metrics,
         "value/explained_variance": _explained_variance(traj.values, returns),
         "train/reward_mean": reward_mean,
-        "train/completed_episodes": stats.completed_episodes,
-        "train/episode_return": stats.completed_return_sum / episodes,
-        "train/episode_length": stats.completed_length_sum / episodes,
+        **episode_metrics(stats),
     }
     if config.normalize_rewards:
         metrics["train/return_std"] = jnp.sqrt(return_stats.var)
@@ -219,7 +226,16 @@ def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int, batched
     the state keeps that sharding in and out, and the outputs are replicated.
     The input state's buffers are donated."""
     optimizer = make_optimizer(config)
-    iteration = lambda s: train_iteration(env, graphdef, optimizer, config, s)
+    return compile_iterations(lambda s: train_iteration(env, graphdef, optimizer, config, s), max_iterations,
+                              batched_seeds, shardings)
+
+
+def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: bool = False,
+                       shardings: Any = None) -> Callable:
+    """Jit ``iteration(state) -> (state, IterationOutput)`` into
+    ``fn(state, n)`` running ``n <= max_iterations`` iterations in one call
+    (see :func:`make_train_fn`, which also describes ``batched_seeds`` and
+    ``shardings``). Any trainer with the :class:`TrainingState` shape uses it."""
     if batched_seeds:
         iteration = jax.vmap(iteration)
 
@@ -275,15 +291,21 @@ def _resume(resume_from: str, checkpoint_dir: str | None, state: TrainingState, 
     return state
 
 
-def _eval_hook(config: TrainConfig, network, eval_env) -> Callable[[TrainingState, int], dict[str, float]]:
-    """Evaluation of the training state in ``network``'s eval mode."""
+def _eval_hook(config: TrainConfig, network, eval_env,
+               on_evaluation: Callable[[NetworkFn, int], None] | None = None,
+               ) -> Callable[[TrainingState, int], dict[str, float]]:
+    """Evaluation of the training state in ``network``'s eval mode; then
+    ``on_evaluation(policy, env_steps)`` with the evaluated policy's view."""
     eval_graphdef = NetworkFn.of(network, config.eval.deterministic).graphdef
     eval_fn = make_eval_fn(eval_env, config.eval.n_envs, config.eval.max_episode_length)
 
     def evaluate_state(state: TrainingState, steps: int) -> dict[str, float]:
         key = jax.random.fold_in(jax.random.key(config.seed + 1), steps)
-        metrics = eval_fn(NetworkFn(eval_graphdef, state.params, state.rest), key)
-        return {k: float(v) for k, v in metrics.items()}
+        policy = NetworkFn(eval_graphdef, state.params, state.rest)
+        metrics = {k: float(v) for k, v in eval_fn(policy, key).items()}
+        if on_evaluation is not None:
+            on_evaluation(policy, steps)
+        return metrics
 
     return evaluate_state
 
@@ -312,6 +334,7 @@ def train_ppo(
     resume_from: str | None = None,
     checkpoint_metadata: dict | None = None,
     should_stop: Callable[[], bool] | None = None,
+    on_evaluation: Callable[[NetworkFn, int], None] | None = None,
 ) -> TrainResult:
     """Train ``network`` on ``env`` with PPO; the network is updated in place.
 
@@ -334,17 +357,56 @@ def train_ppo(
         (e.g. how to rebuild the network for inference).
       should_stop: polled between compiled calls; returning True ends
         training early (the state so far is saved and returned).
+      on_evaluation: called after every evaluation as
+        ``on_evaluation(policy, env_steps)`` with the evaluated policy (a
+        :class:`NetworkFn` in eval mode), e.g. to record a video of it.
 
     Raises:
       NonFiniteError: NaN/inf in rewards, observations or the loss, at the
         iteration where it happened; the network then holds the last finite
         parameters (from before the compiled call that failed).
     """
+    env = as_env(env)
+    if state is None:
+        state = new_training_state(env, network, config)
+    graphdef = NetworkFn.of(network, deterministic=False).graphdef  # training samples actions
+    return run_training(
+        lambda ppo, shardings: make_train_fn(env, graphdef, ppo, config.iterations_per_call, shardings=shardings),
+        env, network, config, state, log_fn=log_fn, eval_env=eval_env, checkpoint_dir=checkpoint_dir,
+        resume_from=resume_from, checkpoint_metadata=checkpoint_metadata, should_stop=should_stop,
+        on_evaluation=on_evaluation,
+    )
+
+
+def run_training(
+    make_fn: Callable[[PPOConfig, Any], Callable],
+    env,
+    network,
+    config: TrainConfig,
+    state: TrainingState,
+    *,
+    log_fn: Callable[[dict[str, float], int], None] | None = None,
+    eval_env=None,
+    checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
+    checkpoint_metadata: dict | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_evaluation: Callable[[NetworkFn, int], None] | None = None,
+) -> TrainResult:
+    """Run a compiled iteration from ``state`` to ``config.ppo.total_steps``
+    in the :class:`~nnx_ppo.algorithms.driver.Driver` loop; ``network`` gets
+    the trained parameters. Shared by PPO and distillation.
+
+    ``make_fn(ppo, shardings)`` compiles the trainer's
+    ``fn(state, n) -> (state, IterationOutput)`` for the (possibly
+    per-device) :class:`PPOConfig` and state shardings (None on one device).
+    The other arguments are :func:`train_ppo`'s: evaluation (of ``network``
+    in eval mode, on ``eval_env`` or ``env``), checkpoints, resume, stop,
+    the evaluation callback.
+    """
     ppo = config.ppo
     env = as_env(env)
     eval_env = None if eval_env is None else as_env(eval_env)
-    if state is None:
-        state = new_training_state(env, network, config)
     if resume_from is not None:
         state = _resume(resume_from, checkpoint_dir, state, ppo)
     state = donatable(state)
@@ -354,14 +416,14 @@ def train_ppo(
         ppo = sharded_config(ppo, len(devices))
         shardings = state_shardings(state, env_mesh(devices))
         state = jax.device_put(state, shardings)
-    graphdef = NetworkFn.of(network, deterministic=False).graphdef  # training samples actions
     driver = Driver(
-        make_train_fn(env, graphdef, ppo, config.iterations_per_call, shardings=shardings), state,
+        make_fn(ppo, shardings), state,
         start_iteration=int(state.iteration), total_iterations=ppo.n_iterations,
         iterations_per_call=config.iterations_per_call, steps_per_iteration=ppo.steps_per_iteration,
         hooks=Hooks(
             log=log_fn,
-            evaluate=_eval_hook(config, network, env if eval_env is None else eval_env) if config.eval.enabled else None,
+            evaluate=_eval_hook(config, network, env if eval_env is None else eval_env, on_evaluation)
+            if config.eval.enabled else None,
             eval_every_steps=config.eval.every_steps,
             checkpoint=_checkpoint_hook(config, checkpoint_dir, checkpoint_metadata) if checkpoint_dir else None,
             checkpoint_every_steps=config.checkpoint_every_steps,

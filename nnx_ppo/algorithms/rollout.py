@@ -8,6 +8,7 @@ The network is used through its functional view
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,7 +23,9 @@ __all__ = [
     "RolloutStats",
     "Rollout",
     "collect_rollout",
+    "episode_metrics",
     "sum_leaves",
+    "all_finite",
 ]
 
 
@@ -135,6 +138,17 @@ class Rollout:
     metrics: dict[str, jax.Array]
 
 
+def episode_metrics(stats: RolloutStats) -> dict[str, jax.Array]:
+    """``train/...`` metrics of a rollout's completed episodes (count, mean
+    return, mean length; means are 0 when no episode ended)."""
+    episodes = jnp.maximum(stats.completed_episodes, 1.0)
+    return {
+        "train/completed_episodes": stats.completed_episodes,
+        "train/episode_return": stats.completed_return_sum / episodes,
+        "train/episode_length": stats.completed_length_sum / episodes,
+    }
+
+
 def sum_leaves(tree: Any) -> jax.Array:
     """Sum of the leaves of a pytree of equally shaped arrays (e.g. dict rewards)."""
     leaves = jax.tree.leaves(tree)
@@ -197,24 +211,28 @@ def collect_rollout(
     key: jax.Array,
     rollout_length: int,
     bootstrap_on_truncation: bool,
+    observe: Callable[[Any], Any] | None = None,
 ) -> Rollout:
     """Step the network and the envs ``rollout_length`` times.
 
     Ended episodes are reset (env and network carry) inside the scan; where a
     time limit truncated an episode (and ``bootstrap_on_truncation``), the
-    value of the true final observation is recorded for GAE. See
-    :class:`Rollout` for what is returned.
+    value of the true final observation is recorded for GAE. ``observe``
+    maps an env state to what the network sees (default: ``state.obs``; e.g.
+    distillation adds a teacher's privileged view). See :class:`Rollout` for
+    what is returned.
     """
+    observe = observe or (lambda env_state: env_state.obs)
 
     def step(carry, step_key):
         net, rs = carry
-        obs = rs.env_state.obs
+        obs = observe(rs.env_state)
         out, net = net.apply(rs.carry, obs)
         net_out: PPONetworkOutput = out.output
         stepped = jax.vmap(env.step)(rs.env_state, net_out.actions)
         done = stepped.done > 0
         truncated = stepped.info["truncated"].astype(jnp.float32) * done
-        final_values = _truncation_values(net, out.next_state, stepped.obs, truncated,
+        final_values = _truncation_values(net, out.next_state, observe(stepped), truncated,
                                           jax.tree.map(jnp.zeros_like, net_out.value_estimates),
                                           bootstrap_on_truncation)
         env_state = _reset_ended(env, done, stepped, jax.random.split(step_key)[0])
@@ -243,7 +261,7 @@ def collect_rollout(
     (network, next_state), (rec, step_stats, env_metrics, net_metrics) = jax.lax.scan(step, (network, state), keys)
     done = rec.pop("done")
     reset = jnp.concatenate([state.fresh[None], done[:-1]], axis=0)
-    last_out, _ = network.apply(next_state.carry, next_state.env_state.obs)
+    last_out, _ = network.apply(next_state.carry, observe(next_state.env_state))
     metrics = {k: jnp.mean(v) for k, v in env_metrics.items()}
     metrics.update({f"network/{k}": jnp.mean(v) for k, v in net_metrics.items()})
     return Rollout(

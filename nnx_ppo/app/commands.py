@@ -100,6 +100,9 @@ class TrainCommand:
     quiet: bool = False
     """no progress bar; print only a few log lines (evaluations, summary)."""
 
+    video_every: int = 0
+    """record one deterministic evaluation episode every N evaluations into <run>/videos/step_<env steps>.mp4 (also to TensorBoard and W&B); renderable envs only (MuJoCo Playground); 0: none."""
+
     wandb: bool = False
     """also log metrics to Weights & Biases (needs `pip install wandb`)."""
 
@@ -132,6 +135,45 @@ class EvalCommand:
 
     fps: Optional[float] = None
     """video frame rate (default: the env's control rate, else 30)."""
+
+
+@dataclasses.dataclass
+class DistillCommand:
+    """Distill a trained run's policy (the teacher) into a new network (the
+    student): the student acts, the teacher's actions are its targets
+    (nnx_ppo.algorithms.distillation). Writes a run directory like `train`
+    (evaluate it with `nnx-ppo eval`); env and training config come from
+    the teacher's run."""
+
+    teacher_run: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="TEACHER_RUN_DIR")]
+    """a run directory written by `nnx-ppo train` (its final checkpoint is the teacher)."""
+
+    network: Literal["mlp", "lstm", "gru"] = "lstm"
+    """the student's architecture."""
+
+    hidden_size: int = 64
+    """width of the student's hidden layers."""
+
+    total_steps: Optional[int] = None
+    """env steps of distillation (default: the teacher run's ppo.total_steps)."""
+
+    learning_rate: Optional[float] = None
+    """the student's learning rate (default: the teacher run's)."""
+
+    teacher_mixing: float = 0.0
+    """probability that an env executes the teacher's action instead of the student's (DAgger-style)."""
+
+    teacher_mixing_steps: Optional[int] = None
+    """env steps over which --teacher-mixing decays linearly to 0 (default: constant)."""
+
+    seed: int = 0
+    """seeds the student's initialization and the rollouts."""
+
+    run_dir: Optional[str] = None
+    """where to write the run (default: runs/<env>-distill-<YYYYmmdd-HHMMSS>)."""
+
+    quiet: bool = False
+    """no progress bar; print only a few log lines."""
 
 
 @dataclasses.dataclass

@@ -54,27 +54,56 @@ def can_render(env) -> bool:
     return type(base).render is not RLEnv.render
 
 
-def check_video_target(path: str, env, spec: str) -> None:
+def check_video_target(path: str, env, spec: str, flag: str = "--video") -> None:
+    """Named errors, before any training or rendering, when ``path`` is not
+    .mp4/.gif, the env cannot render, or the video writer does not work."""
     suffix = Path(path).suffix.lower()
     if suffix not in (".mp4", ".gif"):
-        raise CliError(f"--video must end in .mp4 or .gif, got {path!r}")
+        raise CliError(f"{flag} must end in .mp4 or .gif, got {path!r}")
     if not can_render(env):
         raise CliError(f"environment {spec!r} cannot render, so no video can be recorded "
                        "(only MuJoCo Playground envs, 'playground:...', can render)")
+    check_video_writer(path)
 
 
-def record_video(env, network, path: str, max_len: int, seed: int, stochastic: bool, fps: float | None) -> int:
-    """One episode, batch of 1, rendered with ``env.render``."""
+def check_video_writer(path: str) -> None:
+    """Write two tiny frames to a temporary file of ``path``'s kind, so that a
+    missing MP4 encoder is reported before any rendering (which can take
+    minutes)."""
+    import tempfile
+
+    import numpy as np
+
+    suffix = Path(path).suffix.lower()
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = str(Path(tmp) / f"probe{suffix}")
+        write_video(probe, [np.zeros((16, 16, 3), np.uint8)] * 2, fps=10.0)
+
+
+def video_fps(env, fps: float | None) -> float:
+    """``fps``, else the env's control rate (``1 / env.dt``), else 30."""
+    if fps is not None:
+        return float(fps)
+    dt = getattr(env, "dt", None)
+    try:
+        return 1.0 / float(dt) if dt else 30.0
+    except (TypeError, ValueError):
+        return 30.0
+
+
+def render_episode(env, policy, max_len: int, seed: int) -> list:
+    """Frames ``[H, W, 3]`` of one episode of ``policy`` (a
+    :class:`~nnx_ppo.algorithms.functional.NetworkFn`), rendered with
+    ``env.render``: the reset state, then one frame per step until the
+    episode ends or ``max_len`` steps."""
     import jax
     import numpy as np
 
     from nnx_ppo.algorithms.evaluation import run_episodes
-    from nnx_ppo.algorithms.functional import NetworkFn
 
-    view = NetworkFn.of(network, deterministic=not stochastic)
     record = jax.jit(lambda net, key: run_episodes(env, net, key, 1, max_len, record_states=True))
-    episodes = jax.device_get(record(view, jax.random.key(seed)))
-    n_states = int(episodes.lengths[0]) + 1  # the reset state, then one per step until the episode ended
+    episodes = jax.device_get(record(policy, jax.random.key(seed)))
+    n_states = int(episodes.lengths[0]) + 1
     states = [jax.tree.map(lambda x: x[t, 0], episodes.states) for t in range(n_states)]
     try:
         frames = env.render(states)
@@ -82,13 +111,11 @@ def record_video(env, network, path: str, max_len: int, seed: int, stochastic: b
         raise CliError(str(e)) from None
     except RuntimeError as e:
         raise CliError(str(e).splitlines()[0], code=1) from None
-    frames = [np.asarray(f) for f in frames]
-    if fps is None:
-        dt = getattr(env, "dt", None)
-        try:
-            fps = 1.0 / float(dt) if dt else 30.0
-        except (TypeError, ValueError):
-            fps = 30.0
+    return [np.asarray(f) for f in frames]
+
+
+def write_video(path: str, frames: list, fps: float) -> None:
+    """Write ``frames`` to ``path`` (.mp4 through imageio-ffmpeg, or .gif)."""
     import imageio
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +124,15 @@ def record_video(env, network, path: str, max_len: int, seed: int, stochastic: b
             imageio.mimsave(path, frames, duration=1000.0 / fps, loop=0)
         else:
             imageio.mimsave(path, frames, fps=fps)
-    except (ImportError, ValueError, RuntimeError) as e:
-        raise CliError(f"could not write {path}: {e} (MP4 needs `pip install imageio-ffmpeg`; "
-                       "or write a .gif)", code=1) from None
+    except (ImportError, ValueError, RuntimeError, OSError) as e:
+        raise CliError(f"cannot write {path}: {e} (MP4 needs imageio-ffmpeg: pip install 'nnx_ppo[playground]' or "
+                       "pip install imageio-ffmpeg; or write a .gif)", code=1) from None
+
+
+def record_video(env, network, path: str, max_len: int, seed: int, stochastic: bool, fps: float | None) -> int:
+    """One episode of ``network``, batch of 1, rendered and written to ``path``."""
+    from nnx_ppo.algorithms.functional import NetworkFn
+
+    frames = render_episode(env, NetworkFn.of(network, deterministic=not stochastic), max_len, seed)
+    write_video(path, frames, video_fps(env, fps))
     return len(frames)

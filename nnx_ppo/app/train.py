@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import time
@@ -20,6 +21,7 @@ from nnx_ppo.app.commands import (
     parse_env_kwargs,
     print_error,
 )
+from nnx_ppo.app.evaluate import check_video_target
 from nnx_ppo.app.progress import Progress, StopFlag, fmt_seconds, pretty_path
 from nnx_ppo.presets import find_preset
 
@@ -29,6 +31,9 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
     defaults for --resume, so only flags given explicitly change anything)."""
     try:
         saved = rd.read_run_config(run_dir)
+        if "distillation" in saved:
+            raise CliError(f"{run_dir} is a distillation run (nnx-ppo distill); it cannot be resumed with "
+                           "`train --resume` yet: distill again with a larger --total-steps")
         config = rd.train_config_from_dict(saved["config"])
         net = saved["network"]
         cmd = TrainCommand(
@@ -191,8 +196,32 @@ def _train_seeds(cmd: TrainCommand, train_env, env, spec, logger, progress, conf
     return results[0]
 
 
-def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) -> int:
+def _video_recorder(cmd: TrainCommand, env, run_dir: Path, logger, progress):
+    """``on_evaluation`` for ``--video-every N``: every N-th evaluation, one
+    deterministic episode to ``<run>/videos/step_<env steps>.mp4``, TensorBoard and W&B."""
+    from nnx_ppo.app.evaluate import render_episode, video_fps, write_video
+
+    count = [0]
+    max_len = cmd.config.eval.max_episode_length
+    fps = video_fps(env, None)
+
+    def record(policy, env_steps: int) -> None:
+        count[0] += 1
+        if count[0] % cmd.video_every:
+            return
+        path = run_dir / "videos" / f"step_{env_steps:010d}.mp4"
+        frames = render_episode(env, policy, max_len, seed=cmd.config.seed)
+        write_video(str(path), frames, fps)
+        logger.log_video(path, frames, fps, env_steps)
+        progress.write(f"video: {pretty_path(path)} ({len(frames)} frames)")
+
+    return record
+
+
+def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, distill=None) -> int:
     """``nnx-ppo train``: returns the exit code (0 done or stopped, 1 failed, 130 aborted).
+    With ``distill`` (a :class:`nnx_ppo.app.distill.DistillSetup`), ``nnx-ppo
+    distill``: the same run, trained by distillation from its teacher.
 
     (About 70 lines: the steps are named helpers; what stays here is the
     order of the run and the one ``try`` that turns every way training can
@@ -211,9 +240,17 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) 
     except ValueError as e:
         raise CliError(f"cannot build a {cmd.network} network for {cmd.env}: {e}") from None
     wandb = _import_wandb(cmd)
+    if cmd.video_every < 0:
+        raise CliError(f"--video-every must be >= 0, got {cmd.video_every}")
+    if cmd.video_every and cmd.seeds:
+        raise CliError("--video-every is not available with --seeds")
+    if cmd.video_every:
+        check_video_target(str(run_dir / "videos" / "check.mp4"), env, cmd.env, flag="--video-every")
 
     run_dir.mkdir(parents=True, exist_ok=True)
     content = _run_config(cmd, argv, saved, spec, env_kwargs, train_env_kwargs)
+    if distill is not None:
+        content["distillation"] = {"teacher_run": distill.teacher_run, **dataclasses.asdict(distill.config)}
     wandb_run = None
     if wandb is not None:
         content.setdefault("wandb_id", uuid.uuid4().hex[:8])  # wandb >= 0.31 has no util.generate_id
@@ -236,6 +273,7 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) 
         else:
             progress.iteration(metrics, env_steps)
 
+    on_evaluation = _video_recorder(cmd, env, run_dir, logger, progress) if cmd.video_every else None
     metadata = {"network": spec.to_dict(), "run_dir": str(run_dir.resolve())}
     ckpt_dir = str((run_dir / rd.CHECKPOINT_DIR).resolve())
     t0 = time.perf_counter()
@@ -245,12 +283,22 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None) 
         with stop:
             if cmd.seeds:
                 result = _train_seeds(cmd, train_env, env, spec, logger, progress, config)
+            elif distill is not None:
+                from nnx_ppo.algorithms.distillation import train_distillation
+
+                progress.start()
+                result = train_distillation(
+                    train_env, distill.teacher, network, config, distillation=distill.config, eval_env=env,
+                    log_fn=log_fn, checkpoint_dir=ckpt_dir, checkpoint_metadata=metadata, should_stop=stop,
+                    on_evaluation=on_evaluation,
+                )
             else:
                 state = new_training_state(train_env, network, config)
                 progress.start()
                 result = train_ppo(
                     train_env, network, config, eval_env=env, log_fn=log_fn, state=state, checkpoint_dir=ckpt_dir,
                     resume_from=ckpt_dir if resuming else None, checkpoint_metadata=metadata, should_stop=stop,
+                    on_evaluation=on_evaluation,
                 )
     except KeyboardInterrupt:
         progress.close()

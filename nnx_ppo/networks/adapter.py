@@ -7,10 +7,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from nnx_ppo.networks.containers import DictContainer
+from nnx_ppo.networks.containers import Concat, DictContainer, Merge, Sequential
+from nnx_ppo.networks.sampling_layers import ActionSampler
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule
 
-__all__ = ["PPOAdapter", "is_sampler_dict"]
+__all__ = ["PPOAdapter", "is_sampler_dict", "extras_for_actions"]
 
 
 def is_sampler_dict(x: Any) -> bool:
@@ -80,3 +81,38 @@ class PPOAdapter(DictContainer):
             loglikelihoods=pick("log_likelihood"),
             value_estimates=jax.tree.map(_squeeze_value, values),
         )
+
+
+def extras_for_actions(network: StatefulModule, extras: Any, actions: Any) -> Any:
+    """``extras`` (a rollout's, leaves ``[..., B, ...]``) with every sampler's
+    stored raw action replaced by the one that gives ``actions``.
+
+    Replaying ``network`` with the result scores ``actions`` (e.g. a
+    teacher's) instead of the actions the network took, on exactly the
+    carries of the rollout: a sampler's raw action feeds nothing but its own
+    log-likelihood, so no carry changes. The samplers are found through
+    :class:`PPOAdapter` (its action port), :class:`Sequential` (its last
+    layer) and the dict containers whose output is their children's outputs
+    by name (``Map``, ``Parallel``); ``actions`` has the network's action
+    structure (an array, or a dict for a ``Map`` of samplers).
+
+    Raises:
+      TypeError: a module on the way to a sampler is none of these.
+    """
+    if isinstance(network, ActionSampler):
+        return network.raw_from_action(actions)
+    if isinstance(network, PPOAdapter):
+        return {**extras, "action": extras_for_actions(network.action, extras["action"], actions)}
+    if isinstance(network, Sequential):
+        last = len(network.layers) - 1
+        return tuple(extras[:last]) + (extras_for_actions(network.layers[last], extras[last], actions),)
+    if isinstance(network, DictContainer) and not isinstance(network, (Concat, Merge)) and (
+            type(network)._combine is DictContainer._combine):
+        if not isinstance(actions, dict) or set(actions) != set(network.names):
+            raise TypeError(f"extras_for_actions: {type(network).__name__} with children {list(network.names)} "
+                            f"needs actions with the same keys, got {jax.tree.structure(actions)}")
+        return {name: extras_for_actions(child, extras[name], actions[name]) for name, child in network._children()}
+    raise TypeError(
+        f"extras_for_actions: cannot find the action samplers inside {type(network).__name__}; expected an "
+        "ActionSampler, reached through PPOAdapter, Sequential (last layer) or Map/Parallel of samplers"
+    )

@@ -51,6 +51,13 @@ class ActionSampler(StatefulModule):
         ``raw_action`` is ``None`` when it must be drawn here."""
         raise NotImplementedError
 
+    def raw_from_action(self, action: jax.Array) -> jax.Array:
+        """The ``rollout_extras`` under which a replay scores ``action``
+        ``[B, ...]`` (an action as this sampler outputs it): replaying with
+        them gives the log-likelihood of ``action`` (used by distillation to
+        score a teacher's actions)."""
+        return jax.lax.stop_gradient(action)
+
     def __call__(self, state, x, rollout_extras=None):
         self._check_input(x)
         raw, action, loglik, entropy, metrics = self._sample_and_score(x, rollout_extras)
@@ -141,6 +148,15 @@ class NormalTanhSampler(NormalSampler):
     (the Gaussian part alone only pushes the std up).
     """
 
+    #: Actions are clipped to ``[-1 + eps, 1 - eps]`` before ``atanh`` in
+    #: :meth:`raw_from_action`, so a saturated action has a finite raw value.
+    action_eps = 1e-6
+
+    def raw_from_action(self, action):
+        """``atanh`` of the (clipped) action."""
+        clipped = jnp.clip(action, -1.0 + self.action_eps, 1.0 - self.action_eps)
+        return jax.lax.stop_gradient(jnp.arctanh(clipped))
+
     def _score(self, mean, std, raw):
         raw, _, gaussian_loglik, gaussian_entropy, metrics = super()._score(mean, std, raw)
         noise = jax.lax.stop_gradient((raw - mean) / std)
@@ -159,6 +175,10 @@ class CategoricalSampler(ActionSampler):
                 f"CategoricalSampler: x has shape {tuple(jnp.shape(x))}, expected (B, n_actions) logits "
                 "with n_actions >= 2"
             )
+
+    def raw_from_action(self, action):
+        """The action index as ``int32``."""
+        return jnp.asarray(action).astype(jnp.int32)
 
     def _sample_and_score(self, logits, stored):
         log_probs = jax.nn.log_softmax(logits, axis=-1)

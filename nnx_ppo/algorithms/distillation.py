@@ -1,0 +1,319 @@
+"""Policy distillation: a student learns to act like a frozen teacher.
+
+Rusu et al. (2015), on the machinery PPO uses. Every iteration:
+
+1. rollout ``[T, B]``: the student acts (or, with teacher mixing, the teacher
+   with probability ``beta``); the frozen teacher runs alongside in eval mode
+   on its own carry, and its actions are recorded;
+2. ``n_epochs x n_minibatches`` updates: the student replays whole env
+   sequences from the stored carries (exactly the activations that acted) and
+   maximizes the log-likelihood of the teacher's actions;
+3. ``update_statistics`` with the student's ``[T, B, ...]`` extras.
+
+Rollout, replay, minibatching, the driver loop (evaluation, logging,
+checkpoints, resume, stop), sharding and the compiled multi-iteration
+program are PPO's (:mod:`nnx_ppo.algorithms.ppo`); only the iteration's loss
+differs. Teacher and student are any networks with a
+:class:`~nnx_ppo.networks.types.PPONetworkOutput` on the same action space:
+an MLP teacher into an LSTM student, or a privileged teacher that reads what
+the student does not see (``teacher_obs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
+from nnx_ppo.algorithms.driver import Health, IterationOutput
+from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
+from nnx_ppo.algorithms.ppo import (
+    compile_iterations,
+    make_optimizer,
+    new_training_state,
+    run_training,
+    update_epochs,
+)
+from nnx_ppo.algorithms.rollout import Trajectory, collect_rollout, episode_metrics, sum_leaves
+from nnx_ppo.algorithms.state import TrainingState, TrainResult
+from nnx_ppo.envs.registry import as_env
+from nnx_ppo.networks.adapter import extras_for_actions
+from nnx_ppo.networks.types import PPONetworkOutput, StatefulModuleOutput
+
+__all__ = [
+    "DistillationConfig",
+    "TeacherStudent",
+    "distillation_loss",
+    "distillation_iteration",
+    "train_distillation",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillationConfig:
+    """What only distillation needs (batch shape, epochs, minibatches,
+    learning rate and total steps come from :class:`TrainConfig.ppo`).
+
+    Attributes:
+      teacher_mixing: ``beta``, the probability that an env executes the
+        teacher's action instead of the student's at a step (DAgger-style;
+        0: the student always acts, the default).
+      teacher_mixing_steps: env steps over which ``beta`` decays linearly from
+        ``teacher_mixing`` to 0 (None: constant).
+    """
+
+    teacher_mixing: float = 0.0
+    teacher_mixing_steps: int | None = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.teacher_mixing <= 1.0:
+            raise ValueError(f"DistillationConfig.teacher_mixing must be in [0, 1], got {self.teacher_mixing}")
+        if self.teacher_mixing_steps is not None and (
+                isinstance(self.teacher_mixing_steps, bool) or not isinstance(self.teacher_mixing_steps, int)
+                or self.teacher_mixing_steps < 1):
+            raise ValueError("DistillationConfig.teacher_mixing_steps must be a positive int or None, got "
+                             f"{self.teacher_mixing_steps!r}")
+
+    def beta(self, env_steps: jax.Array) -> jax.Array:
+        """The mixing probability after ``env_steps`` training steps."""
+        beta = jnp.asarray(self.teacher_mixing, jnp.float32)
+        if self.teacher_mixing_steps is None:
+            return beta
+        return beta * jnp.clip(1.0 - env_steps / self.teacher_mixing_steps, 0.0, 1.0)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeacherStudent:
+    """The network the rollout runs: student and frozen teacher side by side.
+
+    Has :class:`NetworkFn`'s ``apply`` and ``reset``, so
+    :func:`~nnx_ppo.algorithms.rollout.collect_rollout` runs it unchanged.
+    Carry ``{"student", "teacher"}`` (plus ``"key"``, ``[B]`` keys, with
+    mixing); observations are the env's, or ``{"student", "teacher"}`` when
+    ``privileged``. The output is the student's :class:`PPONetworkOutput`
+    with the executed actions; the extras are ``{"student": the student's
+    extras, "teacher_actions": [B, ...]}``.
+
+    Attributes:
+      student, teacher: the two networks' functional views (the teacher's in
+        eval mode).
+      beta: scalar probability of executing the teacher's action.
+      privileged: observations are ``{"student", "teacher"}``.
+      mixing: draw the executed action (else the student's always).
+    """
+
+    student: NetworkFn
+    teacher: NetworkFn
+    beta: jax.Array
+    privileged: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    mixing: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    def _views(self, obs: Any) -> tuple[Any, Any]:
+        return (obs["student"], obs["teacher"]) if self.privileged else (obs, obs)
+
+    def apply(self, carry: Any, obs: Any, extras: Any = None) -> tuple[StatefulModuleOutput, "TeacherStudent"]:
+        """One step of both networks on ``[B, ...]`` observations."""
+        del extras  # never replayed as a pair: the student replays alone
+        student_obs, teacher_obs = self._views(obs)
+        t_out, teacher = self.teacher.apply(carry["teacher"], teacher_obs)
+        s_out, student = self.student.apply(carry["student"], student_obs)
+        teacher_actions = jax.lax.stop_gradient(t_out.output.actions)
+        actions = s_out.output.actions
+        next_state = {"student": s_out.next_state, "teacher": t_out.next_state}
+        if self.mixing:
+            keys = jax.vmap(lambda k: jax.random.split(k))(carry["key"])  # [B, 2]
+            use_teacher = jax.vmap(jax.random.uniform)(keys[:, 1]) < self.beta
+            pick = lambda t, s: jnp.where(jnp.reshape(use_teacher, use_teacher.shape + (1,) * (s.ndim - 1)), t, s)
+            actions = jax.tree.map(pick, teacher_actions, actions)
+            next_state["key"] = keys[:, 0]
+        output = PPONetworkOutput(actions=actions, loglikelihoods=s_out.output.loglikelihoods,
+                                  value_estimates=s_out.output.value_estimates)
+        out = StatefulModuleOutput(
+            next_state=next_state,
+            output=output,
+            regularization_loss=s_out.regularization_loss,
+            metrics=s_out.metrics,
+            rollout_extras={"student": s_out.rollout_extras, "teacher_actions": teacher_actions},
+        )
+        return out, dataclasses.replace(self, student=student, teacher=teacher)
+
+    def reset(self, carry: Any) -> tuple[Any, "TeacherStudent"]:
+        """Both networks' ``reset_state`` (the mixing keys continue)."""
+        student_carry, student = self.student.reset(carry["student"])
+        teacher_carry, teacher = self.teacher.reset(carry["teacher"])
+        fresh = {**carry, "student": student_carry, "teacher": teacher_carry}
+        return fresh, dataclasses.replace(self, student=student, teacher=teacher)
+
+
+def distillation_loss(params: Any, network: NetworkFn, trajectory: Trajectory) -> tuple[jax.Array, dict]:
+    """Negative log-likelihood of the teacher's actions under the student.
+
+    ``trajectory`` is a ``[T, M]`` slice of the student's rollout whose
+    sampler extras score the teacher's actions (see
+    :func:`~nnx_ppo.networks.adapter.extras_for_actions`); the replay runs
+    from the stored carries, so the student is trained on the activations
+    that acted. ``total = -mean log p(teacher action) + regularization`` (the
+    student's modules' ``regularization_loss``: KL, entropy bonus, ...).
+    """
+    replay = network.with_state(params=params).replay(trajectory)
+    nll = -jnp.mean(sum_leaves(replay.output.loglikelihoods))
+    total = nll + replay.regularization_loss
+    return total, {"loss/total": total, "loss/distillation": nll, "loss/regularization": replay.regularization_loss}
+
+
+def _largest_difference(a: Any, b: Any) -> jax.Array:
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(x - y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]))
+
+
+def distillation_iteration(env, graphdef: Any, teacher: NetworkFn, optimizer: optax.GradientTransformation,
+                           config: PPOConfig, distillation: DistillationConfig, observe: Callable | None,
+                           state: TrainingState) -> tuple[TrainingState, IterationOutput]:
+    """One distillation iteration (pure; the counterpart of
+    :func:`nnx_ppo.algorithms.ppo.train_iteration`).
+
+    1. rollout ``[T, B]`` of :class:`TeacherStudent`;
+    2. the student's replay of the whole batch with its own extras must
+       reproduce the rollout's log-likelihoods and values (``replay_error``);
+    3. ``n_epochs x n_minibatches`` updates of :func:`distillation_loss`;
+    4. the student's ``update_statistics``.
+    """
+    key, rollout_key, epoch_key = jax.random.split(state.key, 3)
+    beta = distillation.beta(state.iteration * config.steps_per_iteration)
+    pair = TeacherStudent(student=NetworkFn(graphdef, state.params, state.rest), teacher=teacher, beta=beta,
+                          privileged=observe is not None, mixing=distillation.teacher_mixing > 0)
+    rollout = collect_rollout(env, pair, state.rollout, rollout_key, config.rollout_length,
+                              bootstrap_on_truncation=False, observe=observe)
+    traj, student = rollout.trajectory, rollout.network.student
+    own = dataclasses.replace(traj, obs=pair._views(traj.obs)[0], carry=traj.carry["student"],
+                              extras=traj.extras["student"])
+    replayed = student.replay(own).output
+    replay_error = jax.lax.stop_gradient(jnp.maximum(
+        _largest_difference(replayed.loglikelihoods, traj.loglikelihoods),
+        _largest_difference(replayed.value_estimates, traj.values)))
+    targets = dataclasses.replace(own, extras=extras_for_actions(student.module(), own.extras,
+                                                                 traj.extras["teacher_actions"]))
+    student, opt_state, loss_metrics = update_epochs(student, optimizer, state.opt_state, targets, epoch_key,
+                                                     config, loss_fn=distillation_loss)
+    student = student.update_statistics(own.extras)
+
+    stats = rollout.stats
+    metrics = {
+        **loss_metrics,
+        **rollout.metrics,
+        "replay/max_error": replay_error,
+        "distill/teacher_mixing": beta,
+        "train/reward_mean": jnp.mean(sum_leaves(traj.rewards)),
+        **episode_metrics(stats),
+    }
+    health = Health(finite_obs=stats.finite_obs, finite_reward=stats.finite_reward,
+                    finite_loss=jnp.isfinite(loss_metrics["loss/total"]), replay_error=replay_error,
+                    replay_ok=replay_error <= config.replay_tolerance if config.replay_tolerance is not None
+                    else jnp.asarray(True))
+    next_state = TrainingState(
+        params=student.params, rest=student.rest, opt_state=opt_state, rollout=rollout.state, key=key,
+        iteration=state.iteration + 1, return_stats=state.return_stats,
+    )
+    return next_state, IterationOutput(health=health, metrics=metrics)
+
+
+def _check_pair(env, pair: TeacherStudent, carry: Any, observe: Callable | None) -> None:
+    """Named errors when the teacher's output is not a PPO network's or its
+    actions differ in structure, shape or dtype from the student's."""
+    state = jax.eval_shape(lambda k: jax.vmap(env.reset)(jax.random.split(k, 1)), jax.random.key(0))
+    one = jax.tree.map(lambda x: x[:1], carry)
+    obs = (observe or (lambda s: s.obs))(state)
+    student_obs, teacher_obs = pair._views(obs)
+    try:
+        t_out = jax.eval_shape(lambda n, c, o: n.apply(c, o)[0], pair.teacher, one["teacher"], teacher_obs)
+    except Exception as err:
+        where = "teacher_obs(env_state)" if observe is not None else "the env's observations"
+        raise ValueError(f"train_distillation: the teacher cannot run on {where}: {err}") from err
+    if not isinstance(t_out.output, PPONetworkOutput):
+        raise TypeError("train_distillation: the teacher must output a PPONetworkOutput (a network from "
+                        f"nnx_ppo.networks.factories or a PPOAdapter), got {type(t_out.output).__name__}")
+    s_out = jax.eval_shape(lambda n, c, o: n.apply(c, o)[0], pair.student, one["student"], student_obs)
+    describe = lambda tree: jax.tree.map(lambda x: (x.shape, str(x.dtype)), tree)
+    if describe(t_out.output.actions) != describe(s_out.output.actions):
+        raise ValueError(f"train_distillation: teacher actions {describe(t_out.output.actions)} do not match the "
+                         f"student's {describe(s_out.output.actions)} (same action space needed)")
+
+
+def train_distillation(
+    env,
+    teacher,
+    student,
+    config: TrainConfig,
+    *,
+    distillation: DistillationConfig = DistillationConfig(),
+    teacher_obs: Callable[[Any], Any] | None = None,
+    log_fn: Callable[[dict[str, float], int], None] | None = None,
+    eval_env=None,
+    checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
+    checkpoint_metadata: dict | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_evaluation: Callable[[NetworkFn, int], None] | None = None,
+) -> TrainResult:
+    """Train ``student`` to act like the frozen ``teacher``; the student is
+    updated in place, the teacher is not touched.
+
+    Args:
+      env: the student's env (``reset``/``step`` API, or anything
+        :func:`~nnx_ppo.envs.as_env` accepts).
+      teacher: a trained network with a :class:`PPONetworkOutput` on the same
+        action space (any architecture); it acts in eval mode (its
+        deterministic action, e.g. the mean).
+      student: the network to train (any architecture).
+      config: the same :class:`TrainConfig` as for PPO: ``ppo.n_envs``,
+        ``rollout_length``, ``n_epochs``, ``n_minibatches``,
+        ``learning_rate`` (and its schedule/decay), ``gradient_clipping``,
+        ``weight_decay``, ``total_steps``, ``shuffle_blocks`` and
+        ``replay_tolerance`` apply; the other PPO fields are ignored.
+        Evaluation, checkpoints and devices work as for PPO.
+      distillation: the :class:`DistillationConfig` (teacher mixing).
+      teacher_obs: a privileged teacher's view: ``teacher_obs(env_state)``
+        for one (un-batched) env state (e.g. ``lambda s: s.data`` for the
+        full physical state); default: the env's observation.
+      log_fn, eval_env, checkpoint_dir, resume_from, checkpoint_metadata,
+        should_stop, on_evaluation: as for :func:`~nnx_ppo.algorithms.ppo.train_ppo`
+        (evaluations are of the student).
+
+    Returns:
+      A :class:`TrainResult`; metrics ``loss/distillation`` (negative
+      log-likelihood of the teacher's actions), ``distill/teacher_mixing``,
+      ``replay/max_error`` and PPO's ``train/...`` and ``env/...``.
+    """
+    ppo = config.ppo
+    env = as_env(env)
+    state = new_training_state(env, student, config)
+    graphdef = NetworkFn.of(student, deterministic=False).graphdef  # the student samples its actions
+    teacher_fn = jax.tree.map(copy_leaf, NetworkFn.of(teacher, deterministic=True))
+    observe = None
+    if teacher_obs is not None:
+        observe = lambda env_state: {"student": env_state.obs, "teacher": jax.vmap(teacher_obs)(env_state)}
+    pair = TeacherStudent(student=NetworkFn(graphdef, state.params, state.rest), teacher=teacher_fn,
+                          beta=jnp.zeros(()), privileged=observe is not None, mixing=distillation.teacher_mixing > 0)
+    teacher_carry, teacher_fn = teacher_fn.initialize(ppo.n_envs)
+    carry = {"student": state.rollout.carry, "teacher": teacher_carry}
+    if pair.mixing:
+        carry["key"] = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 1), ppo.n_envs)
+    pair = dataclasses.replace(pair, teacher=teacher_fn)
+    _check_pair(env, pair, carry, observe)
+    state = dataclasses.replace(state, rollout=dataclasses.replace(state.rollout, carry=carry))
+
+    def make_fn(ppo_config: PPOConfig, shardings: Any) -> Callable:
+        optimizer = make_optimizer(ppo_config)
+        iteration = lambda s: distillation_iteration(env, graphdef, teacher_fn, optimizer, ppo_config, distillation,
+                                                     observe, s)
+        return compile_iterations(iteration, config.iterations_per_call, shardings=shardings)
+
+    return run_training(make_fn, env, student, config, state, log_fn=log_fn, eval_env=eval_env,
+                        checkpoint_dir=checkpoint_dir, resume_from=resume_from,
+                        checkpoint_metadata=checkpoint_metadata, should_stop=should_stop,
+                        on_evaluation=on_evaluation)

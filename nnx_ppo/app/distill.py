@@ -1,0 +1,79 @@
+"""``nnx-ppo distill``: distill a trained run's policy into a new network.
+
+The teacher run's ``config.json`` gives the env, its kwargs and the training
+config; the student gets its own run directory, written by the same code as
+``nnx-ppo train`` (metrics, TensorBoard, curve, checkpoints), so ``nnx-ppo
+eval`` reads it like any run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from nnx_ppo import run_dir as rd
+from nnx_ppo.app.commands import CliError, DistillCommand, TrainCommand, has_checkpoint, make_env
+from nnx_ppo.network_spec import NetworkSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSetup:
+    """What ``run_train`` needs to distill instead of running PPO."""
+
+    teacher: object
+    config: object  # DistillationConfig
+    teacher_run: str
+
+
+def _teacher(run_dir: Path, saved: dict):
+    """The teacher network: the final checkpoint of ``run_dir``."""
+    from nnx_ppo.algorithms import checkpointing
+
+    ckpt_dir = run_dir / rd.CHECKPOINT_DIR
+    if not has_checkpoint(ckpt_dir):
+        raise CliError(f"{run_dir} has no checkpoints: nothing to distill (runs of several seeds write none)")
+    env = make_env(saved["env"], saved.get("env_kwargs", {}))
+    spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}), **saved["network"]},
+                                 where=f"{run_dir}/config.json")
+    return checkpointing.load_network(str(ckpt_dir.resolve()), spec.build(env))
+
+
+def run_distill(cmd: DistillCommand, argv: list[str]) -> int:
+    """``nnx-ppo distill``: returns the exit code (as ``nnx-ppo train``)."""
+    from nnx_ppo.algorithms.distillation import DistillationConfig
+    from nnx_ppo.app.train import run_train
+
+    teacher_run = Path(cmd.teacher_run)
+    try:
+        saved = rd.read_run_config(teacher_run)
+        config = rd.train_config_from_dict(saved["config"])
+    except FileNotFoundError as e:
+        raise CliError(str(e)) from None
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        raise CliError(f"cannot read {teacher_run / rd.CONFIG_FILE}: {e}") from None
+    try:
+        distillation = DistillationConfig(teacher_mixing=cmd.teacher_mixing,
+                                          teacher_mixing_steps=cmd.teacher_mixing_steps)
+        ppo = dataclasses.replace(
+            config.ppo,
+            total_steps=config.ppo.total_steps if cmd.total_steps is None else cmd.total_steps,
+            learning_rate=config.ppo.learning_rate if cmd.learning_rate is None else cmd.learning_rate,
+        )
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    teacher = _teacher(teacher_run, saved)
+    student_cmd = TrainCommand(
+        env=saved["env"],
+        network=cmd.network,
+        hidden_size=cmd.hidden_size,
+        env_kwargs=json.dumps(saved.get("env_kwargs", {})),
+        train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
+        config=dataclasses.replace(config, ppo=ppo, seed=cmd.seed),
+        reward_scale=float(saved.get("reward_scale", 1.0)),
+        no_preset=True,
+        run_dir=cmd.run_dir or str(rd.default_run_dir(f"{saved['env']}-distill")),
+        quiet=cmd.quiet,
+    )
+    return run_train(student_cmd, argv, None,
+                     distill=DistillSetup(teacher=teacher, config=distillation, teacher_run=str(teacher_run.resolve())))
