@@ -1,6 +1,6 @@
 """Throughput (and learning) of nnx-ppo on the peers' benchmark work.
 
-Usage: python bench/bench_ppo.py ENV ARCH N_ENVS ROLLOUT TOTAL_STEPS [REWARD_SCALE] [ITERS_PER_CALL]
+Usage: python bench/bench_ppo.py ENV ARCH N_ENVS ROLLOUT TOTAL_STEPS [REWARD_SCALE] [ITERS_PER_CALL] [MAKE_KWARGS]
 
 ENV is an nnx_ppo.envs spec ("gymnax:Pendulum-v1", "playground:CartpoleBalance");
 ARCH is "mlp" (64-64 actor and critic; for Playground envs 4x64 actor and
@@ -9,6 +9,8 @@ actor and critic). 4 epochs x 4 minibatches, Adam 3e-4, gamma 0.99,
 lambda 0.95, evaluation 4 times per run (64 envs; 32 for Playground). Prints one JSON line:
 compile time, steady-state env-steps/s (after the first iterations,
 evaluation included, as the peer scripts measure it) and evaluation returns.
+MAKE_KWARGS is a JSON object for ``make`` (e.g. '{"impl": "warp"}' for
+Playground's MuJoCo Warp backend).
 """
 
 import json
@@ -61,7 +63,8 @@ def main(argv):
     name, arch, n_envs, rollout, total = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     reward_scale = float(argv[5]) if len(argv) > 5 else 1.0
     iters_per_call = int(argv[6]) if len(argv) > 6 else 1
-    eval_env = make(name)
+    make_kwargs = json.loads(argv[7]) if len(argv) > 7 else {}
+    eval_env = make(name, **make_kwargs)
     env = RewardScale(eval_env, reward_scale) if reward_scale != 1.0 else eval_env
     playground = name.startswith("playground:")
     net = build_network(name, arch, eval_env, nnx.Rngs(0))
@@ -84,7 +87,7 @@ def main(argv):
     wall = time.perf_counter() - t0
     (ta, sa), (tb, sb) = times[2 * iters_per_call], times[-1]
     print(json.dumps({
-        "lib": "nnx_ppo", "env": name, "arch": arch, "reward_scale": reward_scale, "n_envs": n_envs,
+        "lib": "nnx_ppo", "env": name, "make_kwargs": make_kwargs, "arch": arch, "reward_scale": reward_scale, "n_envs": n_envs,
         "rollout": rollout, "iterations_per_call": iters_per_call, "wall_s": round(wall, 2),
         "compile_s": round(result.compile_seconds, 2), "steady_sps": round((sb - sa) / (tb - ta)), "evals": evals,
     }))

@@ -135,6 +135,21 @@ def _parse(argv: list[str]):
     return cmd, saved
 
 
+def _join_processes(cmd: TrainCommand) -> None:
+    """``--coordinator-address``: join a run of several processes before
+    anything touches a device (``nnx_ppo.distributed.initialize``)."""
+    if cmd.coordinator_address is None:
+        if cmd.num_processes != 1 or cmd.process_id != 0:
+            raise CliError("--num-processes and --process-id need --coordinator-address HOST:PORT")
+        return
+    from nnx_ppo.distributed import initialize
+
+    try:
+        initialize(cmd.coordinator_address, cmd.num_processes, cmd.process_id)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nnx-ppo`` console script. Returns the exit code
     (0 ok, 1 failure, 2 bad usage, 130 aborted)."""
@@ -142,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cmd, saved = _parse(argv)
         if isinstance(cmd, TrainCommand):
+            _join_processes(cmd)
             return run_train(cmd, argv, saved)
         if isinstance(cmd, EvalCommand):
             return run_eval(cmd)

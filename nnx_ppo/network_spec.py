@@ -86,14 +86,15 @@ class NetworkSpec:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def load_network(directory: str | os.PathLike, network: Any = None):
+def load_network(directory: str | os.PathLike, network: Any = None, seed: int | None = None):
     """Load a trained network for inference from the latest checkpoint in
     ``directory`` (a run's checkpoint directory or one checkpoint in it).
 
     Without ``network``, the network is rebuilt from the checkpoint's
     ``metadata["network"]`` (a :class:`NetworkSpec`, written by ``nnx-ppo
     train``); with it, its variables are replaced (same architecture). Returns
-    the network in deterministic mode. See
+    the network in deterministic mode. For a checkpoint of several seeds
+    trained together, ``seed`` picks one. See
     :func:`nnx_ppo.algorithms.checkpointing.load_network` for the errors.
     """
     from nnx_ppo.algorithms import checkpointing
@@ -107,4 +108,4 @@ def load_network(directory: str | os.PathLike, network: Any = None):
             raise ValueError(f"{err}; build the network yourself and pass it as "
                              "load_network(directory, network=...)") from None
         network = network.build()
-    return checkpointing.load_network(directory, network)
+    return checkpointing.load_network(directory, network, seed=seed)

@@ -313,3 +313,11 @@ def test_train_several_seeds_in_one_run(tmp_path, capsys):
     assert (run / rd.CURVE_FILE).stat().st_size > 0
     assert "final eval return per seed: 0: " in capsys.readouterr().out
     assert cli.main(["train", "--seeds", "1", "1", "--run-dir", str(tmp_path / "dup")]) == 2
+    # One checkpoint holds both seeds: eval reports each, --resume continues both.
+    assert cli.main(["eval", str(run), "--episodes", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 0: return" in out and "seed 1: return" in out
+    assert cli.main(["train", "--resume", str(run), "--ppo.total-steps", "768", "--quiet"]) == 0
+    rows = rd.read_metrics(run)
+    for seed in (0, 1):
+        assert [r["iteration"] for r in rows if r.get("seed") == seed and not r.get("eval")] == [1, 2, 3, 4, 5, 6]

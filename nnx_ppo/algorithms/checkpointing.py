@@ -203,8 +203,10 @@ def save_training_state(
         items[item_name] = item
 
     root = pathlib.Path(directory).absolute()  # relative paths are resolved against the working directory
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:012d}"
+    if jax.process_count() > 1:
+        return _save_multiprocess(root, final, items, layout, config_json, metadata_json, step, keep)
+    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
@@ -225,13 +227,48 @@ def save_training_state(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
-    # Leftovers of interrupted writes (only one writer per run directory).
+    _finish(root, keep)
+    return final
+
+
+def _finish(root: pathlib.Path, keep: int | None) -> None:
+    """Remove leftovers of interrupted writes (one writer per run directory)
+    and all but the ``keep`` latest checkpoints."""
     for child in root.iterdir():
         if child.name.startswith(_TMP_PREFIX) and child.is_dir():
             shutil.rmtree(child, ignore_errors=True)
     if keep is not None:
         for _, old_path in list_checkpoints(root)[:-keep]:
             shutil.rmtree(old_path, ignore_errors=True)
+
+
+def _save_multiprocess(root: pathlib.Path, final: pathlib.Path, items: dict, layout: dict, config_json: str,
+                       metadata_json: str, step: int, keep: int | None) -> pathlib.Path:
+    """The same crash-safe sequence in a run of several processes: every
+    process writes its shards through orbax; process 0 alone creates the
+    temporary directory, writes the JSON files and the commit marker,
+    renames and prunes; barriers keep them in step."""
+    from nnx_ppo.algorithms.distributed import barrier, is_primary
+
+    tmp = root / f"{_TMP_PREFIX}{final.name}"  # the same name in every process
+    if is_primary():
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    barrier(f"nnx_ppo checkpoint {step} start")
+    for item_name, item in items.items():
+        _save_item(tmp / item_name, item)
+    barrier(f"nnx_ppo checkpoint {step} arrays")
+    if is_primary():
+        _write_json(tmp / _LAYOUT_FILE, layout)
+        (tmp / _CONFIG_FILE).write_text(config_json)
+        (tmp / _METADATA_FILE).write_text(metadata_json)
+        (tmp / COMMIT_MARKER).write_text(f"step {step}\n")
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _finish(root, keep)
+    barrier(f"nnx_ppo checkpoint {step} done")
     return final
 
 
@@ -363,7 +400,7 @@ def load_metadata(directory: str | os.PathLike) -> dict | None:
 # --------------------------------------------------------------------------- inference
 
 
-def load_network(directory: str | os.PathLike, network: Any):
+def load_network(directory: str | os.PathLike, network: Any, seed: int | None = None):
     """Load a trained network for inference from the latest checkpoint in
     ``directory`` (or the checkpoint ``directory``).
 
@@ -375,6 +412,9 @@ def load_network(directory: str | os.PathLike, network: Any):
       network: a network of the same architecture to load into (updated in
         place). To rebuild it from the checkpoint's metadata instead, use
         :func:`nnx_ppo.load_network` (:func:`nnx_ppo.network_spec.load_network`).
+      seed: for a checkpoint of several seeds trained together
+        (:func:`nnx_ppo.algorithms.seeds.train_seeds`), which seed's network
+        to load (required there, refused elsewhere).
 
     Returns the network, switched to deterministic mode (``network.eval()``).
     Step it with ``out = net(net.initialize_state(B), obs)``.
@@ -390,7 +430,20 @@ def load_network(directory: str | os.PathLike, network: Any):
     path = _resolve(directory)
     layout = _read_layout(path)
     _, params, rest = nnx.split(network, nnx.Param, ...)
-    values = _restoresections_of(path, "network", {"params": params, "rest": rest}, layout)
+    metadata = _read_json(path / _METADATA_FILE)
+    seeds = metadata.get("seeds") if isinstance(metadata, dict) else None
+    if seeds is None:
+        if seed is not None:
+            raise ValueError(f"checkpoint {str(path)!r} holds one training run, not several seeds; "
+                             f"load it without seed= (got seed={seed})")
+        values = _restoresections_of(path, "network", {"params": params, "rest": rest}, layout)
+    else:
+        if seed not in seeds:
+            raise ValueError(f"checkpoint {str(path)!r} holds the seeds {seeds} trained together; "
+                             f"pass seed= one of them (got {seed!r})")
+        stacked = jax.tree.map(lambda x: jnp.stack([x] * len(seeds)), {"params": params, "rest": rest})
+        values = _restoresections_of(path, "network", stacked, layout)
+        values = jax.tree.map(lambda x: x[seeds.index(seed)], values)
     nnx.update(network, values["params"], values["rest"])
     network.eval()
     return network

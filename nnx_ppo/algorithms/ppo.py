@@ -32,6 +32,7 @@ from nnx_ppo.algorithms.driver import (
     ReplayMismatchError,
     rule_breaking_module_error,
 )
+from nnx_ppo.algorithms.distributed import to_global
 from nnx_ppo.algorithms.evaluation import evaluate, make_eval_fn
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
 from nnx_ppo.algorithms.gae import trajectory_gae
@@ -60,6 +61,8 @@ __all__ = [
     "compile_iterations",
     "update_epochs",
     "run_training",
+    "resume_state",
+    "checkpoint_hook",
     "evaluate",
     "train_ppo",
 ]
@@ -263,7 +266,7 @@ def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: 
     return jax.jit(run, donate_argnums=0, in_shardings=(shardings, replicated), out_shardings=(shardings, replicated))
 
 
-def _resume(resume_from: str, checkpoint_dir: str | None, state: TrainingState, ppo: PPOConfig) -> TrainingState:
+def resume_state(resume_from: str, checkpoint_dir: str | None, state: TrainingState, ppo: PPOConfig) -> TrainingState:
     """Restore ``state`` from ``resume_from``; warn when the directory also
     holds checkpoints later than the one resumed from. A change of ``n_envs``
     or ``rollout_length`` (the size of an iteration) is refused before
@@ -279,7 +282,7 @@ def _resume(resume_from: str, checkpoint_dir: str | None, state: TrainingState, 
                 f"{saved.steps_per_iteration} env steps); keep {name}, or start a new run from its network"
             )
     state = checkpointing.restore_training_state(resume_from, state)
-    steps = int(state.iteration) * ppo.steps_per_iteration
+    steps = int(jnp.max(state.iteration)) * ppo.steps_per_iteration  # (a seed batch has one per seed)
     newer = [s for s, _ in checkpointing.list_checkpoints(checkpoint_dir or resume_from) if s > steps]
     if newer:
         warnings.warn(
@@ -310,7 +313,7 @@ def _eval_hook(config: TrainConfig, network, eval_env,
     return evaluate_state
 
 
-def _checkpoint_hook(config: TrainConfig, directory: str, metadata: dict | None) -> Callable[[TrainingState, int], None]:
+def checkpoint_hook(config: TrainConfig, directory: str, metadata: dict | None) -> Callable[[TrainingState, int], None]:
     """Save the whole training state into ``directory``."""
 
     def save(state: TrainingState, steps: int) -> None:
@@ -408,14 +411,14 @@ def run_training(
     env = as_env(env)
     eval_env = None if eval_env is None else as_env(eval_env)
     if resume_from is not None:
-        state = _resume(resume_from, checkpoint_dir, state, ppo)
+        state = resume_state(resume_from, checkpoint_dir, state, ppo)
     state = donatable(state)
     devices = local_devices(config.n_devices, ppo.n_envs)
     shardings = None
     if len(devices) > 1:
         ppo = sharded_config(ppo, len(devices))
         shardings = state_shardings(state, env_mesh(devices))
-        state = jax.device_put(state, shardings)
+        state = to_global(state, shardings)
     driver = Driver(
         make_fn(ppo, shardings), state,
         start_iteration=int(state.iteration), total_iterations=ppo.n_iterations,
@@ -425,7 +428,7 @@ def run_training(
             evaluate=_eval_hook(config, network, env if eval_env is None else eval_env, on_evaluation)
             if config.eval.enabled else None,
             eval_every_steps=config.eval.every_steps,
-            checkpoint=_checkpoint_hook(config, checkpoint_dir, checkpoint_metadata) if checkpoint_dir else None,
+            checkpoint=checkpoint_hook(config, checkpoint_dir, checkpoint_metadata) if checkpoint_dir else None,
             checkpoint_every_steps=config.checkpoint_every_steps,
             should_stop=should_stop,
             snapshot=lambda state: jax.tree.map(copy_leaf, (state.params, state.rest)),

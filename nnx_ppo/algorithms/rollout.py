@@ -166,10 +166,20 @@ def all_finite(tree: Any) -> jax.Array:
 
 def _reset_ended(env, done: jax.Array, stepped: Any, key: jax.Array) -> Any:
     """Env states ``[B, ...]`` with the ended envs (``done``) reset; the
-    reset runs only on steps where some env ended."""
+    reset runs only on steps where some env ended.
+
+    Leaves without the env axis (MuJoCo Warp keeps batch-wide contact
+    counters ``[1]`` and empty contact buffers ``[0, ...]`` outside vmap's
+    batch axis) are not per env: they are taken from the stepped states.
+    """
     n = done.shape[0]
+    per_env = lambda x: jnp.ndim(x) > 0 and x.shape[0] == n and jnp.size(x) > 0
+
+    def select(fresh):
+        return jax.tree.map(lambda f, s: select_where(done, f, s) if per_env(s) else s, fresh, stepped)
+
     fresh = lambda: jax.vmap(env.reset)(jax.random.split(key, n))
-    return jax.lax.cond(jnp.any(done), lambda: select_where(done, fresh(), stepped), lambda: stepped)
+    return jax.lax.cond(jnp.any(done), lambda: select(fresh()), lambda: stepped)
 
 
 def _truncation_values(network: NetworkFn, carry: Any, final_obs: Any, truncated: jax.Array,

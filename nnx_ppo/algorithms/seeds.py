@@ -23,7 +23,7 @@ from nnx_ppo.algorithms.config import TrainConfig
 from nnx_ppo.algorithms.driver import Driver, Hooks
 from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
-from nnx_ppo.algorithms.ppo import TrainResult, make_train_fn, new_training_state
+from nnx_ppo.algorithms.ppo import TrainResult, checkpoint_hook, make_train_fn, new_training_state, resume_state
 from nnx_ppo.envs.registry import as_env
 
 __all__ = ["train_seeds", "stack_trees", "seed_slice"]
@@ -70,6 +70,10 @@ def train_seeds(
     *,
     log_fn: Callable[[dict[str, float], int, int], None] | None = None,
     eval_env=None,
+    checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
+    checkpoint_metadata: dict | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[TrainResult]:
     """Train one network per seed, all seeds in one compiled program.
 
@@ -82,6 +86,16 @@ def train_seeds(
       log_fn: called as ``log_fn(metrics, env_steps, seed)`` for every
         iteration and evaluation of every seed.
       eval_env: env for evaluation (default ``env``).
+      checkpoint_dir: save the whole seed batch here (one checkpoint holds
+        every seed's state on a leading axis ``[S, ...]``; its metadata lists
+        the ``"seeds"``) every ``config.checkpoint_every_steps`` and at the end.
+      resume_from: continue the seed batch from this checkpoint directory
+        (the same seeds, in the same order; exact, as for one seed).
+      checkpoint_metadata: JSON-serializable data saved with each checkpoint.
+      should_stop: polled between compiled calls; True ends training early.
+
+    A seed's network loads from such a checkpoint with
+    ``checkpointing.load_network(directory, network, seed=s)``.
 
     Returns one :class:`TrainResult` per seed, in order; the result for seed
     ``s`` matches ``train_ppo(env, make_network(nnx.Rngs(s)),
@@ -108,6 +122,16 @@ def train_seeds(
                              f"from seed {seeds[0]}'s; every seed must build the same architecture")
     states = [new_training_state(env, net, dataclasses.replace(config, seed=s)) for s, net in zip(seeds, networks)]
     ppo = config.ppo
+    state = stack_trees(states)
+    metadata = {**(checkpoint_metadata or {}), "seeds": seeds}
+    if resume_from is not None:
+        from nnx_ppo.algorithms import checkpointing
+
+        saved = (checkpointing.load_metadata(resume_from) or {}).get("seeds")
+        if saved != seeds:
+            raise ValueError(f"train_seeds: cannot resume seeds {seeds} from {str(resume_from)!r}, which holds "
+                             f"{'seeds ' + str(saved) if saved else 'a single-seed run'}; resume with its seeds")
+        state = resume_state(resume_from, checkpoint_dir, state, ppo)
 
     def log(row: dict[str, Any], steps: int) -> None:
         for i, s in enumerate(seeds):
@@ -115,13 +139,16 @@ def train_seeds(
 
     driver = Driver(
         make_train_fn(env, graphdef, ppo, config.iterations_per_call, batched_seeds=True),
-        donatable(stack_trees(states)),
-        start_iteration=0, total_iterations=ppo.n_iterations, iterations_per_call=config.iterations_per_call,
-        steps_per_iteration=ppo.steps_per_iteration,
+        donatable(state),
+        start_iteration=int(np.max(np.asarray(state.iteration))), total_iterations=ppo.n_iterations,
+        iterations_per_call=config.iterations_per_call, steps_per_iteration=ppo.steps_per_iteration,
         hooks=Hooks(log=log if log_fn is not None else None,
                     evaluate=_eval_hook(config, networks[0], env if eval_env is None else eval_env, seeds)
                     if config.eval.enabled else None,
-                    eval_every_steps=config.eval.every_steps),
+                    eval_every_steps=config.eval.every_steps,
+                    checkpoint=checkpoint_hook(config, checkpoint_dir, metadata) if checkpoint_dir else None,
+                    checkpoint_every_steps=config.checkpoint_every_steps,
+                    should_stop=should_stop),
     )
     try:
         result = driver.run()

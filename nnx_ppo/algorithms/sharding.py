@@ -27,8 +27,17 @@ ENV_AXIS = "envs"
 
 def local_devices(n_devices: int | None, n_envs: int) -> list:
     """The first ``n_devices`` local devices (all when None); named errors
-    when there are fewer or when ``n_envs`` does not split evenly."""
-    available = jax.local_devices()
+    when there are fewer or when ``n_envs`` does not split evenly. In a run
+    of several processes (:func:`nnx_ppo.distributed.initialize`), every
+    process's devices: the mesh spans them all."""
+    if jax.process_count() > 1:
+        available = jax.devices()
+        if n_devices not in (None, len(available)):
+            raise ValueError(f"TrainConfig.n_devices is {n_devices}, but a run of {jax.process_count()} processes "
+                             f"uses all their {len(available)} devices; set n_devices=None")
+        n_devices = None
+    else:
+        available = jax.local_devices()
     n = len(available) if n_devices is None else n_devices
     if n > len(available):
         raise ValueError(f"TrainConfig.n_devices is {n_devices} but only {len(available)} local devices exist "

@@ -89,7 +89,7 @@ class TrainCommand:
     """ignore the env's tuned preset (see `nnx-ppo envs`): start from the library's defaults instead."""
 
     seeds: tuple[int, ...] = ()
-    """train these seeds together in one compiled program (instead of --seed): one run directory, metrics rows carry their "seed", the curve shows the mean and a 95% band over seeds. Such runs write no checkpoints yet (not resumable, nothing for `nnx-ppo eval`)."""
+    """train these seeds together in one compiled program (instead of --seed): one run directory, metrics rows carry their "seed", the curve shows the mean and a 95% band over seeds; one checkpoint holds every seed (resume with --resume, `nnx-ppo eval` evaluates each seed)."""
 
     run_dir: Optional[str] = None
     """where to write the run (default: runs/<env>-<YYYYmmdd-HHMMSS>)."""
@@ -108,6 +108,15 @@ class TrainCommand:
 
     wandb_project: str = "nnx-ppo"
     """Weights & Biases project name (with --wandb)."""
+
+    coordinator_address: Optional[str] = None
+    """HOST:PORT of process 0, to train with several processes (hosts); give it, --num-processes and --process-id to every process, with the same --run-dir (see docs/scale.md)."""
+
+    num_processes: int = 1
+    """number of processes taking part (with --coordinator-address)."""
+
+    process_id: int = 0
+    """this process's index, 0 .. num_processes - 1 (process 0 writes the run directory and logs)."""
 
 
 @dataclasses.dataclass

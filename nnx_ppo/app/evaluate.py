@@ -27,22 +27,26 @@ def run_eval(cmd: EvalCommand) -> int:
     env = make_env(saved["env"], saved.get("env_kwargs", {}))
     spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}), **saved["network"]},
                                  where=f"{run_dir}/config.json")
-    template = spec.build(env)
-    network = checkpointing.load_network(str(ckpt_dir.resolve()), template)
-
     max_len = cmd.max_episode_length or int(saved.get("config", {}).get("eval", {}).get("max_episode_length", 1000))
     if cmd.video is not None:
         check_video_target(cmd.video, env, saved["env"])
-    metrics = evaluate(env, network, n_envs=cmd.episodes, max_episode_length=max_len, seed=cmd.seed,
-                       deterministic=not cmd.stochastic)
     kind = "stochastic" if cmd.stochastic else "deterministic"
     print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with the final policy of "
           f"{pretty_path(run_dir)}")
-    print(f"  return  mean {metrics['eval/episode_return']:.4f}  std {metrics['eval/episode_return_std']:.4f}  "
-          f"min {metrics['eval/episode_return_min']:.4f}  max {metrics['eval/episode_return_max']:.4f}")
-    print(f"  length  mean {metrics['eval/episode_length']:.1f}")
+    # A run of several seeds holds one policy per training seed: each is evaluated (the video shows the first).
+    training_seeds = [int(s) for s in saved.get("seeds", [])] or [None]
+    first = None
+    for training_seed in training_seeds:
+        network = checkpointing.load_network(str(ckpt_dir.resolve()), spec.build(env), seed=training_seed)
+        first = first or network
+        metrics = evaluate(env, network, n_envs=cmd.episodes, max_episode_length=max_len, seed=cmd.seed,
+                           deterministic=not cmd.stochastic)
+        indent = "  " if training_seed is None else f"  seed {training_seed}: "
+        print(f"{indent}return  mean {metrics['eval/episode_return']:.4f}  std {metrics['eval/episode_return_std']:.4f}"
+              f"  min {metrics['eval/episode_return_min']:.4f}  max {metrics['eval/episode_return_max']:.4f}"
+              f"  length  mean {metrics['eval/episode_length']:.1f}")
     if cmd.video is not None:
-        n_frames = record_video(env, network, cmd.video, max_len, cmd.seed, cmd.stochastic, cmd.fps)
+        n_frames = record_video(env, first, cmd.video, max_len, cmd.seed, cmd.stochastic, cmd.fps)
         print(f"video: {cmd.video} ({n_frames} frames)")
     return 0
 

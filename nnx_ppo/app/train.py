@@ -45,6 +45,7 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
             config=config,
             reward_scale=float(saved.get("reward_scale", 1.0)),
             no_preset=True,  # the run's own settings are the defaults
+            seeds=tuple(int(s) for s in saved.get("seeds", ())),
             resume=run_dir,
         )
     except FileNotFoundError as e:
@@ -57,8 +58,8 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
 def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: dict, train_env_kwargs: dict) -> Path:
     """The run directory; for ``--resume``, after checking that nothing that
     must stay fixed changed and that there is a checkpoint to resume from."""
-    if cmd.seeds and (cmd.resume is not None or len(set(cmd.seeds)) != len(cmd.seeds)):
-        raise CliError("--seeds: give distinct seeds for a new run (runs of several seeds cannot be resumed yet)")
+    if cmd.seeds and len(set(cmd.seeds)) != len(cmd.seeds):
+        raise CliError(f"--seeds: give distinct seeds, got {list(cmd.seeds)}")
     if cmd.resume is None:
         run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
         if (run_dir / rd.CONFIG_FILE).exists():
@@ -74,6 +75,7 @@ def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: 
         ("--ppo.rollout-length", cmd.config.ppo.rollout_length, saved["config"]["ppo"]["rollout_length"]),
         ("--reward-scale", cmd.reward_scale, float(saved.get("reward_scale", 1.0))),
         ("--train-env-kwargs", train_env_kwargs, saved.get("train_env_kwargs", {})),
+        ("--seeds", list(cmd.seeds), list(saved.get("seeds", []))),
     ):
         if now != before:
             raise CliError(f"cannot change {what} when resuming ({before!r} in the run, {now!r} given)")
@@ -164,11 +166,10 @@ def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int 
     elif result.metrics and n_seeds == 1:
         line += f"; last train return {result.metrics.get('train/episode_return', np.nan):.3f}"
     print(line)
-    if n_seeds == 1:
-        print(f"evaluate with: {PROG} eval {pretty_path(run_dir)}")
+    print(f"evaluate with: {PROG} eval {pretty_path(run_dir)}")
 
 
-def _train_seeds(cmd: TrainCommand, train_env, env, spec, logger, progress, config):
+def _train_seeds(cmd: TrainCommand, train_env, env, spec, logger, progress, config, checkpoints: dict):
     """``--seeds``: every seed in one program; the progress bar counts all
     seeds' steps and shows the mean evaluation over seeds."""
     from nnx_ppo.algorithms.seeds import train_seeds
@@ -188,12 +189,26 @@ def _train_seeds(cmd: TrainCommand, train_env, env, spec, logger, progress, conf
             pending.clear()
 
     progress.start()
-    results = train_seeds(train_env, lambda rngs: spec.build(env, rngs), config, seeds, log_fn=log_fn, eval_env=env)
+    results = train_seeds(train_env, lambda rngs: spec.build(env, rngs), config, seeds, log_fn=log_fn, eval_env=env,
+                          **checkpoints)
     finals = [r.eval_history[-1][1]["eval/episode_return"] for r in results if r.eval_history]
     if finals:
         progress.write("final eval return per seed: " + ", ".join(f"{s}: {f:.3f}" for s, f in zip(seeds, finals))
               + f"; mean {sum(finals) / len(finals):.3f}")
     return results[0]
+
+
+class _SilentLogger:
+    """The logger of processes other than 0 in a run of several processes."""
+
+    def __call__(self, metrics, env_steps, seed=None) -> None:
+        pass
+
+    def log_video(self, *args, **kwargs) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _video_recorder(cmd: TrainCommand, env, run_dir: Path, logger, progress):
@@ -228,10 +243,15 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     end into an exit code with the run directory intact.)"""
     from nnx_ppo.algorithms.ppo import NonFiniteError, new_training_state, train_ppo
 
+    from nnx_ppo.algorithms.distributed import is_primary, process_count
+
     resuming = cmd.resume is not None
     env_kwargs = parse_env_kwargs(cmd.env_kwargs, cmd.env)
     train_env_kwargs = parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
-    run_dir = _run_directory(cmd, saved, env_kwargs, train_env_kwargs)
+    primary = is_primary()  # in a run of several processes only process 0 writes the run directory and logs
+    if process_count() > 1 and cmd.run_dir is None and cmd.resume is None:
+        raise CliError("--run-dir is required with several processes (every process must name the same directory)")
+    run_dir = _run_directory(cmd, saved, env_kwargs, train_env_kwargs) if primary else Path(cmd.resume or cmd.run_dir)
     train_env, env = _envs(cmd, env_kwargs, train_env_kwargs)
     config = cmd.config
     spec = network_spec_of(cmd, env_kwargs, config.seed)
@@ -239,7 +259,7 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
         network = spec.build(env)
     except ValueError as e:
         raise CliError(f"cannot build a {cmd.network} network for {cmd.env}: {e}") from None
-    wandb = _import_wandb(cmd)
+    wandb = _import_wandb(cmd) if primary else None
     if cmd.video_every < 0:
         raise CliError(f"--video-every must be >= 0, got {cmd.video_every}")
     if cmd.video_every and cmd.seeds:
@@ -247,24 +267,26 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     if cmd.video_every:
         check_video_target(str(run_dir / "videos" / "check.mp4"), env, cmd.env, flag="--video-every")
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    content = _run_config(cmd, argv, saved, spec, env_kwargs, train_env_kwargs)
-    if distill is not None:
-        content["distillation"] = {"teacher_run": distill.teacher_run, **dataclasses.asdict(distill.config)}
-    wandb_run = None
-    if wandb is not None:
-        content.setdefault("wandb_id", uuid.uuid4().hex[:8])  # wandb >= 0.31 has no util.generate_id
-        wandb_run = wandb.init(project=cmd.wandb_project, name=run_dir.name, id=content["wandb_id"],
-                               dir=str(run_dir), config=content, resume="allow")
-    rd.write_run_config(run_dir, content)
-    _announce(cmd, run_dir, env_kwargs, resuming)
-
     ppo = config.ppo
-    logger = rd.RunLogger(run_dir, steps_per_iteration=ppo.steps_per_iteration,
-                          title=f"{cmd.network} on {cmd.env}", wandb_run=wandb_run, resumed=resuming)
+    if primary:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        content = _run_config(cmd, argv, saved, spec, env_kwargs, train_env_kwargs)
+        if distill is not None:
+            content["distillation"] = {"teacher_run": distill.teacher_run, **dataclasses.asdict(distill.config)}
+        wandb_run = None
+        if wandb is not None:
+            content.setdefault("wandb_id", uuid.uuid4().hex[:8])  # wandb >= 0.31 has no util.generate_id
+            wandb_run = wandb.init(project=cmd.wandb_project, name=run_dir.name, id=content["wandb_id"],
+                                   dir=str(run_dir), config=content, resume="allow")
+        rd.write_run_config(run_dir, content)
+        _announce(cmd, run_dir, env_kwargs, resuming)
+        logger = rd.RunLogger(run_dir, steps_per_iteration=ppo.steps_per_iteration,
+                              title=f"{cmd.network} on {cmd.env}", wandb_run=wandb_run, resumed=resuming)
+    else:
+        logger = _SilentLogger()
     n_runs = max(len(cmd.seeds), 1)
     progress = Progress(ppo.n_iterations * ppo.steps_per_iteration * n_runs, ppo.steps_per_iteration * n_runs,
-                        cmd.quiet)
+                        cmd.quiet or not primary)
 
     def log_fn(metrics: dict[str, float], env_steps: int) -> None:
         logger(metrics, env_steps)
@@ -282,7 +304,9 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     try:
         with stop:
             if cmd.seeds:
-                result = _train_seeds(cmd, train_env, env, spec, logger, progress, config)
+                result = _train_seeds(cmd, train_env, env, spec, logger, progress, config, dict(
+                    checkpoint_dir=ckpt_dir, resume_from=ckpt_dir if resuming else None,
+                    checkpoint_metadata=metadata, should_stop=stop))
             elif distill is not None:
                 from nnx_ppo.algorithms.distillation import train_distillation
 
@@ -316,7 +340,8 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     finally:
         progress.close()
         logger.close()
-    if result is not None:
+    if result is not None and primary:
         _summary(result, time.perf_counter() - t0, stop.requested, run_dir, n_runs)
-    print(f"run directory: {pretty_path(run_dir)}", flush=True)
+    if primary:
+        print(f"run directory: {pretty_path(run_dir)}", flush=True)
     return code

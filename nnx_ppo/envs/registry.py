@@ -68,7 +68,8 @@ def make(spec: str, **kwargs) -> RLEnv:
       ``random_reset_steps`` (they add a ``TimeLimit`` at the env's limit).
     * ``"playground:NAME"``: kwargs are Playground config overrides, plus
       ``episode_length`` (default: the config's ``episode_length``, else 1000),
-      ``random_initial_steps`` and ``random_reset_steps``. ``impl`` defaults to ``"jax"``.
+      ``random_initial_steps`` and ``random_reset_steps``. ``impl`` defaults to
+      ``"jax"`` (MJX); ``impl="warp"`` selects MuJoCo Warp (see docs/environments.md).
     * ``"brax:NAME"``: kwargs go to ``brax.envs.get_environment``, plus
       ``episode_length`` (default 1000), ``random_initial_steps`` and ``random_reset_steps``.
     """

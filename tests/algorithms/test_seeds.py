@@ -50,3 +50,26 @@ def test_seeds_must_build_one_architecture():
     with pytest.raises(ValueError, match="same architecture"):
         train_seeds(env, lambda rngs: make_actor_critic_for_env(env, "mlp", rngs, actor_hidden_sizes=next(sizes),
                                                                 critic_hidden_sizes=(8,)), config, [1, 2])
+
+
+def test_seed_batch_checkpoints_resume_exactly_and_load_per_seed(tmp_path):
+    from nnx_ppo.algorithms import checkpointing
+
+    env = make("cue_memory", n_cues=2, delay=3)
+    make_network = lambda rngs: make_actor_critic_for_env(env, "lstm", rngs, hidden_size=8, encoder_sizes=(8,))
+    config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=6, n_minibatches=2, total_steps=8 * 6 * 4),
+                         eval=EvalConfig(enabled=False), checkpoint_every_steps=8 * 6 * 2)
+    whole = train_seeds(env, make_network, config, [3, 5])
+    half = dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, total_steps=8 * 6 * 2))
+    train_seeds(env, make_network, half, [3, 5], checkpoint_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="resume with its seeds"):
+        train_seeds(env, make_network, config, [5, 3], resume_from=str(tmp_path))
+    resumed = train_seeds(env, make_network, config, [3, 5], checkpoint_dir=str(tmp_path), resume_from=str(tmp_path))
+    for a, b in zip(whole, resumed):
+        assert b.total_steps == 8 * 6 * 4
+        jax.tree.map(np.testing.assert_array_equal, a.state.params, b.state.params)  # exact
+    net = checkpointing.load_network(str(tmp_path), make_network(nnx.Rngs(0)), seed=5)
+    leaf = jax.tree.leaves(nnx.state(net, nnx.Param))[0]
+    np.testing.assert_array_equal(leaf, jax.tree.leaves(resumed[1].state.params)[0])
+    with pytest.raises(ValueError, match=r"holds the seeds \[3, 5\]"):
+        checkpointing.load_network(str(tmp_path), make_network(nnx.Rngs(0)))

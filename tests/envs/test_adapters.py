@@ -136,3 +136,26 @@ def test_raw_playground_env_is_accepted_as_it_ships():
     assert state.rollout.env_state.obs.shape == (2, 5)
     with pytest.raises(TypeError, match="expected an env with this library's API"):
         as_env(object())
+
+
+@pytest.mark.slow  # MuJoCo Warp compiles its kernels on first use (about 80 s on 2 cores; cached in ~/.cache/warp)
+def test_playground_warp_impl_trains_with_exact_replay():
+    """impl="warp" (MuJoCo Warp, on the CPU here): episodes reset inside the
+    rollout, the replay reproduces it, and training runs."""
+    pytest.importorskip("mujoco_playground")
+    pytest.importorskip("warp")
+    from flax import nnx
+
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.networks.factories import make_actor_critic_for_env
+    from nnx_ppo.testing import check_replay_consistency
+
+    env = make("playground:CartpoleBalance", impl="warp", episode_length=12)
+    network = make_actor_critic_for_env(env, "lstm", nnx.Rngs(0), hidden_size=8)
+    report = check_replay_consistency(network, env, n_envs=8, rollout_length=16)
+    assert report.passed and report.n_resets > 0, report
+    config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=16, n_minibatches=2, total_steps=256),
+                         eval=EvalConfig(n_envs=2, max_episode_length=12, every_steps=256))
+    result = train_ppo(env, network, config)
+    assert result.total_steps == 256 and np.isfinite(result.eval_history[-1][1]["eval/episode_return"])

@@ -63,7 +63,7 @@ def test_no_module_imports_from_a_layer_above_it():
     import pathlib
 
     root = pathlib.Path(importlib.import_module("nnx_ppo").__file__).parent
-    rank = {"envs": 0, "networks": 1, "algorithms": 2, "testing": 3, "network_spec": 4, "presets": 4, "run_dir": 4,
+    rank = {"envs": 0, "networks": 1, "algorithms": 2, "distributed": 2, "testing": 3, "network_spec": 4, "presets": 4, "run_dir": 4,
             "app": 5, "cli": 6}
     bad = []
     for path in root.rglob("*.py"):

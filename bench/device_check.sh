@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One script for a machine with an accelerator (a GPU), under 5 minutes:
+#  1. replay exactness of the MLP and LSTM Pendulum networks under the default
+#     matmul precision (TF32 on recent NVIDIA GPUs) and under "highest";
+#  2. steady throughput of the Pendulum MLP and LSTM work at 256 and 4096 envs;
+#  3. 8 seeds in one program against one after another.
+# Prints JSON lines; copy them into bench/README.md ("Accelerators").
+# Usage: bash bench/device_check.sh [PYTHON]   (default .venv/bin/python)
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${1:-../.venv/bin/python}
+export PYTHONPATH="$PWD/..${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -c "import jax; print('devices:', jax.devices())"
+for arch in mlp lstm; do
+  for precision in default highest; do
+    timeout 120 "$PY" replay_precision.py "$arch" 256 "$precision" || echo "{\"failed\": \"replay $arch $precision\"}"
+  done
+done
+for n_envs in 256 4096; do
+  timeout 120 "$PY" bench_ppo.py gymnax:Pendulum-v1 mlp "$n_envs" 32 $((n_envs * 32 * 40)) 0.1 4 \
+    || echo "{\"failed\": \"mlp $n_envs\"}"
+  timeout 120 "$PY" bench_ppo.py gymnax:Pendulum-v1 lstm "$n_envs" 32 $((n_envs * 32 * 20)) 0.1 4 \
+    || echo "{\"failed\": \"lstm $n_envs\"}"
+done
+timeout 180 "$PY" bench_seeds.py mlp 8 12 || echo '{"failed": "seeds"}'
