@@ -42,8 +42,9 @@ class Minibatch:
 def split_minibatches(key: jax.Array, data: Any, n_minibatches: int, n_blocks: int = 1) -> Any:
     """Permute the env axis and split it into groups of whole env sequences.
 
-    ``data`` (a :class:`Minibatch` or any pytree) leaves ``[T, B, ...]`` become ``[n_minibatches, T, B // n_minibatches, ...]``;
-    scan over the leading axis for one epoch. With ``n_blocks > 1`` the env
+    ``data`` (a :class:`Minibatch` or any pytree) leaves ``[T, B, ...]``
+    become ``[n_minibatches, T, B // n_minibatches, ...]``; scan over the
+    leading axis for one epoch. With ``n_blocks > 1`` the env
     axis is cut into ``n_blocks`` contiguous blocks, envs are permuted within
     each block, and every minibatch takes ``B / (n_blocks * n_minibatches)``
     envs from each block, in block order (so under sharding over ``n_blocks``
