@@ -3,7 +3,7 @@
 #   make test    - run the test suite
 VENV := .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= test,playground,brax
+EXTRAS ?= test,playground,brax,docs
 
 .PHONY: train test bench
 $(VENV)/.installed: pyproject.toml

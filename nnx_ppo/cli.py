@@ -4,6 +4,7 @@
     nnx-ppo train gymnax:CartPole-v1 --network mlp --ppo.total-steps 200000
     nnx-ppo train --resume runs/cue_memory-20250101-120000
     nnx-ppo eval runs/cue_memory-20250101-120000 --episodes 100
+    nnx-ppo eval runs/cue_memory-20250101-120000 --record-activations layers/1/components/action/layers/1 --out act.npz
     nnx-ppo distill runs/cue_memory-20250101-120000 --network gru
     nnx-ppo envs
 

@@ -14,7 +14,6 @@ Everything here is plain Python/NumPy; no JAX is needed to read a run.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import json
 import math
@@ -23,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo.algorithms.config import TrainConfig, config_from_dict
+from nnx_ppo.algorithms.config import TrainConfig, config_from_dict, config_to_dict
 
 __all__ = [
     "CONFIG_FILE",
@@ -66,16 +65,20 @@ def default_run_dir(env_spec: str, root: str | os.PathLike = "runs") -> Path:
 
 
 def train_config_to_dict(config: TrainConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    """The config as JSON-ready data (a learning-rate schedule becomes its
+    description, see :func:`nnx_ppo.algorithms.config.config_to_dict`)."""
+    return config_to_dict(config)
 
 
-def train_config_from_dict(data: dict[str, Any]) -> TrainConfig:
+def train_config_from_dict(data: dict[str, Any], *, learning_rate: Any = None) -> TrainConfig:
     """Inverse of :func:`train_config_to_dict`; unknown keys are skipped (with
-    a warning) so older/newer run directories still load."""
-    return config_from_dict(data, where=CONFIG_FILE)
+    a warning) so older/newer run directories still load. ``learning_rate``
+    replaces the saved one (required for a config saved with a schedule)."""
+    return config_from_dict(data, where=CONFIG_FILE, learning_rate=learning_rate)
 
 
 def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:
+    """Write ``content`` as the run's ``config.json`` (atomically, via a temporary file)."""
     path = Path(run_dir) / CONFIG_FILE
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(content, indent=2, sort_keys=False) + "\n")
@@ -83,6 +86,7 @@ def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:
 
 
 def read_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The run's ``config.json`` as a dict; ``FileNotFoundError`` if ``run_dir`` is not a run directory."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not an nnx-ppo run directory (no {CONFIG_FILE})")

@@ -72,6 +72,7 @@ def describe_leaves(prefix: str, tree: Any) -> tuple[list[dict], list[Any], Any]
 
 
 def leaf_name(i: int) -> str:
+    """The key of the ``i``-th flattened leaf in the orbax item (``leaf_00007``)."""
     return f"leaf_{i:05d}"
 
 
@@ -82,6 +83,7 @@ def as_item(arrays: list[Any]) -> dict[str, Any]:
 
 
 def sections_of(state: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+    """``{field: getattr(state, field)}`` for the named fields, in order."""
     return {name: getattr(state, name) for name in fields}
 
 

@@ -7,7 +7,7 @@ Layout of a run directory written by :func:`save_training_state`::
         network/        orbax checkpoint: params and rest (normalizer statistics, RNG streams)
         training/       orbax checkpoint: optimizer state, rollout state, training key, iteration
         layout.json     path, shape, dtype and PRNG-key impl of every saved leaf
-        config.json     dataclasses.asdict(TrainConfig)
+        config.json     the TrainConfig (config_to_dict: a learning-rate schedule is saved as its description)
         metadata.json   the caller's metadata dict (or null)
         COMMITTED       completion marker, written last
 
@@ -186,7 +186,9 @@ def save_training_state(
     if step < 0:
         raise ValueError(f"save_training_state: step must be >= 0, got {step}")
     # Serialize the JSON parts first, so bad metadata fails before anything is written.
-    config_json = json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n"
+    from nnx_ppo.algorithms.config import config_to_dict
+
+    config_json = json.dumps(config_to_dict(config), indent=2, sort_keys=True) + "\n"
     try:
         metadata_json = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
     except TypeError as err:
@@ -376,17 +378,24 @@ def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
 # --------------------------------------------------------------------------- config / metadata
 
 
-def load_config(directory: str | os.PathLike):
+def load_config(directory: str | os.PathLike, *, learning_rate: Any = None):
     """The :class:`~nnx_ppo.algorithms.config.TrainConfig` saved with the latest
-    checkpoint in ``directory`` (or with the checkpoint ``directory``)."""
-    from nnx_ppo.algorithms.config import config_from_dict
+    checkpoint in ``directory`` (or with the checkpoint ``directory``).
+
+    ``learning_rate`` (a number or an optax schedule) replaces the saved one;
+    it is required for a run trained with a learning-rate schedule, which is
+    saved only as a description (otherwise
+    :class:`~nnx_ppo.algorithms.config.ScheduleNotSavedError`)."""
+    from nnx_ppo.algorithms.config import ScheduleNotSavedError, config_from_dict
 
     path = _resolve(directory)
     data = _read_json(path / _CONFIG_FILE)
     if not isinstance(data, dict):
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {_CONFIG_FILE} is not an object")
     try:
-        return config_from_dict(data, where=str(path / _CONFIG_FILE))
+        return config_from_dict(data, where=str(path / _CONFIG_FILE), learning_rate=learning_rate)
+    except ScheduleNotSavedError:
+        raise
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint {str(path)!r}: {_CONFIG_FILE} is not a valid TrainConfig ({err})") from err
 

@@ -5,12 +5,18 @@ Field names follow the original nnx-ppo where it had them.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import numbers
 import typing
 import warnings
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "config_from_dict"]
+__all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "ScheduleNotSavedError", "config_to_dict", "config_from_dict"]
+
+# A learning-rate schedule: optimizer update count -> learning rate (an optax schedule).
+Schedule = Callable[[Any], Any]
 
 
 def _require_positive_int(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
@@ -33,8 +39,11 @@ class PPOConfig:
       gae_lambda: GAE lambda.
       discounting_factor: discount gamma.
       clip_range: PPO ratio clipping epsilon.
-      learning_rate: optimizer step size.
-      learning_rate_decay: decay the learning rate linearly to 0 over training.
+      learning_rate: optimizer step size: a positive number, or (from
+        Python) an optax schedule of the update count, see ``make_optimizer``;
+        a schedule is saved as a description only (``config_to_dict``).
+      learning_rate_decay: decay the learning rate linearly to 0 over training
+        (not with a schedule).
       normalize_advantages: standardize advantages per minibatch.
       combine_advantages: with dict rewards, sum the per-key advantages into one.
       n_epochs: passes over each rollout.
@@ -74,6 +83,7 @@ class PPOConfig:
     gae_lambda: float = 0.95
     discounting_factor: float = 0.99
     clip_range: float = 0.2
+    # A float or a Schedule (see above); annotated float so that command-line parsers (tyro) read a number.
     learning_rate: float = 3e-4
     learning_rate_decay: bool = False
     normalize_advantages: bool = True
@@ -109,16 +119,27 @@ class PPOConfig:
             raise ValueError(f"PPOConfig.gae_lambda must be in [0, 1], got {self.gae_lambda}")
         if self.clip_range <= 0:
             raise ValueError(f"PPOConfig.clip_range must be positive, got {self.clip_range}")
-        if not self.learning_rate > 0:  # also rejects NaN
-            raise ValueError(f"PPOConfig.learning_rate must be positive, got {self.learning_rate}")
+        if callable(self.learning_rate):
+            if self.learning_rate_decay:
+                raise ValueError(
+                    "PPOConfig: learning_rate_decay=True with a learning_rate schedule is ambiguous; "
+                    "build the decay into the schedule (e.g. optax.linear_schedule) and leave learning_rate_decay off"
+                )
+        elif (isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, numbers.Real)
+              or not self.learning_rate > 0):  # also rejects NaN
+            raise ValueError(
+                "PPOConfig.learning_rate must be a positive number or a schedule (a callable from the "
+                f"optimizer update count to the learning rate, e.g. from optax), got {self.learning_rate!r}"
+            )
         if not self.critic_loss_weight >= 0:
             raise ValueError(f"PPOConfig.critic_loss_weight must be >= 0, got {self.critic_loss_weight}")
         for name in ("value_clip_range", "gradient_clipping", "replay_tolerance"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"PPOConfig.{name} must be positive or None, got {value}")
-        if self.weight_decay is not None and not self.weight_decay >= 0:
-            raise ValueError(f"PPOConfig.weight_decay must be >= 0 or None, got {self.weight_decay}")
+        if self.weight_decay is not None and (isinstance(self.weight_decay, bool) or not self.weight_decay >= 0):
+            # (The original nnx-ppo read True as optax's default decay, 1e-4; here it would have been 1.0.)
+            raise ValueError(f"PPOConfig.weight_decay must be a number >= 0 or None, got {self.weight_decay!r}")
 
     @property
     def steps_per_iteration(self) -> int:
@@ -186,10 +207,64 @@ class TrainConfig:
         _require_positive_int("TrainConfig", "n_devices", self.n_devices, allow_none=True)
 
 
-def config_from_dict(data: dict[str, Any], cls: type = TrainConfig, where: str = "config") -> Any:
+class ScheduleNotSavedError(ValueError):
+    """A saved config was trained with a learning-rate schedule, which cannot
+    be saved; pass the schedule again to load it."""
+
+
+_SCHEDULE_PREFIX = "<schedule "
+
+
+def _describe_schedule(schedule: Schedule) -> str:
+    """A stable, readable stand-in for a schedule in JSON (no memory address)."""
+    name = getattr(schedule, "__qualname__", None) or type(schedule).__qualname__
+    module = getattr(schedule, "__module__", None) or type(schedule).__module__
+    return f"{_SCHEDULE_PREFIX}{module}.{name}>"
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """``dataclasses.asdict(config)``, JSON-ready. A learning-rate schedule
+    (a callable) cannot be serialized; it is replaced by a description, its
+    module and qualified name (e.g. ``"<schedule my_module.warmup>"``), and
+    :func:`config_from_dict` then asks for the schedule again."""
+
+    def convert(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: convert(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, (list, tuple)):
+            return type(value)(convert(v) for v in value)
+        if isinstance(value, dict):
+            return {k: convert(v) for k, v in value.items()}
+        if callable(value):
+            return _describe_schedule(value)
+        return copy.deepcopy(value)
+
+    return convert(config)
+
+
+def config_from_dict(data: dict[str, Any], cls: type = TrainConfig, where: str = "config", *,
+                     learning_rate: float | Schedule | None = None) -> Any:
     """Rebuild a config dataclass (nested ones included) from its
-    ``dataclasses.asdict`` form. Unknown fields (from an older or newer
-    version) are skipped with a warning naming ``where``."""
+    :func:`config_to_dict` (``dataclasses.asdict``) form. Unknown fields (from
+    an older or newer version) are skipped with a warning naming ``where``.
+
+    ``learning_rate``, if given, replaces the saved ``PPOConfig.learning_rate``
+    (a number or a schedule). It is required when the config was saved with
+    a schedule (saved as a description only): without it that raises
+    :class:`ScheduleNotSavedError`."""
+    if learning_rate is not None:
+        if cls is PPOConfig:
+            data = {**data, "learning_rate": learning_rate}
+        elif isinstance(data.get("ppo"), dict):
+            data = {**data, "ppo": {**data["ppo"], "learning_rate": learning_rate}}
+    if cls is PPOConfig:
+        saved = data.get("learning_rate")
+        if isinstance(saved, str):
+            raise ScheduleNotSavedError(
+                f"{where}: this config was saved with a learning-rate schedule ({saved}), and a schedule "
+                "cannot be saved; pass it again as learning_rate=... (config_from_dict, "
+                "checkpointing.load_config) to load the config"
+            )
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     kwargs = {}

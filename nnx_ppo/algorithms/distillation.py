@@ -280,9 +280,13 @@ def train_distillation(
       teacher_obs: a privileged teacher's view: ``teacher_obs(env_state)``
         for one (un-batched) env state (e.g. ``lambda s: s.data`` for the
         full physical state); default: the env's observation.
-      log_fn, eval_env, checkpoint_dir, resume_from, checkpoint_metadata,
-        should_stop, on_evaluation: as for :func:`~nnx_ppo.algorithms.ppo.train_ppo`
-        (evaluations are of the student).
+      log_fn: as for :func:`~nnx_ppo.algorithms.ppo.train_ppo`.
+      eval_env: as for ``train_ppo`` (evaluations are of the student).
+      checkpoint_dir: as for ``train_ppo``.
+      resume_from: as for ``train_ppo``.
+      checkpoint_metadata: as for ``train_ppo``.
+      should_stop: as for ``train_ppo``.
+      on_evaluation: as for ``train_ppo`` (the evaluated policy is the student).
 
     Returns:
       A :class:`TrainResult`; metrics ``loss/distillation`` (negative

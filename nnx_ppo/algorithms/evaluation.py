@@ -2,7 +2,9 @@
 
 One stepper, :func:`run_episodes`, serves both the periodic evaluation in
 training (:func:`make_eval_fn`, :func:`evaluate`) and video recording (with
-``record_states``): a compiled scan over steps, one episode per env.
+``record_states``): a compiled scan over steps, one episode per env. Its two
+pieces, :func:`start_episodes` and :func:`policy_step`, are shared with
+activation recording (:mod:`nnx_ppo.algorithms.recording`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,17 @@ import jax.numpy as jnp
 
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.rollout import sum_leaves
+from nnx_ppo.networks.types import StatefulModuleOutput
 
-__all__ = ["Episodes", "run_episodes", "make_eval_fn", "evaluate", "episode_metrics"]
+__all__ = [
+    "Episodes",
+    "start_episodes",
+    "policy_step",
+    "run_episodes",
+    "make_eval_fn",
+    "evaluate",
+    "episode_metrics",
+]
 
 
 @jax.tree_util.register_dataclass
@@ -37,18 +48,42 @@ class Episodes:
     states: Any = None
 
 
+def start_episodes(env, network: NetworkFn, key: jax.Array, n_envs: int) -> tuple[Any, Any, NetworkFn]:
+    """Reset ``n_envs`` envs (one key each, split from ``key``) and build the
+    network's fresh carry (traceable).
+
+    Returns ``(env_state, carry, network)``: env states and carry with leaves
+    ``[n_envs, ...]``, and the network view after ``initialize``.
+    """
+    carry, network = network.initialize(n_envs)
+    env_state = jax.vmap(env.reset)(jax.random.split(key, n_envs))
+    return env_state, carry, network
+
+
+def policy_step(env, network: NetworkFn, env_state: Any, carry: Any) -> tuple[StatefulModuleOutput, Any, NetworkFn]:
+    """One step of acting (traceable): the network acts on ``env_state.obs``
+    and every env steps with its action. Ended envs are not reset here.
+
+    Returns ``(out, stepped, network)``: the network's output
+    (``out.output`` a :class:`~nnx_ppo.networks.types.PPONetworkOutput`,
+    ``out.next_state`` the carry after the step), the stepped env states
+    ``[B, ...]`` and the network view after ``apply``.
+    """
+    out, network = network.apply(carry, env_state.obs)
+    stepped = jax.vmap(env.step)(env_state, out.output.actions)
+    return out, stepped, network
+
+
 def run_episodes(env, network: NetworkFn, key: jax.Array, n_envs: int, max_steps: int,
                  record_states: bool = False) -> Episodes:
     """Reset ``n_envs`` envs and step them with ``network`` for ``max_steps``
     steps (traceable; jit it). Each env's first episode is measured; steps
     after it ended are not counted (an ended env may hold NaN)."""
-    carry, network = network.initialize(n_envs)
-    env_state = jax.vmap(env.reset)(jax.random.split(key, n_envs))
+    env_state, carry, network = start_episodes(env, network, key, n_envs)
 
     def step(c, _):
         network, env_state, carry, ret, length, alive = c
-        out, network = network.apply(carry, env_state.obs)
-        env_state = jax.vmap(env.step)(env_state, out.output.actions)
+        out, env_state, network = policy_step(env, network, env_state, carry)
         ret = ret + jnp.where(alive > 0, sum_leaves(env_state.reward), 0.0)
         length = length + alive
         alive = alive * (1.0 - (env_state.done > 0))

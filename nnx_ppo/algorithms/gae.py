@@ -35,7 +35,8 @@ def compute_gae(
     """GAE over a rollout.
 
     Args:
-      rewards, values: ``[T, B]``.
+      rewards: ``[T, B]``.
+      values: ``[T, B]``, the value estimates of the rollout's observations.
       last_value: ``[B]``, value of the observation after the last step.
       terminated: ``[T, B]``, 1 where the episode really ended (no bootstrap).
       truncated: ``[T, B]``, 1 where a time limit ended it.

@@ -70,7 +70,15 @@ __all__ = [
 
 def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
     """Adam (AdamW with ``weight_decay``), optional global-norm clipping and
-    linear learning-rate decay to zero over ``total_steps``."""
+    linear learning-rate decay to zero over ``total_steps``.
+
+    A ``config.learning_rate`` schedule (a callable, e.g. from
+    ``optax.schedules``) is passed to optax as it is: it is called with the
+    optimizer's update count, which advances once per minibatch update, so a
+    training run makes ``n_iterations * n_epochs * n_minibatches`` updates
+    (the count is part of the optimizer state: a resumed run continues it,
+    and each seed of :func:`~nnx_ppo.algorithms.seeds.train_seeds` has its
+    own)."""
     lr: Any = config.learning_rate
     if config.learning_rate_decay:
         updates_per_iteration = config.n_epochs * config.n_minibatches
@@ -273,7 +281,8 @@ def resume_state(resume_from: str, checkpoint_dir: str | None, state: TrainingSt
     anything is read or written."""
     from nnx_ppo.algorithms import checkpointing
 
-    saved = checkpointing.load_config(resume_from).ppo
+    # Only the sizes are compared: a placeholder rate lets a config saved with a schedule (not saved) load.
+    saved = checkpointing.load_config(resume_from, learning_rate=1.0).ppo
     for name in ("n_envs", "rollout_length"):
         if getattr(saved, name) != getattr(ppo, name):
             raise ValueError(

@@ -23,6 +23,7 @@ __all__ = [
     "RolloutStats",
     "Rollout",
     "collect_rollout",
+    "reset_ended",
     "episode_metrics",
     "sum_leaves",
     "all_finite",
@@ -164,7 +165,7 @@ def all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
 
 
-def _reset_ended(env, done: jax.Array, stepped: Any, key: jax.Array) -> Any:
+def reset_ended(env, done: jax.Array, stepped: Any, key: jax.Array) -> Any:
     """Env states ``[B, ...]`` with the ended envs (``done``) reset; the
     reset runs only on steps where some env ended.
 
@@ -245,7 +246,7 @@ def collect_rollout(
         final_values = _truncation_values(net, out.next_state, observe(stepped), truncated,
                                           jax.tree.map(jnp.zeros_like, net_out.value_estimates),
                                           bootstrap_on_truncation)
-        env_state = _reset_ended(env, done, stepped, jax.random.split(step_key)[0])
+        env_state = reset_ended(env, done, stepped, jax.random.split(step_key)[0])
         fresh_carry, net = net.reset(out.next_state)
         step_stats, ep_return, ep_length = _episode_step(rs, sum_leaves(stepped.reward), done, stepped.obs,
                                                          env_state.obs)

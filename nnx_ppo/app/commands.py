@@ -145,6 +145,15 @@ class EvalCommand:
     fps: Optional[float] = None
     """video frame rate (default: the env's control rate, else 30)."""
 
+    record_activations: Annotated[tuple[str, ...], tyro.conf.arg(metavar="PATH [PATH ...]")] = ()
+    """record the outputs and carries of these modules (paths from --list-modules) over --episodes envs x --max-episode-length steps into --out (nnx_ppo.algorithms.recording)."""
+
+    out: Optional[str] = None
+    """the .npz file that --record-activations writes."""
+
+    list_modules: bool = False
+    """print the module paths that --record-activations accepts, and exit."""
+
 
 @dataclasses.dataclass
 class DistillCommand:

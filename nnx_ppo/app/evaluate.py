@@ -1,4 +1,5 @@
-"""``nnx-ppo eval``: load a run's final policy, evaluate it, record a video."""
+"""``nnx-ppo eval``: load a run's final policy, evaluate it, record a video
+or the activations of chosen modules (:mod:`nnx_ppo.app.record`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from nnx_ppo import run_dir as rd
 from nnx_ppo.app.commands import CliError, EvalCommand, has_checkpoint, make_env
 from nnx_ppo.app.progress import pretty_path
+from nnx_ppo.app.record import check_record_flags, check_record_paths, print_module_paths, record_to_file
 from nnx_ppo.network_spec import NetworkSpec
 
 
@@ -30,6 +32,11 @@ def run_eval(cmd: EvalCommand) -> int:
     max_len = cmd.max_episode_length or int(saved.get("config", {}).get("eval", {}).get("max_episode_length", 1000))
     if cmd.video is not None:
         check_video_target(cmd.video, env, saved["env"])
+    check_record_flags(cmd)
+    if cmd.list_modules:
+        return print_module_paths(spec.build(env))
+    if cmd.record_activations:
+        check_record_paths(spec.build(env), cmd.record_activations)
     kind = "stochastic" if cmd.stochastic else "deterministic"
     print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with the final policy of "
           f"{pretty_path(run_dir)}")
@@ -48,6 +55,8 @@ def run_eval(cmd: EvalCommand) -> int:
     if cmd.video is not None:
         n_frames = record_video(env, first, cmd.video, max_len, cmd.seed, cmd.stochastic, cmd.fps)
         print(f"video: {cmd.video} ({n_frames} frames)")
+    if cmd.record_activations:
+        record_to_file(cmd, env, first, max_len)
     return 0
 
 

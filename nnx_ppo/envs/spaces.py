@@ -102,6 +102,7 @@ Space = Box | Discrete
 
 
 def is_space(x: Any) -> bool:
+    """Whether ``x`` is a :class:`Box` or a :class:`Discrete` (a leaf of a space tree)."""
     return isinstance(x, (Box, Discrete))
 
 

@@ -128,7 +128,8 @@ def make_mlp_actor_critic(
     Args:
       obs_size: observation size: an int, a shape tuple, or a dict of them.
       action_size: number of continuous action dims, or of discrete actions.
-      actor_hidden_sizes, critic_hidden_sizes: hidden widths.
+      actor_hidden_sizes: hidden widths of the actor MLP.
+      critic_hidden_sizes: hidden widths of the critic MLP.
       rngs: parameter and sampling RNGs (default ``nnx.Rngs(0)``).
       activation: name (``relu``, ``tanh``, ``elu``, ``swish``, ``gelu``) or callable.
       normalize_obs: start with a running-statistics :class:`Normalizer`.

@@ -151,7 +151,8 @@ class PopulationGraph(StatefulModule):
         """Project ``src`` onto ``dst``; returns the connection name.
 
         Args:
-          src, dst: population names (checked at :meth:`finalize`).
+          src: source population name (checked at :meth:`finalize`).
+          dst: target population name (checked at :meth:`finalize`).
           delay: ``k >= 0``; ``dst`` sees ``src``'s output from ``k`` steps ago.
           transform: a :class:`StatefulModule` mapping ``[B, src_size]`` to
             ``[B, dst_size]``; default ``Dense(src_size, dst_size, rngs)``

@@ -123,14 +123,24 @@ class AR1VariationalBottleneck(VariationalBottleneck):
     key chain (or draws fresh keys when ``fresh_keys_on_reset=True``).
 
     Args:
-      latent_size, rng, kl_weight, min_std, fresh_keys_on_reset: as for
-        :class:`VariationalBottleneck`.
-      smoothness_weight: weight of the smoothness penalty.
+      latent_size: ``L``, as for :class:`VariationalBottleneck` (the same
+        positions for the first four arguments).
+      rng: ``nnx.Rngs`` (or an int seed) used only to seed the per-env keys.
+      kl_weight: weight of the KL term in ``regularization_loss``.
+      min_std: lower bound added to the softplus standard deviation.
+      fresh_keys_on_reset: draw fresh keys in :meth:`reset_state`.
+      smoothness_weight: weight of the smoothness penalty; keyword-only, so
+        that the original nnx-ppo's positional ``(latent_size, rng, kl_weight,
+        min_std, ar1_weight, backprop_through_time)`` is a ``TypeError``
+        rather than a silent change of meaning. The original's ``ar1_weight``
+        multiplies the *mean* squared difference over the latent axis; this
+        one the *sum*: ``smoothness_weight = ar1_weight / latent_size`` gives
+        the same penalty (gradients always flow back in time, the original's
+        ``backprop_through_time=True``).
     """
 
-    def __init__(self, latent_size: int, rng: nnx.Rngs, kl_weight: float,
-                 smoothness_weight: float, min_std: float = 1e-6, *,
-                 fresh_keys_on_reset: bool = False):
+    def __init__(self, latent_size: int, rng: nnx.Rngs, kl_weight: float, min_std: float = 1e-6, *,
+                 smoothness_weight: float, fresh_keys_on_reset: bool = False):
         super().__init__(latent_size, rng, kl_weight, min_std,
                          fresh_keys_on_reset=fresh_keys_on_reset)
         if smoothness_weight < 0:

@@ -19,6 +19,9 @@ ARGS = ["cue_memory", "--network", "lstm", "--hidden-size", "8", "--env-kwargs",
         "--eval.max-episode-length", "5", "--checkpoint-every-steps", "256", "--quiet"]
 TIMEOUT = 600
 
+# Three JAX processes on 2 cores (about 45 s): `make test ARGS="-m slow"`.
+pytestmark = pytest.mark.slow
+
 
 def _command(run_dir: Path, devices: int, *extra: str) -> tuple[list[str], dict]:
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}

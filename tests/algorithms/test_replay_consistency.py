@@ -47,7 +47,8 @@ def everything_network(seed=0):
         Parallel(
             gate=Sequential([Dense(8, 8, rngs), BernoulliGate(rngs, fresh_keys_on_reset=True)]),
             vb=Sequential([Dense(8, 8, rngs), VariationalBottleneck(4, rngs, 0.01)]),
-            ar=Sequential([Dense(8, 8, rngs), AR1VariationalBottleneck(4, rngs, 0.01, 0.1, fresh_keys_on_reset=True)]),
+            ar=Sequential([Dense(8, 8, rngs),
+                           AR1VariationalBottleneck(4, rngs, 0.01, smoothness_weight=0.1, fresh_keys_on_reset=True)]),
         ),
         Flattener(),
         Dense(16, 4 + 3 + 4 + 1, rngs),

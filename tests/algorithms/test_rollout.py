@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nnx_ppo.algorithms.rollout import _reset_ended
+from nnx_ppo.algorithms.rollout import reset_ended
 from nnx_ppo.envs.types import EnvState, as_f32
 
 
@@ -26,7 +26,7 @@ def test_reset_keeps_leaves_without_the_env_axis():
                        data={"t": jnp.array([5, 7, 9], jnp.int32), "ncollision": jnp.array([4], jnp.int32),
                              "contacts": jnp.zeros((0, 3))})
     done = stepped.done > 0
-    out = jax.jit(lambda s: _reset_ended(_Batchless(), done, s, jax.random.key(0)))(stepped)
+    out = jax.jit(lambda s: reset_ended(_Batchless(), done, s, jax.random.key(0)))(stepped)
     np.testing.assert_array_equal(out.data["t"], [5, 0, 9])
     np.testing.assert_array_equal(out.obs, [[1, 1], [0, 0], [1, 1]])
     np.testing.assert_array_equal(out.data["ncollision"], [4])

@@ -101,6 +101,7 @@ def test_playground_adapter():
     assert not np.allclose(np.asarray(rep.last_state.obs), np.asarray(rep.reset_state.obs))
 
 
+@pytest.mark.slow  # 20 s of Brax compilation on 2 cores; `make test ARGS="-m slow"`
 def test_brax_adapter():
     pytest.importorskip("brax")
     # The positional pipeline compiles fastest.

@@ -15,7 +15,7 @@ L, B, T = 3, 4, 3
 def _make(kind, **kw):
     if kind == "vb":
         return VariationalBottleneck(L, nnx.Rngs(0), 0.5, **kw)
-    return AR1VariationalBottleneck(L, nnx.Rngs(0), 0.5, 2.0, **kw)
+    return AR1VariationalBottleneck(L, nnx.Rngs(0), 0.5, smoothness_weight=2.0, **kw)
 
 
 def _xs(t_steps=T, b=B, seed=0):
@@ -230,10 +230,10 @@ def test_errors_name_module_and_argument():
         m(m.initialize_state(4), jnp.zeros((4, 5)))
     with pytest.raises(ValueError, match=r"VariationalBottleneck: key carry has shape \(3,\), expected \(4,\)"):
         m(m.initialize_state(3), jnp.zeros((4, 6)))
-    a = AR1VariationalBottleneck(L, nnx.Rngs(0), 1.0, 1.0)
+    a = AR1VariationalBottleneck(L, nnx.Rngs(0), 1.0, smoothness_weight=1.0)
     with pytest.raises(ValueError, match=r"AR1VariationalBottleneck: x has shape"):
         a(a.initialize_state(4), jnp.zeros((4, 2)))
     with pytest.raises(ValueError, match="AR1VariationalBottleneck: smoothness_weight"):
-        AR1VariationalBottleneck(L, nnx.Rngs(0), 1.0, -1.0)
+        AR1VariationalBottleneck(L, nnx.Rngs(0), 1.0, smoothness_weight=-1.0)
     with pytest.raises(ValueError, match="VariationalBottleneck: latent_size"):
         VariationalBottleneck(0, nnx.Rngs(0), 1.0)
