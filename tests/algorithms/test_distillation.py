@@ -147,8 +147,8 @@ def test_a_trained_mlp_teacher_distills_into_an_lstm_student():
     for seed in (0, 1):
         student = make_actor_critic_for_env(eval_env, "lstm", nnx.Rngs(seed), hidden_size=32)
         distill = TrainConfig(
-            ppo=PPOConfig(n_envs=32, rollout_length=32, total_steps=65_536, n_minibatches=4, learning_rate=3e-3),
-            eval=EvalConfig(every_steps=65_536, n_envs=32, max_episode_length=500), seed=seed)
+            ppo=PPOConfig(n_envs=32, rollout_length=32, total_steps=131_072, n_minibatches=4, learning_rate=3e-3),
+            eval=EvalConfig(every_steps=131_072, n_envs=32, max_episode_length=500), seed=seed)
         result = train_distillation(train_env, teacher, student, distill, eval_env=eval_env)
         student_return = result.eval_history[-1][1]["eval/episode_return"]
         assert student_return >= 0.95 * teacher_return, (seed, student_return, teacher_return)
