@@ -32,6 +32,7 @@ import optax
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Health, IterationOutput
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
+from nnx_ppo.algorithms.losses import largest_difference
 from nnx_ppo.algorithms.ppo import (
     compile_iterations,
     make_optimizer,
@@ -167,10 +168,6 @@ def distillation_loss(params: Any, network: NetworkFn, trajectory: Trajectory) -
     return total, {"loss/total": total, "loss/distillation": nll, "loss/regularization": replay.regularization_loss}
 
 
-def _largest_difference(a: Any, b: Any) -> jax.Array:
-    return jnp.max(jnp.stack([jnp.max(jnp.abs(x - y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]))
-
-
 def distillation_iteration(env, graphdef: Any, teacher: NetworkFn, optimizer: optax.GradientTransformation,
                            config: PPOConfig, distillation: DistillationConfig, observe: Callable | None,
                            state: TrainingState) -> tuple[TrainingState, IterationOutput]:
@@ -194,8 +191,8 @@ def distillation_iteration(env, graphdef: Any, teacher: NetworkFn, optimizer: op
                               extras=traj.extras["student"])
     replayed = student.replay(own).output
     replay_error = jax.lax.stop_gradient(jnp.maximum(
-        _largest_difference(replayed.loglikelihoods, traj.loglikelihoods),
-        _largest_difference(replayed.value_estimates, traj.values)))
+        largest_difference(replayed.loglikelihoods, traj.loglikelihoods),
+        largest_difference(replayed.value_estimates, traj.values)))
     targets = dataclasses.replace(own, extras=extras_for_actions(student.module(), own.extras,
                                                                  traj.extras["teacher_actions"]))
     student, opt_state, loss_metrics = update_epochs(student, optimizer, state.opt_state, targets, epoch_key,

@@ -22,7 +22,7 @@ from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.rollout import Trajectory, sum_leaves
 
-__all__ = ["Minibatch", "split_minibatches", "normalize_advantages", "ppo_loss"]
+__all__ = ["Minibatch", "split_minibatches", "largest_difference", "normalize_advantages", "ppo_loss"]
 
 
 @jax.tree_util.register_dataclass
@@ -73,6 +73,11 @@ def split_minibatches(key: jax.Array, data: Any, n_minibatches: int, n_blocks: i
         return jnp.reshape(x, (n_minibatches, T, B // n_minibatches) + rest)
 
     return jax.tree.map(split_blocks, data)
+
+
+def largest_difference(a: Any, b: Any) -> jax.Array:
+    """The largest ``|a - b|`` over all leaves of two trees of the same structure."""
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(x - y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]))
 
 
 def normalize_advantages(advantages: jax.Array) -> jax.Array:
@@ -154,11 +159,9 @@ def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
 
     value_loss = sum_leaves(jax.tree.map(value_error, new.value_estimates, traj.values, returns))
     total = policy_loss + config.critic_loss_weight * value_loss + replay.regularization_loss
-    largest = lambda a, b: jnp.max(jnp.stack([jnp.max(jnp.abs(x - y)) for x, y in
-                                              zip(jax.tree.leaves(a), jax.tree.leaves(b))]))
     metrics = {
-        "replay/max_abs_log_ratio": jax.lax.stop_gradient(largest(new.loglikelihoods, traj.loglikelihoods)),
-        "replay/max_value_difference": jax.lax.stop_gradient(largest(new.value_estimates, traj.values)),
+        "replay/max_abs_log_ratio": jax.lax.stop_gradient(largest_difference(new.loglikelihoods, traj.loglikelihoods)),
+        "replay/max_value_difference": jax.lax.stop_gradient(largest_difference(new.value_estimates, traj.values)),
         "loss/total": total,
         "loss/policy": policy_loss,
         "loss/value": value_loss,
