@@ -317,6 +317,8 @@ def test_train_several_seeds_in_one_run(tmp_path, capsys):
     assert cli.main(["eval", str(run), "--episodes", "4"]) == 0
     out = capsys.readouterr().out
     assert "seed 0: return" in out and "seed 1: return" in out
+    assert cli.main(["distill", str(run), "--hidden-size", "8", "--total-steps", "256",  # teacher: seed 0's policy
+                     "--run-dir", str(tmp_path / "student"), "--quiet"]) == 0
     assert cli.main(["train", "--resume", str(run), "--ppo.total-steps", "768", "--quiet"]) == 0
     rows = rd.read_metrics(run)
     for seed in (0, 1):

@@ -231,6 +231,20 @@ def make_env(spec: str, kwargs: dict[str, Any]):
         raise CliError(str(e), code=1) from None
 
 
+def run_policy_spec(run_dir: Path, saved: dict[str, Any]) -> tuple[Any, NetworkSpec, Path]:
+    """The env, network spec and checkpoint directory of a ``train`` run
+    (whose ``config.json`` is ``saved``); a named error when it has no checkpoint."""
+    from nnx_ppo import run_dir as rd
+
+    ckpt_dir = run_dir / rd.CHECKPOINT_DIR
+    if not has_checkpoint(ckpt_dir):
+        raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
+    env = make_env(saved["env"], saved.get("env_kwargs", {}))
+    spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}), **saved["network"]},
+                                 where=f"{run_dir}/config.json")
+    return env, spec, ckpt_dir
+
+
 def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
     if cmd.hidden_size <= 0:
         raise CliError(f"--hidden-size must be positive, got {cmd.hidden_size}")

@@ -13,8 +13,7 @@ import json
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, DistillCommand, TrainCommand, has_checkpoint, make_env
-from nnx_ppo.network_spec import NetworkSpec
+from nnx_ppo.app.commands import CliError, DistillCommand, TrainCommand, run_policy_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,16 +26,13 @@ class DistillSetup:
 
 
 def _teacher(run_dir: Path, saved: dict):
-    """The teacher network: the final checkpoint of ``run_dir``."""
+    """The teacher network: the final checkpoint of ``run_dir`` (of a run of
+    several seeds, the first seed's policy)."""
     from nnx_ppo.algorithms import checkpointing
 
-    ckpt_dir = run_dir / rd.CHECKPOINT_DIR
-    if not has_checkpoint(ckpt_dir):
-        raise CliError(f"{run_dir} has no checkpoints: nothing to distill (runs of several seeds write none)")
-    env = make_env(saved["env"], saved.get("env_kwargs", {}))
-    spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}), **saved["network"]},
-                                 where=f"{run_dir}/config.json")
-    return checkpointing.load_network(str(ckpt_dir.resolve()), spec.build(env))
+    env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
+    seeds = saved.get("seeds")
+    return checkpointing.load_network(str(ckpt_dir.resolve()), spec.build(env), seed=int(seeds[0]) if seeds else None)
 
 
 def run_distill(cmd: DistillCommand, argv: list[str]) -> int:

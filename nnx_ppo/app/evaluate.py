@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, EvalCommand, has_checkpoint, make_env
+from nnx_ppo.app.commands import CliError, EvalCommand, run_policy_spec
 from nnx_ppo.app.progress import pretty_path
 from nnx_ppo.app.record import check_record_flags, check_record_paths, print_module_paths, record_to_file
-from nnx_ppo.network_spec import NetworkSpec
 
 
 def run_eval(cmd: EvalCommand) -> int:
@@ -23,12 +22,7 @@ def run_eval(cmd: EvalCommand) -> int:
         saved = rd.read_run_config(run_dir)
     except FileNotFoundError as e:
         raise CliError(str(e)) from None
-    ckpt_dir = run_dir / rd.CHECKPOINT_DIR
-    if not has_checkpoint(ckpt_dir):
-        raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
-    env = make_env(saved["env"], saved.get("env_kwargs", {}))
-    spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}), **saved["network"]},
-                                 where=f"{run_dir}/config.json")
+    env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     max_len = cmd.max_episode_length or int(saved.get("config", {}).get("eval", {}).get("max_episode_length", 1000))
     if cmd.video is not None:
         check_video_target(cmd.video, env, saved["env"])
