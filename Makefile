@@ -15,8 +15,9 @@ $(VENV)/.installed: pyproject.toml
 train: $(VENV)/.installed
 	$(VENV)/bin/nnx-ppo train $(ARGS)
 
+# Two pytest workers (pytest-xdist), each taking whole test files (module fixtures run once).
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) bench/run_all.py

@@ -190,6 +190,11 @@ class TrainConfig:
       keep_checkpoints: how many recent checkpoints to keep.
       n_devices: local devices to shard the env axis over (None: all local
         devices; 1: no sharding). ``ppo.n_envs`` must be divisible by it.
+      shard_seeds: for a seed batch
+        (:func:`~nnx_ppo.algorithms.seeds.train_seeds`) on several devices,
+        split the seeds over the devices (each device trains whole seeds; the
+        number of seeds must be divisible by the number of devices) instead
+        of every seed's envs. Ignored by single-seed training.
     """
 
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
@@ -199,6 +204,7 @@ class TrainConfig:
     checkpoint_every_steps: int | None = None
     keep_checkpoints: int = 3
     n_devices: int | None = None
+    shard_seeds: bool = False
 
     def __post_init__(self):
         _require_positive_int("TrainConfig", "iterations_per_call", self.iterations_per_call)

@@ -5,7 +5,9 @@ stacks the states on a leading seed axis ``[S, ...]`` (parameters, optimizer
 state, env states, carries, keys) and runs the PPO iteration vmapped over it,
 through the same compiled iteration and :class:`~nnx_ppo.algorithms.driver.Driver`
 loop as :func:`~nnx_ppo.algorithms.ppo.train_ppo`. Small networks leave a
-CPU's cores idle; batching seeds fills them.
+CPU's cores idle; batching seeds fills them. On several devices the batch is
+sharded like one seed's training (by env), or by seed
+(``TrainConfig.shard_seeds``), see :mod:`nnx_ppo.algorithms.sharding`.
 """
 
 from __future__ import annotations
@@ -18,12 +20,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.config import TrainConfig
 from nnx_ppo.algorithms.driver import Driver, Hooks
 from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
+from nnx_ppo.algorithms.distributed import to_global
 from nnx_ppo.algorithms.ppo import TrainResult, checkpoint_hook, make_train_fn, new_training_state, resume_state
+from nnx_ppo.algorithms.sharding import (
+    env_mesh,
+    local_devices,
+    replicated,
+    seed_mesh,
+    seed_shardings,
+    sharded_config,
+    state_shardings,
+)
 from nnx_ppo.envs.registry import as_env
 
 __all__ = ["train_seeds", "stack_trees", "seed_slice"]
@@ -43,17 +56,20 @@ def _per_seed(row: dict[str, Any], index: int) -> dict[str, float]:
     return {k: float(v[index]) if np.ndim(v) else float(v) for k, v in row.items()}
 
 
-def _eval_hook(config: TrainConfig, network, eval_env, seeds: list[int]) -> Callable[[Any, int], dict]:
+def _eval_hook(config: TrainConfig, network, eval_env, seeds: list[int], mesh=None) -> Callable[[Any, int], dict]:
     """Every seed evaluated in ``network``'s eval mode, vmapped; a seed's key
-    is the one :func:`train_ppo` uses for that seed."""
+    is the one :func:`train_ppo` uses for that seed. With a ``mesh`` the
+    per-seed metrics come back replicated (readable by every process)."""
     graphdef = NetworkFn.of(network, config.eval.deterministic).graphdef
     ev = config.eval
 
-    @jax.jit
-    def evaluate(params, rest, keys):
+    def evaluate_all(params, rest, keys):
         one = lambda p, r, k: episode_metrics(run_episodes(eval_env, NetworkFn(graphdef, p, r), k, ev.n_envs,
                                                            ev.max_episode_length))
         return jax.vmap(one)(params, rest, keys)
+
+    evaluate = jax.jit(evaluate_all) if mesh is None else jax.jit(
+        evaluate_all, out_shardings=NamedSharding(mesh, PartitionSpec()))
 
     def hook(state, steps: int) -> dict[str, np.ndarray]:
         keys = jnp.stack([jax.random.fold_in(jax.random.key(s + 1), steps) for s in seeds])
@@ -76,6 +92,12 @@ def train_seeds(
     should_stop: Callable[[], bool] | None = None,
 ) -> list[TrainResult]:
     """Train one network per seed, all seeds in one compiled program.
+
+    Like :func:`train_ppo`, it runs on ``config.n_devices`` local devices
+    (None: all): by default every seed's envs are split over the devices
+    (``n_envs`` divisible by their number); with ``config.shard_seeds`` the
+    seeds are (their number divisible by the devices'), so that each device
+    trains whole seeds.
 
     Args:
       env: the training env.
@@ -106,14 +128,12 @@ def train_seeds(
     """
     env = as_env(env)
     eval_env = None if eval_env is None else as_env(eval_env)
-    if config.n_devices not in (None, 1):
-        raise ValueError(f"train_seeds does not shard over devices yet (TrainConfig.n_devices={config.n_devices}); "
-                         "use n_devices=1 or None (it then runs on the default device)")
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("train_seeds: seeds must name at least one seed")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"train_seeds: seeds must be distinct, got {seeds}")
+    devices = local_devices(config.n_devices, config.ppo.n_envs, len(seeds) if config.shard_seeds else None)
     networks = [make_network(nnx.Rngs(s)) for s in seeds]
     graphdef = NetworkFn.of(networks[0], deterministic=False).graphdef
     for s, net in zip(seeds[1:], networks[1:]):
@@ -132,18 +152,29 @@ def train_seeds(
             raise ValueError(f"train_seeds: cannot resume seeds {seeds} from {str(resume_from)!r}, which holds "
                              f"{'seeds ' + str(saved) if saved else 'a single-seed run'}; resume with its seeds")
         state = resume_state(resume_from, checkpoint_dir, state, ppo)
+    state = donatable(state)
+    shardings = mesh = None
+    if len(devices) > 1:
+        if config.shard_seeds:
+            mesh = seed_mesh(devices)
+            shardings = seed_shardings(state, mesh)
+        else:
+            mesh = env_mesh(devices)
+            ppo = sharded_config(ppo, len(devices))
+            shardings = state_shardings(state, mesh, seed_batch=True)
+        state = to_global(state, shardings)
 
     def log(row: dict[str, Any], steps: int) -> None:
         for i, s in enumerate(seeds):
             log_fn(_per_seed(row, i), steps, s)
 
     driver = Driver(
-        make_train_fn(env, graphdef, ppo, config.iterations_per_call, batched_seeds=True),
-        donatable(state),
+        make_train_fn(env, graphdef, ppo, config.iterations_per_call, batched_seeds=True, shardings=shardings),
+        state,
         start_iteration=int(np.max(np.asarray(state.iteration))), total_iterations=ppo.n_iterations,
         iterations_per_call=config.iterations_per_call, steps_per_iteration=ppo.steps_per_iteration,
         hooks=Hooks(log=log if log_fn is not None else None,
-                    evaluate=_eval_hook(config, networks[0], env if eval_env is None else eval_env, seeds)
+                    evaluate=_eval_hook(config, networks[0], env if eval_env is None else eval_env, seeds, mesh)
                     if config.eval.enabled else None,
                     eval_every_steps=config.eval.every_steps,
                     checkpoint=checkpoint_hook(config, checkpoint_dir, metadata) if checkpoint_dir else None,
@@ -155,11 +186,14 @@ def train_seeds(
     finally:
         latest = (driver.state.params, driver.state.rest)
         if not any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(latest)):
+            if mesh is not None and jax.process_count() > 1:
+                latest = replicated(latest, mesh)  # a seed's slice may live on another process
             for i, net in enumerate(networks):
                 nnx.update(net, *jax.tree.map(copy_leaf, seed_slice(latest, i)))
+    final = result.state if mesh is None or jax.process_count() == 1 else replicated(result.state, mesh)
     return [
         TrainResult(
-            state=seed_slice(result.state, i),
+            state=seed_slice(final, i),
             metrics=_per_seed(result.metrics, i),
             eval_history=[(steps, _per_seed(row, i)) for steps, row in result.eval_history],
             total_steps=result.iterations * ppo.steps_per_iteration,

@@ -1,12 +1,17 @@
-"""Sharding the env axis of training over local devices (``jax.sharding``).
+"""Sharding training over local devices (``jax.sharding``).
 
-The env states, network carries and running episode statistics (leaves
-``[B, ...]``) are split over a one-axis :class:`~jax.sharding.Mesh` named
-``"envs"``; parameters, optimizer state and keys are replicated. The jitted
-iteration is the same program: XLA partitions the rollout and the replay by
-env and inserts the all-reduce of the gradient. Minibatches take an equal
-share of every device's envs (``PPOConfig.shuffle_blocks``), so no env
-sequence moves between devices.
+By env: the env states, network carries and running episode statistics
+(leaves ``[B, ...]``, or ``[S, B, ...]`` for a seed batch) are split over a
+one-axis :class:`~jax.sharding.Mesh` named ``"envs"``; parameters, optimizer
+state and keys are replicated. The jitted iteration is the same program: XLA
+partitions the rollout and the replay by env and inserts the all-reduce of
+the gradient. Minibatches take an equal share of every device's envs
+(``PPOConfig.shuffle_blocks``), so no env sequence moves between devices.
+
+By seed (a seed batch of :func:`~nnx_ppo.algorithms.seeds.train_seeds` with
+``TrainConfig.shard_seeds``): every leaf of the ``[S, ...]`` state is split
+on its seed axis over a mesh named ``"seeds"``; each device trains whole
+seeds and nothing crosses devices during an iteration.
 """
 
 from __future__ import annotations
@@ -20,16 +25,28 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.config import PPOConfig
 
-__all__ = ["local_devices", "env_mesh", "state_shardings", "sharded_config", "ENV_AXIS"]
+__all__ = [
+    "local_devices",
+    "env_mesh",
+    "seed_mesh",
+    "state_shardings",
+    "seed_shardings",
+    "sharded_config",
+    "replicated",
+    "ENV_AXIS",
+    "SEED_AXIS",
+]
 
 ENV_AXIS = "envs"
+SEED_AXIS = "seeds"
 
 
-def local_devices(n_devices: int | None, n_envs: int) -> list:
+def local_devices(n_devices: int | None, n_envs: int, n_seeds: int | None = None) -> list:
     """The first ``n_devices`` local devices (all when None); named errors
-    when there are fewer or when ``n_envs`` does not split evenly. In a run
-    of several processes (:func:`nnx_ppo.distributed.initialize`), every
-    process's devices: the mesh spans them all."""
+    when there are fewer or when ``n_envs`` (with ``n_seeds``: the number of
+    seeds, split by seed) does not split evenly. In a run of several
+    processes (:func:`nnx_ppo.distributed.initialize`), every process's
+    devices: the mesh spans them all."""
     if jax.process_count() > 1:
         available = jax.devices()
         if n_devices not in (None, len(available)):
@@ -42,6 +59,12 @@ def local_devices(n_devices: int | None, n_envs: int) -> list:
     if n > len(available):
         raise ValueError(f"TrainConfig.n_devices is {n_devices} but only {len(available)} local devices exist "
                          f"({available[0].platform})")
+    if n_seeds is not None:
+        if n_seeds % n:
+            raise ValueError(f"the number of seeds ({n_seeds}) must be divisible by the number of devices ({n}) to "
+                             "shard the seeds over them (TrainConfig.shard_seeds); change the seeds, "
+                             "TrainConfig.n_devices, or shard the envs instead (shard_seeds=False)")
+        return available[:n]
     if n_envs % n:
         raise ValueError(f"PPOConfig.n_envs ({n_envs}) must be divisible by the number of devices ({n}) to shard "
                          "the envs over them; change n_envs or TrainConfig.n_devices")
@@ -51,6 +74,11 @@ def local_devices(n_devices: int | None, n_envs: int) -> list:
 def env_mesh(devices: list) -> Mesh:
     """A one-axis mesh over ``devices`` named :data:`ENV_AXIS`."""
     return Mesh(np.asarray(devices), (ENV_AXIS,))
+
+
+def seed_mesh(devices: list) -> Mesh:
+    """A one-axis mesh over ``devices`` named :data:`SEED_AXIS`."""
+    return Mesh(np.asarray(devices), (SEED_AXIS,))
 
 
 def sharded_config(config: PPOConfig, n_devices: int) -> PPOConfig:
@@ -68,12 +96,14 @@ def sharded_config(config: PPOConfig, n_devices: int) -> PPOConfig:
         raise ValueError(f"sharding over {n_devices} devices uses {n_devices} shuffle blocks: {err}") from None
 
 
-def state_shardings(state: Any, mesh: Mesh) -> Any:
+def state_shardings(state: Any, mesh: Mesh, seed_batch: bool = False) -> Any:
     """Shardings for a :class:`~nnx_ppo.algorithms.ppo.TrainingState`: its
-    rollout state and per-env return statistics split on their leading env
-    axis, everything else replicated (a pytree of the state's structure)."""
+    rollout state and per-env return statistics split on their env axis
+    (the leading one; the second with ``seed_batch``, whose leaves are
+    ``[S, B, ...]``), everything else replicated (a pytree of the state's
+    structure)."""
     replicated = NamedSharding(mesh, PartitionSpec())
-    by_env = NamedSharding(mesh, PartitionSpec(ENV_AXIS))
+    by_env = NamedSharding(mesh, PartitionSpec(None, ENV_AXIS) if seed_batch else PartitionSpec(ENV_AXIS))
     every = lambda tree, sharding: jax.tree.map(lambda _: sharding, tree)
     stats = state.return_stats
     return dataclasses.replace(
@@ -82,3 +112,18 @@ def state_shardings(state: Any, mesh: Mesh) -> Any:
         return_stats=dataclasses.replace(every(stats, replicated),
                                          discounted_return=by_env),
     )
+
+
+def seed_shardings(state: Any, mesh: Mesh) -> Any:
+    """Shardings for a seed batch ``[S, ...]`` split by seed: every leaf on
+    its leading axis over ``mesh`` (see :func:`seed_mesh`)."""
+    by_seed = NamedSharding(mesh, PartitionSpec(SEED_AXIS))
+    return jax.tree.map(lambda _: by_seed, state)
+
+
+def replicated(tree: Any, mesh: Mesh) -> Any:
+    """``tree`` with every leaf replicated on every device of ``mesh``, so
+    that each process can read all of it (after a run over several
+    processes, a seed's slice may live on another process)."""
+    sharding = NamedSharding(mesh, PartitionSpec())
+    return jax.jit(lambda t: t, out_shardings=jax.tree.map(lambda _: sharding, tree))(tree)

@@ -35,23 +35,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _params(run_dir: Path):
+def _params(run_dir: Path, seed: int | None = None):
     from flax import nnx
 
     from nnx_ppo import load_network
 
-    return jax.tree.leaves(nnx.state(load_network(run_dir / "checkpoints"), nnx.Param))
+    return jax.tree.leaves(nnx.state(load_network(run_dir / "checkpoints", seed=seed), nnx.Param))
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("multihost")
-    cmd, env = _command(root / "one", 4)
+def _max_diff(one, two) -> float:
+    assert len(one) == len(two)
+    return max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))) for a, b in zip(one, two))
+
+
+def _train_one_and_two(root: Path, *extra: str) -> list[str]:
+    """One process with 4 devices into ``root/one``; two processes with 2
+    each into ``root/two``; returns their outputs."""
+    cmd, env = _command(root / "one", 4, *extra)
     reference = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     address = f"127.0.0.1:{_free_port()}"
     workers = []
     for process_id in (0, 1):
-        cmd, env = _command(root / "two", 2, "--coordinator-address", address, "--num-processes", "2",
+        cmd, env = _command(root / "two", 2, *extra, "--coordinator-address", address, "--num-processes", "2",
                             "--process-id", str(process_id))
         workers.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = []
@@ -65,15 +70,28 @@ def runs(tmp_path_factory):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return root, outputs
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multihost")
+    return root, _train_one_and_two(root)
 
 
 def test_two_processes_train_what_one_process_with_four_devices_trains(runs):
     root, _ = runs
-    one, two = _params(root / "one"), _params(root / "two")
-    assert len(one) == len(two)
-    diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))) for a, b in zip(one, two))
+    diff = _max_diff(_params(root / "one"), _params(root / "two"))
     assert diff < 1e-4, diff
+
+
+def test_a_seed_batch_sharded_by_seed_over_two_processes(tmp_path):
+    """--seeds 0 1 2 3 --shard-seeds: one seed per device, two devices per
+    process; every seed's checkpointed parameters equal the one-process run's."""
+    _train_one_and_two(tmp_path, "--seeds", "0", "1", "2", "3", "--shard-seeds")
+    for seed in (0, 1, 2, 3):
+        diff = _max_diff(_params(tmp_path / "one", seed), _params(tmp_path / "two", seed))
+        assert diff < 1e-4, (seed, diff)
 
 
 def test_only_process_zero_writes_the_run_directory(runs):

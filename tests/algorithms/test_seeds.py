@@ -26,7 +26,9 @@ def test_each_seed_matches_its_own_run(kind):
     logged = []
     results = train_seeds(env, make_network, config, [3, 5], log_fn=lambda m, s, seed: logged.append((seed, s, m)))
     assert {seed for seed, _, _ in logged} == {3, 5}
-    for seed, batched in zip([3, 5], results):
+    # The second seed of the batch against its own run (one is enough to show
+    # that each slice of the batch is its seed's run; each run costs a compile).
+    for seed, batched in [(5, results[1])]:
         single = train_ppo(env, make_network(nnx.Rngs(seed)), dataclasses.replace(config, seed=seed))
         for a, b in zip(jax.tree.leaves(batched.state.params), jax.tree.leaves(single.state.params)):
             np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
@@ -59,16 +61,15 @@ def test_seed_batch_checkpoints_resume_exactly_and_load_per_seed(tmp_path):
     make_network = lambda rngs: make_actor_critic_for_env(env, "lstm", rngs, hidden_size=8, encoder_sizes=(8,))
     config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=6, n_minibatches=2, total_steps=8 * 6 * 4),
                          eval=EvalConfig(enabled=False), checkpoint_every_steps=8 * 6 * 2)
-    whole = train_seeds(env, make_network, config, [3, 5])
-    half = dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, total_steps=8 * 6 * 2))
-    train_seeds(env, make_network, half, [3, 5], checkpoint_dir=str(tmp_path))
+    whole = train_seeds(env, make_network, config, [3, 5], checkpoint_dir=str(tmp_path))  # saved at 2 and 4
+    halfway = str(tmp_path / "step_000000000096")
     with pytest.raises(ValueError, match="resume with its seeds"):
-        train_seeds(env, make_network, config, [5, 3], resume_from=str(tmp_path))
-    resumed = train_seeds(env, make_network, config, [3, 5], checkpoint_dir=str(tmp_path), resume_from=str(tmp_path))
+        train_seeds(env, make_network, config, [5, 3], resume_from=halfway)
+    resumed = train_seeds(env, make_network, config, [3, 5], resume_from=halfway)
     for a, b in zip(whole, resumed):
         assert b.total_steps == 8 * 6 * 4
         jax.tree.map(np.testing.assert_array_equal, a.state.params, b.state.params)  # exact
-    net = checkpointing.load_network(str(tmp_path), make_network(nnx.Rngs(0)), seed=5)
+    net = checkpointing.load_network(str(tmp_path), make_network(nnx.Rngs(0)), seed=5)  # the final one
     leaf = jax.tree.leaves(nnx.state(net, nnx.Param))[0]
     np.testing.assert_array_equal(leaf, jax.tree.leaves(resumed[1].state.params)[0])
     with pytest.raises(ValueError, match=r"holds the seeds \[3, 5\]"):

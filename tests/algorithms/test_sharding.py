@@ -1,4 +1,5 @@
-"""Sharding the env axis over devices: 4 forced CPU devices in a subprocess."""
+"""Sharding over devices: 4 forced CPU devices in a subprocess, for one
+seed (by env) and for a seed batch (by env and by seed)."""
 
 import json
 import os
@@ -16,6 +17,7 @@ SCRIPT = textwrap.dedent('''
     from flax import nnx
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.seeds import train_seeds
     from nnx_ppo.envs import make
     from nnx_ppo.networks.factories import make_actor_critic_for_env
 
@@ -36,6 +38,24 @@ SCRIPT = textwrap.dedent('''
         return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
                    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
+    def run_seeds(n_devices, shard_seeds, **kwargs):
+        make_net = lambda rngs: make_actor_critic_for_env(env, "mlp", rngs, actor_hidden_sizes=(8,),
+                                                          critic_hidden_sizes=(8,))
+        config = dataclasses.replace(base, n_devices=n_devices, shard_seeds=shard_seeds)
+        return train_seeds(env, make_net, config, [0, 1, 2, 3], **kwargs)
+
+    def seeds_diff(a, b):
+        return max(max_diff(x.state.params, y.state.params) for x, y in zip(a, b))
+
+    def seeds_eval_diff(a, b):
+        return max(abs(x.eval_history[-1][1]["eval/episode_return"] - y.eval_history[-1][1]["eval/episode_return"])
+                   for x, y in zip(a, b))
+
+    tmp_seeds = tempfile.mkdtemp()
+    seeds_one = run_seeds(1, False, checkpoint_dir=tmp_seeds)      # 4 seeds, 1 device, checkpoints at 2 and 4
+    seeds_by_env = run_seeds(4, False)                               # every seed's 16 envs over 4 devices
+    seeds_by_seed = run_seeds(4, True, resume_from=tmp_seeds + "/step_000000000256")  # one seed per device,
+                                                                                    # resumed from 1 device
     tmp = tempfile.mkdtemp()
     one, rows1 = run(1)
     four, rows4 = run(4, checkpoint_dir=tmp)                       # checkpoints at 2 and 4 iterations, 4 devices
@@ -50,6 +70,14 @@ SCRIPT = textwrap.dedent('''
         "replay_4": max(r["replay/max_abs_log_ratio"] for r in rows4),
         "resume_4_to_1": max_diff(one.state.params, resumed_on_one.state.params),
         "resumed_run_iterations": resumed_on_one.total_iterations,
+        "seeds_by_env_sharded": len(seeds_by_env[0].state.rollout.episode_return.sharding.device_set),
+        "seeds_by_seed_devices": len({d for r in seeds_by_seed for d in jax.tree.leaves(r.state.params)[0].devices()}),
+        "seeds_params_by_env": seeds_diff(seeds_one, seeds_by_env),
+        "seeds_params_by_seed": seeds_diff(seeds_one, seeds_by_seed),
+        "seeds_eval_by_env": seeds_eval_diff(seeds_one, seeds_by_env),
+        "seeds_eval_by_seed": seeds_eval_diff(seeds_one, seeds_by_seed),
+        "seeds_by_seed_iterations": seeds_by_seed[0].total_iterations,
+        "seeds_differ": max_diff(seeds_one[0].state.params, seeds_one[1].state.params),
     }))
 ''')
 
@@ -78,3 +106,17 @@ def test_replay_guarantee_holds_sharded(measured):
 def test_checkpoint_saved_on_four_devices_resumes_on_one(measured):
     assert measured["resumed_run_iterations"] == 4
     assert measured["resume_4_to_1"] < 1e-4, measured
+
+
+def test_seed_batch_sharded_by_env_or_by_seed_matches_one_device(measured):
+    """train_seeds on 4 devices, every seed's envs split (default) or the 4
+    seeds split (shard_seeds, resumed halfway from a checkpoint saved on one
+    device): each seed trains as on one device."""
+    assert measured["seeds_by_env_sharded"] == 4, measured
+    assert measured["seeds_by_seed_devices"] == 4, measured  # each seed's parameters on its own device
+    for key in ("seeds_params_by_env", "seeds_params_by_seed"):
+        assert measured[key] < 1e-4, measured
+    for key in ("seeds_eval_by_env", "seeds_eval_by_seed"):
+        assert measured[key] < 1e-3, measured
+    assert measured["seeds_differ"] > 1e-3, measured
+    assert measured["seeds_by_seed_iterations"] == 4, measured
