@@ -153,6 +153,7 @@ def train_seeds(
                              f"{'seeds ' + str(saved) if saved else 'a single-seed run'}; resume with its seeds")
         state = resume_state(resume_from, checkpoint_dir, state, ppo)
     state = donatable(state)
+    start_iteration = int(np.max(np.asarray(state.iteration)))  # read before the state spans other processes
     shardings = mesh = None
     if len(devices) > 1:
         if config.shard_seeds:
@@ -171,7 +172,7 @@ def train_seeds(
     driver = Driver(
         make_train_fn(env, graphdef, ppo, config.iterations_per_call, batched_seeds=True, shardings=shardings),
         state,
-        start_iteration=int(np.max(np.asarray(state.iteration))), total_iterations=ppo.n_iterations,
+        start_iteration=start_iteration, total_iterations=ppo.n_iterations,
         iterations_per_call=config.iterations_per_call, steps_per_iteration=ppo.steps_per_iteration,
         hooks=Hooks(log=log if log_fn is not None else None,
                     evaluate=_eval_hook(config, networks[0], env if eval_env is None else eval_env, seeds, mesh)
