@@ -32,7 +32,6 @@ from nnx_ppo.algorithms.driver import (
     ReplayMismatchError,
     rule_breaking_module_error,
 )
-from nnx_ppo.algorithms.distributed import to_global
 from nnx_ppo.algorithms.evaluation import evaluate, make_eval_fn
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
 from nnx_ppo.algorithms.gae import trajectory_gae
@@ -46,7 +45,7 @@ from nnx_ppo.algorithms.reward_scaling import (
 )
 from nnx_ppo.algorithms.rollout import RolloutState, all_finite, collect_rollout, episode_metrics, sum_leaves
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
-from nnx_ppo.algorithms.sharding import env_mesh, local_devices, sharded_config, state_shardings
+from nnx_ppo.algorithms.sharding import local_devices, place
 from nnx_ppo.envs.registry import as_env
 
 __all__ = [
@@ -422,12 +421,7 @@ def run_training(
     if resume_from is not None:
         state = resume_state(resume_from, checkpoint_dir, state, ppo)
     state = donatable(state)
-    devices = local_devices(config.n_devices, ppo.n_envs)
-    shardings = None
-    if len(devices) > 1:
-        ppo = sharded_config(ppo, len(devices))
-        shardings = state_shardings(state, env_mesh(devices))
-        state = to_global(state, shardings)
+    state, ppo, shardings, _ = place(state, ppo, local_devices(config.n_devices, ppo.n_envs))
     driver = Driver(
         make_fn(ppo, shardings), state,
         start_iteration=int(state.iteration), total_iterations=ppo.n_iterations,

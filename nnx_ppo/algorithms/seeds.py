@@ -26,17 +26,8 @@ from nnx_ppo.algorithms.config import TrainConfig
 from nnx_ppo.algorithms.driver import Driver, Hooks
 from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
-from nnx_ppo.algorithms.distributed import to_global
 from nnx_ppo.algorithms.ppo import TrainResult, checkpoint_hook, make_train_fn, new_training_state, resume_state
-from nnx_ppo.algorithms.sharding import (
-    env_mesh,
-    local_devices,
-    replicated,
-    seed_mesh,
-    seed_shardings,
-    sharded_config,
-    state_shardings,
-)
+from nnx_ppo.algorithms.sharding import local_devices, place, replicated
 from nnx_ppo.envs.registry import as_env
 
 __all__ = ["train_seeds", "stack_trees", "seed_slice"]
@@ -154,16 +145,7 @@ def train_seeds(
         state = resume_state(resume_from, checkpoint_dir, state, ppo)
     state = donatable(state)
     start_iteration = int(np.max(np.asarray(state.iteration)))  # read before the state spans other processes
-    shardings = mesh = None
-    if len(devices) > 1:
-        if config.shard_seeds:
-            mesh = seed_mesh(devices)
-            shardings = seed_shardings(state, mesh)
-        else:
-            mesh = env_mesh(devices)
-            ppo = sharded_config(ppo, len(devices))
-            shardings = state_shardings(state, mesh, seed_batch=True)
-        state = to_global(state, shardings)
+    state, ppo, shardings, mesh = place(state, ppo, devices, seed_batch=True, by_seed=config.shard_seeds)
 
     def log(row: dict[str, Any], steps: int) -> None:
         for i, s in enumerate(seeds):
@@ -187,11 +169,10 @@ def train_seeds(
     finally:
         latest = (driver.state.params, driver.state.rest)
         if not any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(latest)):
-            if mesh is not None and jax.process_count() > 1:
-                latest = replicated(latest, mesh)  # a seed's slice may live on another process
+            latest = replicated(latest, mesh)
             for i, net in enumerate(networks):
                 nnx.update(net, *jax.tree.map(copy_leaf, seed_slice(latest, i)))
-    final = result.state if mesh is None or jax.process_count() == 1 else replicated(result.state, mesh)
+    final = replicated(result.state, mesh)
     return [
         TrainResult(
             state=seed_slice(final, i),

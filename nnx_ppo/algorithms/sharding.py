@@ -24,6 +24,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.config import PPOConfig
+from nnx_ppo.algorithms.distributed import to_global
 
 __all__ = [
     "local_devices",
@@ -32,6 +33,7 @@ __all__ = [
     "state_shardings",
     "seed_shardings",
     "sharded_config",
+    "place",
     "replicated",
     "ENV_AXIS",
     "SEED_AXIS",
@@ -121,9 +123,31 @@ def seed_shardings(state: Any, mesh: Mesh) -> Any:
     return jax.tree.map(lambda _: by_seed, state)
 
 
-def replicated(tree: Any, mesh: Mesh) -> Any:
-    """``tree`` with every leaf replicated on every device of ``mesh``, so
-    that each process can read all of it (after a run over several
-    processes, a seed's slice may live on another process)."""
+def place(state: Any, ppo: PPOConfig, devices: list, *, seed_batch: bool = False,
+          by_seed: bool = False) -> tuple[Any, PPOConfig, Any, Mesh | None]:
+    """Put a training state on ``devices`` (from :func:`local_devices`):
+    by env (:func:`state_shardings`; ``seed_batch`` for ``[S, ...]`` states)
+    or, with ``by_seed``, by seed (:func:`seed_shardings`). Returns the placed
+    state, the config to compile with (:func:`sharded_config` when split by
+    env), the shardings and the mesh; on one device the state and config
+    unchanged and ``None, None``."""
+    if len(devices) == 1:
+        return state, ppo, None, None
+    if by_seed:
+        mesh = seed_mesh(devices)
+        shardings = seed_shardings(state, mesh)
+    else:
+        mesh = env_mesh(devices)
+        ppo = sharded_config(ppo, len(devices))
+        shardings = state_shardings(state, mesh, seed_batch=seed_batch)
+    return to_global(state, shardings), ppo, shardings, mesh
+
+
+def replicated(tree: Any, mesh: Mesh | None) -> Any:
+    """``tree`` readable by this process: in a run of several processes,
+    every leaf replicated on every device of ``mesh`` (a seed's slice may
+    live on another process); alone or without a mesh, ``tree`` itself."""
+    if mesh is None or jax.process_count() == 1:
+        return tree
     sharding = NamedSharding(mesh, PartitionSpec())
     return jax.jit(lambda t: t, out_shardings=jax.tree.map(lambda _: sharding, tree))(tree)
