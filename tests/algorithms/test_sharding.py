@@ -51,6 +51,12 @@ SCRIPT = textwrap.dedent('''
         return max(abs(x.eval_history[-1][1]["eval/episode_return"] - y.eval_history[-1][1]["eval/episode_return"])
                    for x, y in zip(a, b))
 
+    try:  # 3 seeds do not split over 4 devices: refused before anything is built
+        train_seeds(env, None, dataclasses.replace(base, n_devices=4, shard_seeds=True), [0, 1, 2])
+        uneven_seeds_error = ""
+    except ValueError as err:
+        uneven_seeds_error = str(err)
+
     tmp_seeds = tempfile.mkdtemp()
     seeds_one = run_seeds(1, False, checkpoint_dir=tmp_seeds)      # 4 seeds, 1 device, checkpoints at 2 and 4
     seeds_by_env = run_seeds(4, False)                               # every seed's 16 envs over 4 devices
@@ -77,6 +83,7 @@ SCRIPT = textwrap.dedent('''
         "seeds_eval_by_env": seeds_eval_diff(seeds_one, seeds_by_env),
         "seeds_eval_by_seed": seeds_eval_diff(seeds_one, seeds_by_seed),
         "seeds_by_seed_iterations": seeds_by_seed[0].total_iterations,
+        "uneven_seeds_error": uneven_seeds_error,
         "seeds_differ": max_diff(seeds_one[0].state.params, seeds_one[1].state.params),
     }))
 ''')
@@ -120,3 +127,4 @@ def test_seed_batch_sharded_by_env_or_by_seed_matches_one_device(measured):
         assert measured[key] < 1e-3, measured
     assert measured["seeds_differ"] > 1e-3, measured
     assert measured["seeds_by_seed_iterations"] == 4, measured
+    assert "number of seeds (3) must be divisible by the number of devices (4)" in measured["uneven_seeds_error"]
