@@ -1,8 +1,42 @@
-"""Strict JAX settings for the whole suite: silent broadcasting is an error."""
+"""Suite-wide settings: strict JAX broadcasting, one compilation cache per
+run, the longest test files first."""
+
+import os
+import shutil
+import tempfile
 
 import jax
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# Many tests compile the same program again (a resumed run, the same network
+# trained twice, the CLI in a fresh process). A persistent compilation cache,
+# fresh for every run and shared by the xdist workers and the subprocesses the
+# tests start (they inherit the environment), compiles each program once. The
+# cached executable is the one XLA built for that program, so results do not
+# change; only the second compile is skipped.
+_CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+_MIN_SECONDS_VARIABLE = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+_own_cache: list[str] = []
+
+
+def pytest_configure(config):
+    if os.environ.get(_CACHE_VARIABLE) is None and not hasattr(config, "workerinput"):
+        # The controller (or a run without xdist) creates the directory;
+        # xdist workers and test subprocesses find it in the environment.
+        _own_cache.append(tempfile.mkdtemp(prefix="nnx-ppo-test-xla-cache-"))
+        os.environ[_CACHE_VARIABLE] = _own_cache[0]
+        os.environ.setdefault(_MIN_SECONDS_VARIABLE, "0.5")
+    if os.environ.get(_CACHE_VARIABLE):
+        jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_VARIABLE])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                          float(os.environ.get(_MIN_SECONDS_VARIABLE, "0.5")))
+
+
+def pytest_unconfigure(config):
+    for directory in _own_cache:
+        shutil.rmtree(directory, ignore_errors=True)
+
 
 # The longest files run first, so that neither of the two xdist workers
 # (`make test`, whole files each) is left alone with one of them at the end.
