@@ -15,9 +15,10 @@ $(VENV)/.installed: pyproject.toml
 train: $(VENV)/.installed
 	$(VENV)/bin/nnx-ppo train $(ARGS)
 
-# Two pytest workers (pytest-xdist), each taking whole test files (module fixtures run once).
+# Two pytest workers (pytest-xdist), each taking whole test files (module fixtures run once),
+# in the order tests/conftest.py gives (the longest files first).
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder $(ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) bench/run_all.py

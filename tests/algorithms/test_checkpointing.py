@@ -117,6 +117,30 @@ def test_periodic_checkpoints_are_written_with_metadata(trained):
     _assert_trees_equal(result.state, restored)
 
 
+def test_restored_state_runs_the_program_compiled_for_a_fresh_one(trained):
+    """A restored state has the fresh state's signature (arrays not committed
+    to a device, like the template's): the training program compiled for a
+    fresh state runs it without compiling again (a persistent compilation
+    cache finds the program compiled for the fresh run)."""
+    from nnx_ppo.algorithms.functional import NetworkFn, donatable
+    from nnx_ppo.algorithms.ppo import make_train_fn
+    from nnx_ppo.envs import as_env
+
+    run_dir, _, config, _ = trained
+    net = _noisy_net(seed=4)
+    fresh = new_training_state(Target(), net, config)
+    restored = restore_training_state(run_dir, new_training_state(Target(), _noisy_net(seed=6), config))
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(fresh)[0], jax.tree.leaves(restored)):
+        if isinstance(a, jax.Array):
+            assert _plain(b).committed == _plain(a).committed, jax.tree_util.keystr(path)
+    train = make_train_fn(as_env(Target()), NetworkFn.of(net, deterministic=False).graphdef, config.ppo, 1)
+    n = jnp.asarray(1, jnp.int32)
+    train(donatable(fresh), n)
+    state, _ = train(donatable(restored), n)
+    assert train._cache_size() == 1
+    assert int(state.iteration) == 3
+
+
 def _recorder():
     rows = []
     return rows, lambda metrics, steps: rows.append((steps, dict(metrics)))
