@@ -181,7 +181,8 @@ def test_env_without_truncated_flag_is_named():
 
 def test_failed_training_leaves_a_usable_network():
     net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
-    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=4, total_steps=64, n_minibatches=2),
+    # (test_log_fn_gets_flat_metrics's training program: compiled once for both)
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=8, total_steps=64, n_minibatches=2),
                          eval=EvalConfig(enabled=False))
     seen = []
 
