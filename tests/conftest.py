@@ -17,6 +17,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # change; only the second compile is skipped.
 _CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
 _MIN_SECONDS_VARIABLE = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+_MIN_SECONDS = "0.5"  # programs compiled faster than this are not cached
 _own_cache: list[str] = []
 
 
@@ -26,11 +27,11 @@ def pytest_configure(config):
         # xdist workers and test subprocesses find it in the environment.
         _own_cache.append(tempfile.mkdtemp(prefix="nnx-ppo-test-xla-cache-"))
         os.environ[_CACHE_VARIABLE] = _own_cache[0]
-        os.environ.setdefault(_MIN_SECONDS_VARIABLE, "0.5")
+        os.environ.setdefault(_MIN_SECONDS_VARIABLE, _MIN_SECONDS)
     if os.environ.get(_CACHE_VARIABLE):
         jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_VARIABLE])
         jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                          float(os.environ.get(_MIN_SECONDS_VARIABLE, "0.5")))
+                          float(os.environ.get(_MIN_SECONDS_VARIABLE, _MIN_SECONDS)))
 
 
 def pytest_unconfigure(config):

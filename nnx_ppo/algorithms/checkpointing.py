@@ -297,13 +297,6 @@ def _read_layout(path: pathlib.Path) -> dict[str, list[dict]]:
     return layout["sections"]
 
 
-def _uncommitted(leaf: Any) -> bool:
-    """``leaf`` is a ``jax.Array`` (or key array) not committed to a device."""
-    if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-        leaf = jax.random.key_data(leaf)
-    return isinstance(leaf, jax.Array) and not leaf.committed
-
-
 def _restoresections_of(path: pathlib.Path, item_name: str, sections: dict[str, Any],
                       saved_layout: dict[str, list[dict]]) -> dict[str, Any]:
     """Check ``sections`` (name -> template tree) against the layout, read the
@@ -333,7 +326,7 @@ def _restoresections_of(path: pathlib.Path, item_name: str, sections: dict[str, 
     out = {}
     for name, (entries, arrays, treedef, template_leaves) in prepared.items():
         leaves = []
-        for i, (entry, template_leaf) in enumerate(zip(entries, template_leaves)):
+        for i, (entry, stored, template_leaf) in enumerate(zip(entries, arrays, template_leaves)):
             if math.prod(entry["shape"]) == 0:
                 value = jnp.zeros(entry["shape"], entry["dtype"])
             else:
@@ -343,8 +336,9 @@ def _restoresections_of(path: pathlib.Path, item_name: str, sections: dict[str, 
                     f"checkpoint {str(path)!r} is corrupt: {entry['path']} was read with shape "
                     f"{tuple(value.shape)} {value.dtype}, expected {tuple(entry['shape'])} {entry['dtype']}"
                 )
-            if _uncommitted(template_leaf):
-                # Like the template: a fresh state's arrays are not committed to
+            if not stored.committed:
+                # Like the template (``stored``: its leaf as stored, key data for
+                # keys): a fresh state's arrays are not committed to
                 # a device; committed ones would make jit compile the training
                 # program (and every eager op) again for the resumed run.
                 value = jnp.asarray(np.asarray(value))
