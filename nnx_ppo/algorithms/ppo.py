@@ -45,7 +45,7 @@ from nnx_ppo.algorithms.reward_scaling import (
 )
 from nnx_ppo.algorithms.rollout import RolloutState, all_finite, collect_rollout, episode_metrics, sum_leaves
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
-from nnx_ppo.algorithms.sharding import local_devices, place
+from nnx_ppo.algorithms.sharding import SEED_AXIS, local_devices, place
 from nnx_ppo.envs.registry import as_env
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "train_iteration",
     "make_train_fn",
     "compile_iterations",
+    "over_seeds",
     "update_epochs",
     "run_training",
     "resume_state",
@@ -225,29 +226,53 @@ def train_iteration(env, graphdef, optimizer: optax.GradientTransformation, conf
 
 
 def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int, batched_seeds: bool = False,
-                  shardings: Any = None) -> Callable:
+                  shardings: Any = None, seed_batching: str = "vmap") -> Callable:
     """Compile up to ``max_iterations`` iterations into one program:
     ``fn(state, n) -> (state, IterationOutput)`` runs ``n <= max_iterations``
     iterations (``n`` is a runtime value, so a shorter last call does not
     recompile); output leaves are ``[max_iterations]``, rows ``>= n`` unused.
     With ``batched_seeds`` every state leaf has a leading seed axis ``[S, ...]``
-    and the iteration is vmapped over it (outputs ``[max_iterations, S]``).
+    and the iteration runs over it (outputs ``[max_iterations, S]``), as
+    ``seed_batching`` says (see :func:`over_seeds`).
     With ``shardings`` (see :func:`nnx_ppo.algorithms.sharding.state_shardings`)
     the state keeps that sharding in and out, and the outputs are replicated.
     The input state's buffers are donated."""
     optimizer = make_optimizer(config)
     return compile_iterations(lambda s: train_iteration(env, graphdef, optimizer, config, s), max_iterations,
-                              batched_seeds, shardings)
+                              batched_seeds, shardings, seed_batching)
+
+
+def over_seeds(iteration: Callable, seed_batching: str = "vmap", shardings: Any = None) -> Callable:
+    """``iteration`` for a state whose leaves have a leading seed axis ``[S, ...]``.
+
+    ``"vmap"``: every operation batched over the seeds. ``"map"``: the seeds
+    one after another (``jax.lax.map``), each seed's operations at their own
+    size; when ``shardings`` split the seed axis over devices
+    (:func:`~nnx_ppo.algorithms.sharding.seed_shardings`), each device runs
+    its own seeds in turn (``jax.shard_map``), all devices at once.
+    """
+    if seed_batching == "vmap":
+        return jax.vmap(iteration)
+    if seed_batching != "map":
+        raise ValueError(f"seed_batching must be 'vmap' or 'map', got {seed_batching!r}")
+    in_turn = lambda state: jax.lax.map(iteration, state)
+    mesh = None if shardings is None else jax.tree.leaves(shardings)[0].mesh
+    if mesh is None or SEED_AXIS not in mesh.axis_names:
+        return in_turn  # one device, or every seed's envs split: XLA partitions each seed's step
+    by_seed = PartitionSpec(SEED_AXIS)
+    # Nothing crosses devices: each device's seeds are independent trainings.
+    return jax.shard_map(in_turn, mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
 
 
 def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: bool = False,
-                       shardings: Any = None) -> Callable:
+                       shardings: Any = None, seed_batching: str = "vmap") -> Callable:
     """Jit ``iteration(state) -> (state, IterationOutput)`` into
     ``fn(state, n)`` running ``n <= max_iterations`` iterations in one call
-    (see :func:`make_train_fn`, which also describes ``batched_seeds`` and
-    ``shardings``). Any trainer with the :class:`TrainingState` shape uses it."""
+    (see :func:`make_train_fn`, which also describes ``batched_seeds``,
+    ``shardings`` and ``seed_batching``). Any trainer with the
+    :class:`TrainingState` shape uses it."""
     if batched_seeds:
-        iteration = jax.vmap(iteration)
+        iteration = over_seeds(iteration, seed_batching, shardings)
 
     if max_iterations == 1:
         def run(state, n):

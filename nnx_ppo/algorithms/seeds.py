@@ -152,7 +152,8 @@ def train_seeds(
             log_fn(_per_seed(row, i), steps, s)
 
     driver = Driver(
-        make_train_fn(env, graphdef, ppo, config.iterations_per_call, batched_seeds=True, shardings=shardings),
+        make_train_fn(env, graphdef, ppo, config.iterations_per_call, batched_seeds=True, shardings=shardings,
+                      seed_batching=config.seed_batching),
         state,
         start_iteration=start_iteration, total_iterations=ppo.n_iterations,
         iterations_per_call=config.iterations_per_call, steps_per_iteration=ppo.steps_per_iteration,

@@ -41,6 +41,8 @@ def test_bad_config_errors_name_the_argument():
         PPOConfig(rollout_length=0)
     with pytest.raises(ValueError, match="n_envs"):
         PPOConfig(n_envs=-4, n_minibatches=1)
+    with pytest.raises(ValueError, match="TrainConfig.seed_batching must be one of 'vmap', 'map', got 'loop'"):
+        TrainConfig(seed_batching="loop")
 
 
 def test_value_structure_mismatch_is_reported():

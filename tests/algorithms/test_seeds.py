@@ -14,15 +14,16 @@ from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env
 
 
-@pytest.mark.parametrize("kind", ["lstm", pytest.param("mlp", marks=pytest.mark.slow)])
-def test_each_seed_matches_its_own_run(kind):
+@pytest.mark.parametrize("kind,seed_batching", [("lstm", "vmap"), ("lstm", "map"),
+                                                pytest.param("mlp", "vmap", marks=pytest.mark.slow)])
+def test_each_seed_matches_its_own_run(kind, seed_batching):
     env = make("cue_memory", n_cues=2, delay=3)
     sizes = {"hidden_size": 8, "encoder_sizes": (8,)} if kind == "lstm" else {
         "actor_hidden_sizes": (8,), "critic_hidden_sizes": (8,)}
     make_network = lambda rngs: make_actor_critic_for_env(env, kind, rngs, **sizes)
     config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=6, n_minibatches=2, total_steps=8 * 6 * 4),
                          eval=EvalConfig(every_steps=8 * 6 * 2, n_envs=8, max_episode_length=5),
-                         iterations_per_call=2)
+                         iterations_per_call=2, seed_batching=seed_batching)
     logged = []
     results = train_seeds(env, make_network, config, [3, 5], log_fn=lambda m, s, seed: logged.append((seed, s, m)))
     assert {seed for seed, _, _ in logged} == {3, 5}

@@ -38,10 +38,10 @@ SCRIPT = textwrap.dedent('''
         return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
                    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
-    def run_seeds(n_devices, shard_seeds, **kwargs):
+    def run_seeds(n_devices, shard_seeds, seed_batching="vmap", **kwargs):
         make_net = lambda rngs: make_actor_critic_for_env(env, "mlp", rngs, actor_hidden_sizes=(8,),
                                                           critic_hidden_sizes=(8,))
-        config = dataclasses.replace(base, n_devices=n_devices, shard_seeds=shard_seeds)
+        config = dataclasses.replace(base, n_devices=n_devices, shard_seeds=shard_seeds, seed_batching=seed_batching)
         return train_seeds(env, make_net, config, [0, 1, 2, 3], **kwargs)
 
     def seeds_diff(a, b):
@@ -62,6 +62,8 @@ SCRIPT = textwrap.dedent('''
     seeds_by_env = run_seeds(4, False)                               # every seed's 16 envs over 4 devices
     seeds_by_seed = run_seeds(4, True, resume_from=tmp_seeds + "/step_000000000256")  # one seed per device,
                                                                                     # resumed from 1 device
+    map_by_seed = run_seeds(4, True, "map")   # each device runs its one seed (shard_map of lax.map)
+    map_by_env = run_seeds(4, False, "map")   # the seeds in turn, each seed's envs over 4 devices
     tmp = tempfile.mkdtemp()
     one, rows1 = run(1)
     four, rows4 = run(4, checkpoint_dir=tmp)                       # checkpoints at 2 and 4 iterations, 4 devices
@@ -82,6 +84,11 @@ SCRIPT = textwrap.dedent('''
         "seeds_params_by_seed": seeds_diff(seeds_one, seeds_by_seed),
         "seeds_eval_by_env": seeds_eval_diff(seeds_one, seeds_by_env),
         "seeds_eval_by_seed": seeds_eval_diff(seeds_one, seeds_by_seed),
+        "map_by_seed_devices": len({d for r in map_by_seed for d in jax.tree.leaves(r.state.params)[0].devices()}),
+        "map_params_by_seed": seeds_diff(seeds_one, map_by_seed),
+        "map_params_by_env": seeds_diff(seeds_one, map_by_env),
+        "map_eval_by_seed": seeds_eval_diff(seeds_one, map_by_seed),
+        "map_eval_by_env": seeds_eval_diff(seeds_one, map_by_env),
         "seeds_by_seed_iterations": seeds_by_seed[0].total_iterations,
         "uneven_seeds_error": uneven_seeds_error,
         "seeds_differ": max_diff(seeds_one[0].state.params, seeds_one[1].state.params),
@@ -128,3 +135,13 @@ def test_seed_batch_sharded_by_env_or_by_seed_matches_one_device(measured):
     assert measured["seeds_differ"] > 1e-3, measured
     assert measured["seeds_by_seed_iterations"] == 4, measured
     assert "number of seeds (3) must be divisible by the number of devices (4)" in measured["uneven_seeds_error"]
+
+
+def test_seeds_in_turn_on_four_devices_match_one_device(measured):
+    """seed_batching="map" on 4 devices (seeds split: each device runs its
+    own; or every seed's envs split): each seed trains as vmapped on one."""
+    assert measured["map_by_seed_devices"] == 4, measured
+    for key in ("map_params_by_seed", "map_params_by_env"):
+        assert measured[key] < 1e-4, measured
+    for key in ("map_eval_by_seed", "map_eval_by_env"):
+        assert measured[key] < 1e-3, measured
