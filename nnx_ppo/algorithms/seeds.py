@@ -2,12 +2,15 @@
 
 :func:`train_seeds` builds one network and one training state per seed,
 stacks the states on a leading seed axis ``[S, ...]`` (parameters, optimizer
-state, env states, carries, keys) and runs the PPO iteration vmapped over it,
-through the same compiled iteration and :class:`~nnx_ppo.algorithms.driver.Driver`
-loop as :func:`~nnx_ppo.algorithms.ppo.train_ppo`. Small networks leave a
-CPU's cores idle; batching seeds fills them. On several devices the batch is
-sharded like one seed's training (by env), or by seed
-(``TrainConfig.shard_seeds``), see :mod:`nnx_ppo.algorithms.sharding`.
+state, env states, carries, keys) and runs the PPO iteration over it, vmapped
+or one seed after another (``TrainConfig.seed_batching``, see
+:func:`~nnx_ppo.algorithms.ppo.over_seeds`), through the same compiled
+iteration and :class:`~nnx_ppo.algorithms.driver.Driver` loop as
+:func:`~nnx_ppo.algorithms.ppo.train_ppo`. One compile serves every seed. On
+several devices the batch is sharded like one seed's training (by env), or by
+seed (``TrainConfig.shard_seeds``), see :mod:`nnx_ppo.algorithms.sharding`;
+with both, each device runs its own seeds, which is how several CPU devices
+(one per core) train many seeds fastest.
 """
 
 from __future__ import annotations
