@@ -16,7 +16,8 @@ from typing import Any, Literal
 __all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "ScheduleNotSavedError", "config_to_dict", "config_from_dict",
            "SEED_BATCHING"]
 
-SEED_BATCHING = ("vmap", "map")  # TrainConfig.seed_batching's choices
+SeedBatching = Literal["vmap", "map"]  # TrainConfig.seed_batching
+SEED_BATCHING = typing.get_args(SeedBatching)  # its choices, for checks and messages
 
 # A learning-rate schedule: optimizer update count -> learning rate (an optax schedule).
 Schedule = Callable[[Any], Any]
@@ -216,7 +217,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     n_devices: int | None = None
     shard_seeds: bool = False
-    seed_batching: Literal["vmap", "map"] = "vmap"
+    seed_batching: SeedBatching = "vmap"
 
     def __post_init__(self):
         if self.seed_batching not in SEED_BATCHING:

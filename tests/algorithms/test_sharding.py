@@ -44,6 +44,9 @@ SCRIPT = textwrap.dedent('''
         config = dataclasses.replace(base, n_devices=n_devices, shard_seeds=shard_seeds, seed_batching=seed_batching)
         return train_seeds(env, make_net, config, [0, 1, 2, 3], **kwargs)
 
+    def seed_devices(results):  # the devices holding the seeds' parameters
+        return len({d for r in results for d in jax.tree.leaves(r.state.params)[0].devices()})
+
     def seeds_diff(a, b):
         return max(max_diff(x.state.params, y.state.params) for x, y in zip(a, b))
 
@@ -79,12 +82,12 @@ SCRIPT = textwrap.dedent('''
         "resume_4_to_1": max_diff(one.state.params, resumed_on_one.state.params),
         "resumed_run_iterations": resumed_on_one.total_iterations,
         "seeds_by_env_sharded": len(seeds_by_env[0].state.rollout.episode_return.sharding.device_set),
-        "seeds_by_seed_devices": len({d for r in seeds_by_seed for d in jax.tree.leaves(r.state.params)[0].devices()}),
+        "seeds_by_seed_devices": seed_devices(seeds_by_seed),
         "seeds_params_by_env": seeds_diff(seeds_one, seeds_by_env),
         "seeds_params_by_seed": seeds_diff(seeds_one, seeds_by_seed),
         "seeds_eval_by_env": seeds_eval_diff(seeds_one, seeds_by_env),
         "seeds_eval_by_seed": seeds_eval_diff(seeds_one, seeds_by_seed),
-        "map_by_seed_devices": len({d for r in map_by_seed for d in jax.tree.leaves(r.state.params)[0].devices()}),
+        "map_by_seed_devices": seed_devices(map_by_seed),
         "map_params_by_seed": seeds_diff(seeds_one, map_by_seed),
         "map_params_by_env": seeds_diff(seeds_one, map_by_env),
         "map_eval_by_seed": seeds_eval_diff(seeds_one, map_by_seed),
