@@ -14,10 +14,16 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 __all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "ScheduleNotSavedError", "config_to_dict", "config_from_dict",
-           "SEED_BATCHING"]
+           "SEED_BATCHING", "check_seed_batching"]
 
 SeedBatching = Literal["vmap", "map"]  # TrainConfig.seed_batching
 SEED_BATCHING = typing.get_args(SeedBatching)  # its choices, for checks and messages
+
+
+def check_seed_batching(value: Any, where: str = "seed_batching") -> None:
+    """``value`` must be one of :data:`SEED_BATCHING`; the error names ``where``."""
+    if value not in SEED_BATCHING:
+        raise ValueError(f"{where} must be one of {', '.join(map(repr, SEED_BATCHING))}, got {value!r}")
 
 # A learning-rate schedule: optimizer update count -> learning rate (an optax schedule).
 Schedule = Callable[[Any], Any]
@@ -220,9 +226,7 @@ class TrainConfig:
     seed_batching: SeedBatching = "vmap"
 
     def __post_init__(self):
-        if self.seed_batching not in SEED_BATCHING:
-            raise ValueError(f"TrainConfig.seed_batching must be one of {', '.join(map(repr, SEED_BATCHING))}, "
-                             f"got {self.seed_batching!r}")
+        check_seed_batching(self.seed_batching, "TrainConfig.seed_batching")
         _require_positive_int("TrainConfig", "iterations_per_call", self.iterations_per_call)
         _require_positive_int("TrainConfig", "keep_checkpoints", self.keep_checkpoints)
         _require_positive_int("TrainConfig", "checkpoint_every_steps", self.checkpoint_every_steps, allow_none=True)

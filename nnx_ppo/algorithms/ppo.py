@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from flax import errors as flax_errors
 from flax import nnx
 
-from nnx_ppo.algorithms.config import SEED_BATCHING, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seed_batching
 from nnx_ppo.algorithms.driver import (
     Driver,
     Health,
@@ -251,10 +251,9 @@ def over_seeds(iteration: Callable, seed_batching: str = "vmap", shardings: Any 
     (:func:`~nnx_ppo.algorithms.sharding.seed_shardings`), each device runs
     its own seeds in turn (``jax.shard_map``), all devices at once.
     """
+    check_seed_batching(seed_batching)
     if seed_batching == "vmap":
         return jax.vmap(iteration)
-    if seed_batching not in SEED_BATCHING:
-        raise ValueError(f"seed_batching must be one of {', '.join(map(repr, SEED_BATCHING))}, got {seed_batching!r}")
     in_turn = lambda state: jax.lax.map(iteration, state)
     mesh = None if shardings is None else jax.tree.leaves(shardings)[0].mesh
     if mesh is None or SEED_AXIS not in mesh.axis_names:

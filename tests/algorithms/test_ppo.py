@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import NonFiniteError, train_ppo
+from nnx_ppo.algorithms.ppo import NonFiniteError, over_seeds, train_ppo
 from nnx_ppo.networks.factories import make_mlp_actor_critic
 
 from tests.algorithms.toy_envs import Constant, Target
@@ -43,6 +43,8 @@ def test_bad_config_errors_name_the_argument():
         PPOConfig(n_envs=-4, n_minibatches=1)
     with pytest.raises(ValueError, match="TrainConfig.seed_batching must be one of 'vmap', 'map', got 'loop'"):
         TrainConfig(seed_batching="loop")
+    with pytest.raises(ValueError, match="^seed_batching must be one of 'vmap', 'map', got 'loop'"):
+        over_seeds(lambda state: state, "loop")  # public: compile_iterations and make_train_fn pass it on
 
 
 def test_value_structure_mismatch_is_reported():
