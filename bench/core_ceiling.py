@@ -26,18 +26,19 @@ import time
 
 
 def worker(arch: str, n_envs: int) -> None:
-    """Compile the one-seed program, then for each line ``K`` on stdin run K
-    calls and print the seconds they took."""
+    """Compile the one-seed program, print ``ready STEPS`` (env steps per
+    call), then for each line ``K`` on stdin run K calls and print the
+    seconds they took."""
     import jax
     import numpy as np
 
-    from seed_layouts import PER_CALL, build
+    from seed_layouts import PER_CALL, build, steps_per_call
 
     fn, state, _ = build(arch, "single", 1, n_envs)
     n = np.int32(PER_CALL)
     state, _ = fn(state, n)
     jax.block_until_ready(state)
-    print("ready", flush=True)
+    print("ready", steps_per_call(n_envs), flush=True)
     for line in sys.stdin:
         start = time.perf_counter()
         for _ in range(int(line)):
@@ -46,14 +47,16 @@ def worker(arch: str, n_envs: int) -> None:
         print(time.perf_counter() - start, flush=True)
 
 
-def start(arch: str, n_envs: int, cpu: str | None) -> subprocess.Popen:
+def start(arch: str, n_envs: int, cpu: str | None) -> tuple[subprocess.Popen, int]:
+    """A worker process (pinned to ``cpu`` if given) and its env steps per call."""
     pin = ["taskset", "-c", cpu] if cpu is not None else []
     cmd = pin + [sys.executable, os.path.abspath(__file__), "--worker", arch, str(n_envs)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
-    if proc.stdout.readline().strip() != "ready":
+    word, _, steps = proc.stdout.readline().partition(" ")
+    if word != "ready":
         raise SystemExit(f"worker {' '.join(cmd)} did not start")
-    return proc
+    return proc, int(steps)
 
 
 def timed(procs: list[subprocess.Popen], calls: int) -> float:
@@ -69,10 +72,9 @@ def main(argv):
     rounds = int(argv[1]) if len(argv) > 1 else 8
     calls = int(argv[2]) if len(argv) > 2 else 8
     n_envs = int(argv[3]) if len(argv) > 3 else 256
-    from seed_layouts import PER_CALL
-
-    steps = calls * PER_CALL * n_envs * 32
-    free, *pinned = [start(arch, n_envs, cpu) for cpu in (None, "0", "1")]
+    workers = [start(arch, n_envs, cpu) for cpu in (None, "0", "1")]
+    free, *pinned = [proc for proc, _ in workers]
+    steps = calls * workers[0][1]
     second_core, ceiling = [], []
     try:
         for r in range(rounds):

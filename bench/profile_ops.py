@@ -9,7 +9,9 @@ operation (the HLO name without its number: ``dot``, ``ynn_fusion``,
 ``add_multiply_fusion``, ...), its time in milliseconds per seed and
 iteration, largest first (TOP rows, default 15). Run it pinned to one core
 (``taskset -c 0``) to compare the work of two layouts without the second
-core's help, e.g. ``single`` against ``vmap 8``.
+core's help, e.g. ``single`` against ``vmap 8``. Tracing costs time per operation, so the
+sums exceed the untraced wall time (most for many short operations): compare
+kinds of operations between layouts, and take rates from seed_layouts.py.
 """
 
 import os

@@ -50,13 +50,20 @@ from nnx_ppo.envs.wrappers import RewardScale
 
 ENV = "gymnax:Pendulum-v1"
 PER_CALL = 2
+ROLLOUT_LENGTH = 32
+
+
+def steps_per_call(n_envs: int, seeds: int = 1) -> int:
+    """Env steps of one compiled call: PER_CALL iterations of every seed's envs."""
+    return PER_CALL * n_envs * ROLLOUT_LENGTH * seeds
 
 
 def build(arch: str, layout: str, n_seeds: int, n_envs: int):
     """The compiled ``fn(state, n)`` and its initial state for ``layout``."""
     raw = make(ENV)
     env = RewardScale(raw, 0.1)
-    config = TrainConfig(ppo=PPOConfig(n_envs=n_envs, rollout_length=32, total_steps=n_envs * 32 * 100),
+    config = TrainConfig(ppo=PPOConfig(n_envs=n_envs, rollout_length=ROLLOUT_LENGTH,
+                                       total_steps=n_envs * ROLLOUT_LENGTH * 100),
                          eval=EvalConfig(enabled=False))
     n_seeds = 1 if layout == "single" else n_seeds
     nets = [build_network(ENV, arch, raw, nnx.Rngs(s)) for s in range(n_seeds)]
@@ -116,7 +123,7 @@ def compare(arch: str, layouts: list[str], n_seeds: int, n_envs: int, rounds: in
             for _ in range(calls):
                 state, out = fn(state, n)
             jax.block_until_ready((state, out))
-            rates[layout].append(calls * PER_CALL * n_envs * 32 * seeds / (time.perf_counter() - t0))
+            rates[layout].append(calls * steps_per_call(n_envs, seeds) / (time.perf_counter() - t0))
             entry[1] = state
     first = np.asarray(rates[layouts[0]])
     for layout, rate in rates.items():
@@ -150,7 +157,7 @@ def main(argv):
         jax.block_until_ready((state, out))
         times.append(time.perf_counter() - t0)
     cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)  # busy-waiting threads count too
-    steps = PER_CALL * n_envs * 32 * seeds
+    steps = steps_per_call(n_envs, seeds)
     print(json.dumps({"arch": arch, "layout": layout, "seeds": seeds, "n_envs": n_envs, "devices": jax.device_count(),
                       "compile_s": round(compile_s, 1), "steps_per_s": round(steps / float(np.median(times))),
                       "cpu_cores": round(cores, 2), "call_s": [round(t, 3) for t in times]}))
