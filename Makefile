@@ -15,9 +15,11 @@ $(VENV)/.installed: pyproject.toml
 train: $(VENV)/.installed
 	$(VENV)/bin/nnx-ppo train $(ARGS)
 
-# Two pytest workers (pytest-xdist), each taking whole test files (module fixtures run once),
-# in the order tests/conftest.py gives (the longest files first).
+# The linter (ruff, configured in pyproject.toml), then two pytest workers (pytest-xdist),
+# each taking whole test files (module fixtures run once), in the order
+# tests/conftest.py gives (the longest files first).
 test: $(VENV)/.installed
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder $(ARGS)
 
 bench: $(VENV)/.installed

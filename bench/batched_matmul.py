@@ -49,8 +49,8 @@ def main(argv):
         one_by_one = seeds * seconds_per_call(f, x, w)
         layouts = {
             "vmap": jax.vmap(f),
-            "unrolled": lambda a, b: jnp.stack([f(a[i], b[i]) for i in range(seeds)]),
-            "lax_map": lambda a, b: jax.lax.map(lambda ab: f(*ab), (a, b)),
+            "unrolled": lambda a, b, f=f: jnp.stack([f(a[i], b[i]) for i in range(seeds)]),
+            "lax_map": lambda a, b, f=f: jax.lax.map(lambda ab: f(*ab), (a, b)),
         }
         for layout, g in layouts.items():
             result[f"{name}_{layout}_vs_one_by_one"] = round(one_by_one / seconds_per_call(g, xs, ws), 3)

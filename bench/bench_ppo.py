@@ -17,7 +17,6 @@ import json
 import sys
 import time
 
-import jax
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
@@ -40,7 +39,9 @@ def lstm_actor_critic(obs_size, action_size, rngs):
     return Sequential([
         Normalizer(obs_size),
         PPOAdapter(
-            action=Sequential([*trunk(), Dense(64, 2 * action_size, rngs), NormalTanhSampler(rngs, entropy_weight=1e-2)]),
+            action=Sequential(
+                [*trunk(), Dense(64, 2 * action_size, rngs), NormalTanhSampler(rngs, entropy_weight=1e-2)]
+            ),
             value=Sequential([*trunk(), Dense(64, 1, rngs)]),
         ),
     ])
@@ -87,7 +88,8 @@ def main(argv):
     wall = time.perf_counter() - t0
     (ta, sa), (tb, sb) = times[2 * iters_per_call], times[-1]
     print(json.dumps({
-        "lib": "nnx_ppo", "env": name, "make_kwargs": make_kwargs, "arch": arch, "reward_scale": reward_scale, "n_envs": n_envs,
+        "lib": "nnx_ppo", "env": name, "make_kwargs": make_kwargs, "arch": arch, "reward_scale": reward_scale,
+        "n_envs": n_envs,
         "rollout": rollout, "iterations_per_call": iters_per_call, "wall_s": round(wall, 2),
         "compile_s": round(result.compile_seconds, 2), "steady_sps": round((sb - sa) / (tb - ta)), "evals": evals,
     }))

@@ -23,9 +23,9 @@ import time
 
 import jax
 import numpy as np
+from bench_ppo import build_network
 from flax import nnx
 
-from bench_ppo import build_network
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.algorithms.seeds import train_seeds
@@ -53,7 +53,7 @@ def main(argv):
     for seed in seeds:
         rows = []
         train_ppo(train_env, make_network(nnx.Rngs(seed)), dataclasses.replace(config, seed=seed),
-                  log_fn=lambda m, s: rows.append(m["time/steps_per_second"]))
+                  log_fn=lambda m, s, rows=rows: rows.append(m["time/steps_per_second"]))
         rates.append(np.median(rows[per_call:]))  # calls after the compiling one
     one_by_one_wall = time.perf_counter() - t0
     one_by_one = float(np.median(rates))  # seeds run one at a time: total rate = one seed's rate

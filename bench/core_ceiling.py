@@ -31,7 +31,6 @@ def worker(arch: str, n_envs: int) -> None:
     seconds they took."""
     import jax
     import numpy as np
-
     from seed_layouts import PER_CALL, build, steps_per_call
 
     fn, state, _ = build(arch, "single", 1, n_envs)
@@ -83,8 +82,10 @@ def main(argv):
             pair_rate = len(pinned) * steps / timed(pinned, calls)
             second_core.append(free_rate / core_rate)
             ceiling.append(pair_rate / free_rate)
-            print(json.dumps({"round": r, "free_steps_per_s": round(free_rate), "one_core_steps_per_s": round(core_rate),
-                              "one_per_core_steps_per_s": round(pair_rate), "free_vs_one_core": round(free_rate / core_rate, 2),
+            print(json.dumps({"round": r, "free_steps_per_s": round(free_rate),
+                              "one_core_steps_per_s": round(core_rate),
+                              "one_per_core_steps_per_s": round(pair_rate),
+                              "free_vs_one_core": round(free_rate / core_rate, 2),
                               "one_per_core_vs_free": round(pair_rate / free_rate, 2)}), flush=True)
     finally:
         for proc in (free, *pinned):

@@ -27,7 +27,6 @@ import tempfile  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.profiler import ProfileData  # noqa: E402
-
 from seed_layouts import PER_CALL, build  # noqa: E402
 
 CONTAINERS = ("ThunkExecutor", "while", "call", "conditional")

@@ -15,9 +15,9 @@ import json
 import sys
 
 import jax
+from bench_ppo import build_network
 from flax import nnx
 
-from bench_ppo import build_network
 from nnx_ppo.envs import make
 from nnx_ppo.testing import check_replay_consistency
 

@@ -12,7 +12,9 @@ Every :class:`~nnx_ppo.algorithms.config.TrainConfig` field is a flag
 (``--ppo.n-envs``, ``--eval.every-steps``, ``--seed`` ...), with its
 documentation as help. See docs/cli.md. The commands live in
 :mod:`nnx_ppo.app` (``commands``, ``train``, ``evaluate``, ``progress``);
-this module parses the command line and dispatches.
+this module parses the command line and dispatches. It imports no JAX:
+``--help`` and ``envs`` stay quick, and the commands that train or
+evaluate import it when they run.
 """
 
 from __future__ import annotations
@@ -37,9 +39,6 @@ from nnx_ppo.app.commands import (
     TrainCommand,
     print_error,
 )
-from nnx_ppo.app.distill import run_distill
-from nnx_ppo.app.evaluate import run_eval
-from nnx_ppo.app.train import resume_defaults, run_train
 from nnx_ppo.presets import find_preset
 
 __all__ = [
@@ -60,14 +59,29 @@ __all__ = [
 # ----------------------------------------------------------------------------- envs
 
 
-def _run_envs() -> int:
-    from nnx_ppo.envs import list_envs
+def _env_spec_forms() -> str:
+    """The forms an env spec takes, from the registry's table of sources."""
+    from nnx_ppo.envs.registry import list_sources
 
+    return ", ".join(["NAME (a built-in task)", *(f"{s.prefix}:NAME" for s in list_sources())])
+
+
+def _run_envs() -> int:
+    from nnx_ppo.envs.registry import list_envs, list_sources
     from nnx_ppo.presets import PRESETS
 
-    print("built-in tasks and example specs (any gymnax:NAME, playground:NAME, brax:NAME works):")
+    print("built-in tasks:")
     for spec in list_envs():
-        print(f"  {spec}")
+        if ":" not in spec:
+            print(f"  {spec}")
+    print("\nenv sources: PREFIX:NAME builds the source's env NAME (if its package is installed; "
+          "nnx_ppo.envs.register_source adds sources):")
+    sources = list_sources()
+    width = max((len(s.prefix) for s in sources), default=0) + 2
+    for source in sources:
+        print(f"  {source.prefix + ':':<{width}} {source.description}".rstrip())
+        if source.examples:
+            print(f"  {'':<{width}} e.g. {' '.join(source.examples)}")
     print("\ntuned presets (`nnx-ppo train ENV [--network KIND]` starts from them; nnx_ppo.presets in Python):")
     for p in PRESETS:
         ppo = p.config.ppo
@@ -113,7 +127,8 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand):
     ]
     try:
         return tyro.cli(commands, args=argv, prog=PROG,
-                        description="PPO for stateful (recurrent) networks in JAX + Flax NNX.")
+                        description="PPO for stateful (recurrent) networks in JAX + Flax NNX. An ENV_SPEC is "
+                                    f"{_env_spec_forms()}; `{PROG} envs` lists them.")
     except ValueError as e:  # a config's __post_init__ rejected a value
         raise CliError(str(e)) from None
 
@@ -125,6 +140,8 @@ def _parse(argv: list[str]):
     resume = _find_resume(argv)
     helping = any(a in ("-h", "--help") for a in argv)
     if resume is not None and not helping:
+        from nnx_ppo.app.train import resume_defaults
+
         train_default, saved = resume_defaults(resume)
         return _tyro_parse(argv, train_default), saved
     cmd = _tyro_parse(argv, TrainCommand())
@@ -138,12 +155,12 @@ def _parse(argv: list[str]):
 
 def _join_processes(cmd: TrainCommand) -> None:
     """``--coordinator-address``: join a run of several processes before
-    anything touches a device (``nnx_ppo.distributed.initialize``)."""
+    anything touches a device (``nnx_ppo.algorithms.distributed.initialize``)."""
     if cmd.coordinator_address is None:
         if cmd.num_processes != 1 or cmd.process_id != 0:
             raise CliError("--num-processes and --process-id need --coordinator-address HOST:PORT")
         return
-    from nnx_ppo.distributed import initialize
+    from nnx_ppo.algorithms.distributed import initialize
 
     try:
         initialize(cmd.coordinator_address, cmd.num_processes, cmd.process_id)
@@ -158,11 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cmd, saved = _parse(argv)
         if isinstance(cmd, TrainCommand):
+            from nnx_ppo.app.train import run_train
+
             _join_processes(cmd)
             return run_train(cmd, argv, saved)
         if isinstance(cmd, EvalCommand):
+            from nnx_ppo.app.evaluate import run_eval
+
             return run_eval(cmd)
         if isinstance(cmd, DistillCommand):
+            from nnx_ppo.app.distill import run_distill
+
             return run_distill(cmd, argv)
         return _run_envs()
     except CliError as e:

@@ -95,7 +95,7 @@ def load_network(directory: str | os.PathLike, network: Any = None, seed: int | 
     train``); with it, its variables are replaced (same architecture). Returns
     the network in deterministic mode. For a checkpoint of several seeds
     trained together, ``seed`` picks one. See
-    :func:`nnx_ppo.algorithms.checkpointing.load_network` for the errors.
+    :func:`nnx_ppo.algorithms.checkpointing.restore_network` for the errors.
     """
     from nnx_ppo.algorithms import checkpointing
 
@@ -108,4 +108,4 @@ def load_network(directory: str | os.PathLike, network: Any = None, seed: int | 
             raise ValueError(f"{err}; build the network yourself and pass it as "
                              "load_network(directory, network=...)") from None
         network = network.build()
-    return checkpointing.load_network(directory, network, seed=seed)
+    return checkpointing.restore_network(directory, network, seed=seed)

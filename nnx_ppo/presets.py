@@ -22,9 +22,9 @@ import dataclasses
 from typing import Any
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.network_spec import NetworkSpec, network_kwargs  # network_kwargs re-exported
+from nnx_ppo.network_spec import NetworkSpec
 
-__all__ = ["Preset", "PRESETS", "get_preset", "find_preset", "network_kwargs"]
+__all__ = ["Preset", "PRESETS", "get_preset", "find_preset"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +76,31 @@ class Preset:
         return self.network_spec(seed).build(env)
 
 
-def _config(total_steps: int, eval_every: int, eval_envs: int, eval_length: int, **ppo: Any) -> TrainConfig:
+def _config(total_steps: int, eval_every: int, eval_envs: int, eval_length: int, *,
+            learning_rate: float = 1e-3, **ppo: Any) -> TrainConfig:
+    """A preset's training config: PPO for ``total_steps`` (every preset was
+    tuned with learning rate 1e-3), an evaluation of ``eval_envs`` episodes of
+    at most ``eval_length`` steps every ``eval_every`` steps, and a checkpoint
+    every quarter of the run."""
     return TrainConfig(
-        ppo=PPOConfig(total_steps=total_steps, **ppo),
+        ppo=PPOConfig(total_steps=total_steps, learning_rate=learning_rate, **ppo),
         eval=EvalConfig(every_steps=eval_every, n_envs=eval_envs, max_episode_length=eval_length),
         checkpoint_every_steps=max(total_steps // 4, 1),
+    )
+
+
+def _pendulum(network: str, total_steps: int, eval_every: int, description: str, **ppo: Any) -> Preset:
+    """A gymnax Pendulum preset: both networks share the env, the width, the
+    reward scale, the target and most PPO settings."""
+    return Preset(
+        env="gymnax:Pendulum-v1",
+        network=network,
+        hidden_size=64,
+        config=_config(total_steps, eval_every, 64, 200, n_envs=256, rollout_length=32,
+                       discounting_factor=0.95, **ppo),
+        reward_scale=0.1,
+        target=-250.0,
+        description=description,
     )
 
 
@@ -90,7 +110,7 @@ PRESETS: tuple[Preset, ...] = (
         env_kwargs={"n_cues": 4, "delay": 8},
         network="lstm",
         hidden_size=32,
-        config=_config(150_000, 10_000, 64, 1000, n_envs=64, rollout_length=24, learning_rate=1e-3),
+        config=_config(150_000, 10_000, 64, 1000, n_envs=64, rollout_length=24),
         target=1.0,
         description="report a cue (1 of 4) after 8 blank steps; a memoryless policy scores 0.25",
     ),
@@ -98,37 +118,19 @@ PRESETS: tuple[Preset, ...] = (
         env="gymnax:CartPole-v1",
         network="mlp",
         hidden_size=64,
-        config=_config(300_000, 25_000, 16, 500, n_envs=8, rollout_length=128, learning_rate=1e-3,
+        config=_config(300_000, 25_000, 16, 500, n_envs=8, rollout_length=128,
                        learning_rate_decay=True, clip_range=0.1),
         target=500.0,
         description="balance a pole (discrete actions); 500 is the maximum",
     ),
-    Preset(
-        env="gymnax:Pendulum-v1",
-        network="mlp",
-        hidden_size=64,
-        config=_config(1_000_000, 50_000, 64, 200, n_envs=256, rollout_length=32, learning_rate=1e-3,
-                       discounting_factor=0.95, clip_range=0.1),
-        reward_scale=0.1,
-        target=-250.0,
-        description="swing a pendulum up and hold it",
-    ),
-    Preset(
-        env="gymnax:Pendulum-v1",
-        network="lstm",
-        hidden_size=64,
-        config=_config(2_000_000, 100_000, 64, 200, n_envs=256, rollout_length=32, learning_rate=1e-3,
-                       discounting_factor=0.95),
-        reward_scale=0.1,
-        target=-250.0,
-        description="the same with a Dense + LSTM actor and critic",
-    ),
+    _pendulum("mlp", 1_000_000, 50_000, "swing a pendulum up and hold it", clip_range=0.1),
+    _pendulum("lstm", 2_000_000, 100_000, "the same with a Dense + LSTM actor and critic"),
     Preset(
         env="playground:CartpoleBalance",
         network="lstm",
         hidden_size=32,
         train_env_kwargs={"random_reset_steps": 500},
-        config=_config(3_000_000, 250_000, 32, 1000, n_envs=64, rollout_length=24, learning_rate=1e-3),
+        config=_config(3_000_000, 250_000, 32, 1000, n_envs=64, rollout_length=24),
         target=900.0,
         description="MuJoCo Playground cart-pole, keep the pole upright for 1000 steps",
     ),

@@ -3,6 +3,7 @@ contents, clean errors and Ctrl-C. Budgets are tiny (8 envs, ~1k steps)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -323,3 +324,78 @@ def test_train_several_seeds_in_one_run(tmp_path, capsys):
     rows = rd.read_metrics(run)
     for seed in (0, 1):
         assert [r["iteration"] for r in rows if r.get("seed") == seed and not r.get("eval")] == [1, 2, 3, 4, 5, 6]
+
+
+class _PoisonedDrift:
+    """Never-ending env (obs a random 3-vector, reward ``-|a - obs[:2]|``)
+    whose envs with a reset score below ``threshold`` emit NaN rewards from
+    their 20th step on: which seeds fail is fixed by their initial resets."""
+
+    threshold = -1.0
+
+    @property
+    def observation_space(self):
+        from nnx_ppo.envs import Box
+
+        return Box((3,), -1.0, 1.0)
+
+    @property
+    def action_space(self):
+        from nnx_ppo.envs import Box
+
+        return Box((2,), -1.0, 1.0)
+
+    def reset(self, key):
+        import jax
+        import jax.numpy as jnp
+
+        from nnx_ppo.envs import EnvState
+
+        zero = jnp.zeros((), jnp.float32)
+        return EnvState(obs=jax.random.uniform(key, (3,), minval=-1.0, maxval=1.0), reward=zero, done=zero,
+                        metrics={}, info={"truncated": zero, "steps": jnp.zeros((), jnp.int32),
+                                          "score": jax.random.uniform(jax.random.fold_in(key, 1))}, data=key)
+
+    def step(self, state, action):
+        import jax
+        import jax.numpy as jnp
+
+        key, sub = jax.random.split(state.data)
+        steps = state.info["steps"] + 1
+        reward = -jnp.sum(jnp.abs(action - state.obs[:2]))
+        reward = jnp.where((state.info["score"] < self.threshold) & (steps >= 20), jnp.nan, reward)
+        return dataclasses.replace(state, obs=jax.random.uniform(sub, (3,), minval=-1.0, maxval=1.0), reward=reward,
+                                   info={**state.info, "steps": steps}, data=key)
+
+
+def test_a_failing_seed_is_named_and_the_run_stays_resumable(tmp_path, capsys, monkeypatch):
+    """--seeds with one seed whose rewards turn NaN in its 2nd iteration: the
+    other seed trains to the end, the failed one is named, the exit code is
+    1, and --resume continues the run (the failed seed fails again at once)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.ppo import new_training_state
+    from nnx_ppo.envs import registry
+    from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+    env = _PoisonedDrift()
+    monkeypatch.setitem(registry._BUILTINS, "poisoned_drift", (lambda: env, None))
+    net = make_actor_critic_for_env(env, "mlp", nnx.Rngs(0))
+    lowest = {s: float(jnp.min(new_training_state(env, net, TrainConfig(
+        ppo=PPOConfig(n_envs=N_ENVS), seed=s)).rollout.env_state.info["score"])) for s in (0, 1)}
+    bad, good = sorted(lowest, key=lowest.get)
+    env.threshold = (lowest[bad] + lowest[good]) / 2
+    run = tmp_path / "seeds"
+    flags = [*TINY, "--ppo.total-steps", "512", "--eval.every-steps", "256", "--seeds", "0", "1", "--quiet"]
+    assert cli.main(["train", "poisoned_drift", *flags, "--run-dir", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"seed {bad} failed at iteration 2 (256 env steps)" in err and "NaN" in err
+    assert f"seeds [{bad}] failed" in err and "--resume" in err
+    rows = iteration_rows(run)
+    assert [r["iteration"] for r in rows if r.get("seed") == good] == [1, 2, 3, 4]
+    assert [r["iteration"] for r in rows if r.get("seed") == bad] == [1]
+    assert cli.main(["train", "--resume", str(run), "--ppo.total-steps", "768", "--quiet"]) == 1
+    assert f"seed {bad} failed at iteration 2" in capsys.readouterr().err
+    assert [r["iteration"] for r in iteration_rows(run) if r.get("seed") == good] == [1, 2, 3, 4, 5, 6]

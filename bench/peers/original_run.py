@@ -28,6 +28,7 @@ if kind == "gymnax":
     env = eval_env
 else:  # playground, as in the original's README: its episode wrapper for training
     from mujoco_playground import registry
+
     from nnx_ppo.wrappers import episode_wrapper
 
     eval_env = registry.load(name, config_overrides={"impl": "jax"})
@@ -36,12 +37,12 @@ if task["reward_scale"] != 1.0:
     from nnx_ppo.wrappers.reward_scaling_wrapper import RewardScalingWrapper
 
     env = RewardScalingWrapper(env, task["reward_scale"])
-O, A = eval_env.observation_size, eval_env.action_size
+OBS_SIZE, A = eval_env.observation_size, eval_env.action_size
 if task["arch"] == "mlp" and kind == "playground":
-    nets = make_mlp_actor_critic(O, A, actor_hidden_sizes=[64] * 4, critic_hidden_sizes=[256] * 2, rngs=rngs,
+    nets = make_mlp_actor_critic(OBS_SIZE, A, actor_hidden_sizes=[64] * 4, critic_hidden_sizes=[256] * 2, rngs=rngs,
                                  normalize_obs=True)
 elif task["arch"] == "mlp":
-    nets = make_mlp_actor_critic(O, A, actor_hidden_sizes=[64, 64], critic_hidden_sizes=[64, 64], rngs=rngs,
+    nets = make_mlp_actor_critic(OBS_SIZE, A, actor_hidden_sizes=[64, 64], critic_hidden_sizes=[64, 64], rngs=rngs,
                                  normalize_obs=True)
 else:  # Dense(64) -> LSTM(64) for actor and critic
     from nnx_ppo.networks.adapter import PPOAdapter
@@ -52,9 +53,9 @@ else:  # Dense(64) -> LSTM(64) for actor and critic
     from nnx_ppo.networks.sampling_layers import NormalTanhSampler
 
     def trunk():
-        return [Dense(O, 64, rngs, activation=nnx.swish), LSTM(64, 64, rngs)]
+        return [Dense(OBS_SIZE, 64, rngs, activation=nnx.swish), LSTM(64, 64, rngs)]
 
-    nets = Sequential([Normalizer(O), PPOAdapter(
+    nets = Sequential([Normalizer(OBS_SIZE), PPOAdapter(
         action=Sequential([*trunk(), Dense(64, 2 * A, rngs), NormalTanhSampler(rngs, entropy_weight=1e-2)]),
         value=Sequential([*trunk(), Dense(64, 1, rngs)]))])
 

@@ -2,36 +2,39 @@
 activation recording (:mod:`nnx_ppo.algorithms.recording`).
 
 Checkpointing lives in :mod:`nnx_ppo.algorithms.checkpointing` (imported on
-use, it pulls in orbax).
+use, it pulls in orbax). The names below are imported on first use, so
+``import nnx_ppo.algorithms.config`` (the configs alone) loads no JAX.
 """
 
-from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.distillation import DistillationConfig, train_distillation
-from nnx_ppo.algorithms.gae import compute_gae
-from nnx_ppo.algorithms.recording import Recording, module_paths, record_activations
-from nnx_ppo.algorithms.ppo import (
-    NonFiniteError,
-    TrainingState,
-    TrainResult,
-    evaluate,
-    new_training_state,
-    train_ppo,
-)
+from __future__ import annotations
 
-__all__ = [
-    "PPOConfig",
-    "EvalConfig",
-    "TrainConfig",
-    "compute_gae",
-    "train_ppo",
-    "train_distillation",
-    "DistillationConfig",
-    "new_training_state",
-    "evaluate",
-    "TrainingState",
-    "TrainResult",
-    "NonFiniteError",
-    "Recording",
-    "module_paths",
-    "record_activations",
-]
+from typing import TYPE_CHECKING
+
+from nnx_ppo._lazy import lazy_exports
+
+# the module defining them -> public names
+_EXPORTS = {
+    "nnx_ppo.algorithms.config": ("PPOConfig", "EvalConfig", "TrainConfig"),
+    "nnx_ppo.algorithms.gae": ("compute_gae",),
+    "nnx_ppo.algorithms.ppo": ("train_ppo", "new_training_state"),
+    "nnx_ppo.algorithms.distillation": ("train_distillation", "DistillationConfig"),
+    "nnx_ppo.algorithms.seeds": ("train_seeds",),
+    "nnx_ppo.algorithms.evaluation": ("evaluate",),
+    "nnx_ppo.algorithms.state": ("TrainingState", "TrainResult"),
+    "nnx_ppo.algorithms.driver": ("NonFiniteError", "ReplayMismatchError", "Failure"),
+    "nnx_ppo.algorithms.recording": ("Recording", "module_paths", "record_activations"),
+}
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.distillation import DistillationConfig, train_distillation
+    from nnx_ppo.algorithms.driver import Failure, NonFiniteError, ReplayMismatchError
+    from nnx_ppo.algorithms.evaluation import evaluate
+    from nnx_ppo.algorithms.gae import compute_gae
+    from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
+    from nnx_ppo.algorithms.recording import Recording, module_paths, record_activations
+    from nnx_ppo.algorithms.seeds import train_seeds
+    from nnx_ppo.algorithms.state import TrainingState, TrainResult

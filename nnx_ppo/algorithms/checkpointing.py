@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import pathlib
 import re
@@ -40,10 +39,20 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from nnx_ppo.algorithms.checkpoint_layout import as_item, check_layout_matches, describe_leaves, leaf_name, sections_of
+from nnx_ppo.algorithms._checkpoint_layout import (
+    FORMAT_VERSION,
+    LAYOUT_FILE,
+    CheckpointError,
+    as_item,
+    checkpointer,
+    describe_leaves,
+    read_json,
+    read_layout,
+    restore_sections,
+    sections_of,
+)
 
 __all__ = [
     "CheckpointError",
@@ -54,7 +63,7 @@ __all__ = [
     "restore_training_state",
     "load_config",
     "load_metadata",
-    "load_network",
+    "restore_network",
     "save",
     "load",
     "resume",
@@ -65,19 +74,13 @@ COMMIT_MARKER = "COMMITTED"
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".tmp-"
-_LAYOUT_FILE = "layout.json"
 _CONFIG_FILE = "config.json"
 _METADATA_FILE = "metadata.json"
-_FORMAT_VERSION = 1
 # Which TrainingState fields go into which orbax item.
 _NETWORK_FIELDS = ("params", "rest")
 _TRAINING_FIELDS = ("opt_state", "rollout", "key", "iteration", "return_stats")
 # Fields added after format 1: a checkpoint written before them restores them from the template.
 _LATER_FIELDS = ("return_stats",)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint exists but cannot be read (corrupt, truncated or not a checkpoint)."""
 
 
 # --------------------------------------------------------------------------- finding checkpoints
@@ -134,16 +137,10 @@ def _resolve(directory: str | os.PathLike) -> pathlib.Path:
 # --------------------------------------------------------------------------- saving
 
 
-def _checkpointer():
-    import orbax.checkpoint as ocp
-
-    return ocp.Checkpointer(ocp.StandardCheckpointHandler())
-
-
 def _save_item(path: pathlib.Path, item: dict[str, Any]) -> None:
     import orbax.checkpoint as ocp
 
-    _checkpointer().save(path, args=ocp.args.StandardSave(item))
+    checkpointer().save(path, args=ocp.args.StandardSave(item))
 
 
 def _write_json(path: pathlib.Path, value: Any) -> None:
@@ -161,18 +158,18 @@ def save_training_state(
 ) -> pathlib.Path:
     """Save the whole training state as ``directory/step_<step:012d>/``.
 
-    (About 65 lines: writing to a temporary sibling, the two orbax items,
-    the JSON files, the commit marker, the rename and the pruning form one
-    crash-safe sequence, kept in one place on purpose.)
+    Writing to a temporary sibling, the two orbax items, the JSON files,
+    the commit marker, the rename and the pruning form one crash-safe
+    sequence, kept in one place on purpose.
 
     Args:
       directory: the run directory (created if missing).
-      state: a :class:`~nnx_ppo.algorithms.ppo.TrainingState`.
+      state: a :class:`~nnx_ppo.algorithms.state.TrainingState`.
       config: the :class:`~nnx_ppo.algorithms.config.TrainConfig` (saved as ``config.json``).
       step: env steps trained so far; names the checkpoint.
       keep: keep only this many most recent complete checkpoints (``None``: keep all).
       metadata: JSON-serializable dict saved as ``metadata.json`` (e.g. how to
-        rebuild the network for :func:`load_network`).
+        rebuild the network for :func:`nnx_ppo.load_network`).
 
     Returns the path of the new checkpoint. The write is atomic: the
     checkpoint only appears under its final name once complete. Saving an
@@ -194,7 +191,7 @@ def save_training_state(
     except TypeError as err:
         raise TypeError(f"save_training_state: metadata must be JSON-serializable ({err})") from None
 
-    layout: dict[str, Any] = {"format": _FORMAT_VERSION, "step": step, "sections": {}}
+    layout: dict[str, Any] = {"format": FORMAT_VERSION, "step": step, "sections": {}}
     items: dict[str, dict[str, Any]] = {}
     for item_name, fields in (("network", _NETWORK_FIELDS), ("training", _TRAINING_FIELDS)):
         item = {}
@@ -214,7 +211,7 @@ def save_training_state(
         tmp.mkdir()
         for item_name, item in items.items():
             _save_item(tmp / item_name, item)
-        _write_json(tmp / _LAYOUT_FILE, layout)
+        _write_json(tmp / LAYOUT_FILE, layout)
         (tmp / _CONFIG_FILE).write_text(config_json)
         (tmp / _METADATA_FILE).write_text(metadata_json)
         (tmp / COMMIT_MARKER).write_text(f"step {step}\n")
@@ -262,7 +259,7 @@ def _save_multiprocess(root: pathlib.Path, final: pathlib.Path, items: dict, lay
         _save_item(tmp / item_name, item)
     barrier(f"nnx_ppo checkpoint {step} arrays")
     if is_primary():
-        _write_json(tmp / _LAYOUT_FILE, layout)
+        _write_json(tmp / LAYOUT_FILE, layout)
         (tmp / _CONFIG_FILE).write_text(config_json)
         (tmp / _METADATA_FILE).write_text(metadata_json)
         (tmp / COMMIT_MARKER).write_text(f"step {step}\n")
@@ -277,89 +274,13 @@ def _save_multiprocess(root: pathlib.Path, final: pathlib.Path, items: dict, lay
 # --------------------------------------------------------------------------- restoring
 
 
-def _read_json(path: pathlib.Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {str(path.parent)!r} is corrupt: {path.name} is missing") from None
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {str(path.parent)!r} is corrupt: cannot read {path.name} ({err})") from None
-
-
-def _read_layout(path: pathlib.Path) -> dict[str, list[dict]]:
-    layout = _read_json(path / _LAYOUT_FILE)
-    if not isinstance(layout, dict) or not isinstance(layout.get("sections"), dict):
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {_LAYOUT_FILE} has no sections")
-    if layout.get("format") != _FORMAT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} has format {layout.get('format')!r}; this version reads format {_FORMAT_VERSION}"
-        )
-    return layout["sections"]
-
-
-def _restoresections_of(path: pathlib.Path, item_name: str, sections: dict[str, Any],
-                      saved_layout: dict[str, list[dict]]) -> dict[str, Any]:
-    """Check ``sections`` (name -> template tree) against the layout, read the
-    orbax item and rebuild each tree with the template's structure."""
-    import orbax.checkpoint as ocp
-
-    prepared = {}
-    for name, tree in sections.items():
-        entries, arrays, treedef = describe_leaves(name, tree)
-        if name not in saved_layout:
-            raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {_LAYOUT_FILE} lacks the {name!r} section")
-        check_layout_matches(path, name, saved_layout[name], entries)
-        prepared[name] = (entries, arrays, treedef, jax.tree.leaves(tree))
-
-    target = {
-        name: as_item([jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays])
-        for name, (_, arrays, _, _) in prepared.items()
-    }
-    try:
-        restored = _checkpointer().restore(path / item_name, args=ocp.args.StandardRestore(target))
-    except Exception as err:  # orbax / tensorstore raise many kinds
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} is corrupt or unreadable: restoring {item_name}/ failed "
-            f"({type(err).__name__}: {err})"
-        ) from err
-
-    out = {}
-    for name, (entries, arrays, treedef, template_leaves) in prepared.items():
-        leaves = []
-        for i, (entry, stored, template_leaf) in enumerate(zip(entries, arrays, template_leaves)):
-            if math.prod(entry["shape"]) == 0:
-                value = jnp.zeros(entry["shape"], entry["dtype"])
-            else:
-                value = restored[name][leaf_name(i)]
-            if tuple(value.shape) != tuple(entry["shape"]) or str(value.dtype) != entry["dtype"]:
-                raise CheckpointError(
-                    f"checkpoint {str(path)!r} is corrupt: {entry['path']} was read with shape "
-                    f"{tuple(value.shape)} {value.dtype}, expected {tuple(entry['shape'])} {entry['dtype']}"
-                )
-            if not stored.committed:
-                # Like the template (``stored``: its leaf as stored, key data for
-                # keys): a fresh state's arrays are not committed to
-                # a device; committed ones would make jit compile the training
-                # program (and every eager op) again for the resumed run.
-                value = jnp.asarray(np.asarray(value))
-            if entry["key_impl"] is not None:
-                value = jax.random.wrap_key_data(value, impl=entry["key_impl"])
-            elif isinstance(template_leaf, np.ndarray):
-                value = np.asarray(value)
-            elif isinstance(template_leaf, (bool, int, float, complex, np.generic)):
-                value = type(template_leaf)(np.asarray(value).item())
-            leaves.append(value)
-        out[name] = jax.tree_util.tree_unflatten(treedef, leaves)
-    return out
-
-
 def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
     """Restore the latest complete checkpoint in ``directory`` (or the
     checkpoint ``directory`` itself) into the structure of ``template``.
 
     Args:
       directory: a run directory or one checkpoint in it.
-      template: a :class:`~nnx_ppo.algorithms.ppo.TrainingState` with the same
+      template: a :class:`~nnx_ppo.algorithms.state.TrainingState` with the same
         structure, e.g. ``new_training_state(env, network, config)`` for the
         same env, network architecture and config.
 
@@ -373,11 +294,11 @@ def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
       CheckpointError: the checkpoint is corrupt; the message names its path.
     """
     path = _resolve(directory)
-    layout = _read_layout(path)
+    layout = read_layout(path)
     values = {}
-    values.update(_restoresections_of(path, "network", sections_of(template, _NETWORK_FIELDS), layout))
+    values.update(restore_sections(path, "network", sections_of(template, _NETWORK_FIELDS), layout))
     training = [f for f in _TRAINING_FIELDS if f in layout or f not in _LATER_FIELDS]
-    values.update(_restoresections_of(path, "training", sections_of(template, tuple(training)), layout))
+    values.update(restore_sections(path, "training", sections_of(template, tuple(training)), layout))
     return dataclasses.replace(template, **values)
 
 
@@ -395,7 +316,7 @@ def load_config(directory: str | os.PathLike, *, learning_rate: Any = None):
     from nnx_ppo.algorithms.config import ScheduleNotSavedError, config_from_dict
 
     path = _resolve(directory)
-    data = _read_json(path / _CONFIG_FILE)
+    data = read_json(path / _CONFIG_FILE)
     if not isinstance(data, dict):
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {_CONFIG_FILE} is not an object")
     try:
@@ -409,24 +330,24 @@ def load_config(directory: str | os.PathLike, *, learning_rate: Any = None):
 def load_metadata(directory: str | os.PathLike) -> dict | None:
     """The metadata dict saved with the latest checkpoint (``None`` if none was given)."""
     path = _resolve(directory)
-    return _read_json(path / _METADATA_FILE)
+    return read_json(path / _METADATA_FILE)
 
 
 # --------------------------------------------------------------------------- inference
 
 
-def load_network(directory: str | os.PathLike, network: Any, seed: int | None = None):
-    """Load a trained network for inference from the latest checkpoint in
-    ``directory`` (or the checkpoint ``directory``).
+def restore_network(directory: str | os.PathLike, network: Any, seed: int | None = None):
+    """Restore a network's variables for inference from the latest
+    checkpoint in ``directory`` (or the checkpoint ``directory``). To
+    rebuild the network from the checkpoint's metadata as well, use
+    :func:`nnx_ppo.load_network`, which calls this.
 
     Only the network's variables (parameters, normalizer statistics, RNG
     streams) are read; the optimizer and env states are not needed.
 
     Args:
       directory: a run directory or one checkpoint in it.
-      network: a network of the same architecture to load into (updated in
-        place). To rebuild it from the checkpoint's metadata instead, use
-        :func:`nnx_ppo.load_network` (:func:`nnx_ppo.network_spec.load_network`).
+      network: a network of the same architecture to load into (updated in place).
       seed: for a checkpoint of several seeds trained together
         (:func:`nnx_ppo.algorithms.seeds.train_seeds`), which seed's network
         to load (required there, refused elsewhere).
@@ -440,34 +361,34 @@ def load_network(directory: str | os.PathLike, network: Any, seed: int | None = 
         differing variable and both shapes), or ``network`` is None.
     """
     if network is None:
-        raise ValueError("checkpointing.load_network needs the network to load into; "
+        raise ValueError("checkpointing.restore_network needs the network to load into; "
                          "nnx_ppo.load_network(directory) rebuilds it from the checkpoint's metadata")
     path = _resolve(directory)
-    layout = _read_layout(path)
+    layout = read_layout(path)
     _, params, rest = nnx.split(network, nnx.Param, ...)
-    metadata = _read_json(path / _METADATA_FILE)
+    metadata = read_json(path / _METADATA_FILE)
     seeds = metadata.get("seeds") if isinstance(metadata, dict) else None
     if seeds is None:
         if seed is not None:
             raise ValueError(f"checkpoint {str(path)!r} holds one training run, not several seeds; "
                              f"load it without seed= (got seed={seed})")
-        values = _restoresections_of(path, "network", {"params": params, "rest": rest}, layout)
+        values = restore_sections(path, "network", {"params": params, "rest": rest}, layout)
     else:
         if seed not in seeds:
             raise ValueError(f"checkpoint {str(path)!r} holds the seeds {seeds} trained together; "
                              f"pass seed= one of them (got {seed!r})")
         stacked = jax.tree.map(lambda x: jnp.stack([x] * len(seeds)), {"params": params, "rest": rest})
-        values = _restoresections_of(path, "network", stacked, layout)
+        values = restore_sections(path, "network", stacked, layout)
         values = jax.tree.map(lambda x: x[seeds.index(seed)], values)
     nnx.update(network, values["params"], values["rest"])
     network.eval()
     return network
 
 
-# Short names: save / load / resume.
+# The short names users write (DESIGN.md): save / load / resume.
 save = save_training_state
-"""Alias of :func:`save_training_state`."""
-load = load_network
-"""Alias of :func:`load_network` (a trained network for inference)."""
+"""Short name of :func:`save_training_state`."""
+load = restore_network
+"""Short name of :func:`restore_network` (a trained network's variables, for inference)."""
 resume = restore_training_state
-"""Alias of :func:`restore_training_state`."""
+"""Short name of :func:`restore_training_state`."""

@@ -11,7 +11,9 @@ import numbers
 import typing
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from tyro.constructors import PrimitiveConstructorSpec  # tyro is light: no NumPy or JAX
 
 __all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "ScheduleNotSavedError", "config_to_dict", "config_from_dict",
            "SEED_BATCHING", "check_seed_batching"]
@@ -27,6 +29,16 @@ def check_seed_batching(value: Any, where: str = "seed_batching") -> None:
 
 # A learning-rate schedule: optimizer update count -> learning rate (an optax schedule).
 Schedule = Callable[[Any], Any]
+
+# How the command line (tyro) reads PPOConfig.learning_rate: a plain number, shown as FLOAT (a schedule
+# is given from Python only; as a default it is shown by its description).
+_LEARNING_RATE_FLAG = PrimitiveConstructorSpec(
+    nargs=1,
+    metavar="FLOAT",
+    instance_from_str=lambda args: float(args[0]),
+    is_instance=lambda value: callable(value) or (isinstance(value, numbers.Real) and not isinstance(value, bool)),
+    str_from_instance=lambda value: [_describe_schedule(value) if callable(value) else str(value)],
+)
 
 
 def _require_positive_int(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
@@ -93,8 +105,7 @@ class PPOConfig:
     gae_lambda: float = 0.95
     discounting_factor: float = 0.99
     clip_range: float = 0.2
-    # A float or a Schedule (see above); annotated float so that command-line parsers (tyro) read a number.
-    learning_rate: float = 3e-4
+    learning_rate: Annotated[float | Schedule, _LEARNING_RATE_FLAG] = 3e-4
     learning_rate_decay: bool = False
     normalize_advantages: bool = True
     combine_advantages: bool = False

@@ -10,10 +10,10 @@ Rusu et al. (2015), on the machinery PPO uses. Every iteration:
    maximizes the log-likelihood of the teacher's actions;
 3. ``update_statistics`` with the student's ``[T, B, ...]`` extras.
 
-Rollout, replay, minibatching, the driver loop (evaluation, logging,
-checkpoints, resume, stop), sharding and the compiled multi-iteration
-program are PPO's (:mod:`nnx_ppo.algorithms.ppo`); only the iteration's loss
-differs. Teacher and student are any networks with a
+Rollout, replay, minibatching, the optimizer and PPO's initial state are
+shared, and the one trainer (:func:`nnx_ppo.algorithms.trainer.train`: the
+compiled program, the driver loop with evaluation, logging, checkpoints,
+resume and stop, sharding) runs it; only the iteration differs. Teacher and student are any networks with a
 :class:`~nnx_ppo.networks.types.PPONetworkOutput` on the same action space:
 an MLP teacher into an LSTM student, or a privileged teacher that reads what
 the student does not see (``teacher_obs``).
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -32,17 +32,12 @@ import optax
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Health, IterationOutput
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
-from nnx_ppo.algorithms.losses import largest_difference
-from nnx_ppo.algorithms.ppo import (
-    compile_iterations,
-    make_optimizer,
-    new_training_state,
-    run_training,
-    update_epochs,
-)
-from nnx_ppo.algorithms.rollout import Trajectory, collect_rollout, episode_metrics, sum_leaves
+from nnx_ppo.algorithms.losses import replay_error
+from nnx_ppo.algorithms.optimization import make_optimizer, update_epochs
+from nnx_ppo.algorithms.ppo import new_training_state
+from nnx_ppo.algorithms.rollout import Trajectory, collect_rollout, sum_leaves
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
-from nnx_ppo.envs.registry import as_env
+from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, train
 from nnx_ppo.networks.adapter import extras_for_actions
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModuleOutput
 
@@ -189,10 +184,7 @@ def distillation_iteration(env, graphdef: Any, teacher: NetworkFn, optimizer: op
     traj, student = rollout.trajectory, rollout.network.student
     own = dataclasses.replace(traj, obs=pair._views(traj.obs)[0], carry=traj.carry["student"],
                               extras=traj.extras["student"])
-    replayed = student.replay(own).output
-    replay_error = jax.lax.stop_gradient(jnp.maximum(
-        largest_difference(replayed.loglikelihoods, traj.loglikelihoods),
-        largest_difference(replayed.value_estimates, traj.values)))
+    error = replay_error(student.replay(own).output, traj)
     targets = dataclasses.replace(own, extras=extras_for_actions(student.module(), own.extras,
                                                                  traj.extras["teacher_actions"]))
     student, opt_state, loss_metrics = update_epochs(student, optimizer, state.opt_state, targets, epoch_key,
@@ -203,19 +195,13 @@ def distillation_iteration(env, graphdef: Any, teacher: NetworkFn, optimizer: op
     metrics = {
         **loss_metrics,
         **rollout.metrics,
-        "replay/max_error": replay_error,
+        "replay/max_error": error,
         "distill/teacher_mixing": beta,
         "train/reward_mean": jnp.mean(sum_leaves(traj.rewards)),
-        **episode_metrics(stats),
+        **stats.metrics(),
     }
-    health = Health(finite_obs=stats.finite_obs, finite_reward=stats.finite_reward,
-                    finite_loss=jnp.isfinite(loss_metrics["loss/total"]), replay_error=replay_error,
-                    replay_ok=replay_error <= config.replay_tolerance if config.replay_tolerance is not None
-                    else jnp.asarray(True))
-    next_state = TrainingState(
-        params=student.params, rest=student.rest, opt_state=opt_state, rollout=rollout.state, key=key,
-        iteration=state.iteration + 1, return_stats=state.return_stats,
-    )
+    health = Health.measure(stats, loss_metrics["loss/total"], error, config.replay_tolerance)
+    next_state = state.next(network=student, opt_state=opt_state, rollout=rollout.state, key=key)
     return next_state, IterationOutput(health=health, metrics=metrics)
 
 
@@ -249,13 +235,8 @@ def train_distillation(
     *,
     distillation: DistillationConfig = DistillationConfig(),
     teacher_obs: Callable[[Any], Any] | None = None,
-    log_fn: Callable[[dict[str, float], int], None] | None = None,
-    eval_env=None,
-    checkpoint_dir: str | None = None,
-    resume_from: str | None = None,
-    checkpoint_metadata: dict | None = None,
-    should_stop: Callable[[], bool] | None = None,
     on_evaluation: Callable[[NetworkFn, int], None] | None = None,
+    **options: Unpack[TrainOptions],
 ) -> TrainResult:
     """Train ``student`` to act like the frozen ``teacher``; the student is
     updated in place, the teacher is not touched.
@@ -277,44 +258,39 @@ def train_distillation(
       teacher_obs: a privileged teacher's view: ``teacher_obs(env_state)``
         for one (un-batched) env state (e.g. ``lambda s: s.data`` for the
         full physical state); default: the env's observation.
-      log_fn: as for :func:`~nnx_ppo.algorithms.ppo.train_ppo`.
-      eval_env: as for ``train_ppo`` (evaluations are of the student).
-      checkpoint_dir: as for ``train_ppo``.
-      resume_from: as for ``train_ppo``.
-      checkpoint_metadata: as for ``train_ppo``.
-      should_stop: as for ``train_ppo``.
-      on_evaluation: as for ``train_ppo`` (the evaluated policy is the student).
+      on_evaluation: as for :func:`~nnx_ppo.algorithms.ppo.train_ppo` (the
+        evaluated policy is the student).
+      **options: the :class:`~nnx_ppo.algorithms.trainer.TrainOptions`, as
+        for ``train_ppo`` (evaluations and checkpoints are of the student).
 
     Returns:
       A :class:`TrainResult`; metrics ``loss/distillation`` (negative
       log-likelihood of the teacher's actions), ``distill/teacher_mixing``,
       ``replay/max_error`` and PPO's ``train/...`` and ``env/...``.
     """
-    ppo = config.ppo
-    env = as_env(env)
-    state = new_training_state(env, student, config)
-    graphdef = NetworkFn.of(student, deterministic=False).graphdef  # the student samples its actions
-    teacher_fn = jax.tree.map(copy_leaf, NetworkFn.of(teacher, deterministic=True))
     observe = None
     if teacher_obs is not None:
-        observe = lambda env_state: {"student": env_state.obs, "teacher": jax.vmap(teacher_obs)(env_state)}
-    pair = TeacherStudent(student=NetworkFn(graphdef, state.params, state.rest), teacher=teacher_fn,
-                          beta=jnp.zeros(()), privileged=observe is not None, mixing=distillation.teacher_mixing > 0)
-    teacher_carry, teacher_fn = teacher_fn.initialize(ppo.n_envs)
-    carry = {"student": state.rollout.carry, "teacher": teacher_carry}
-    if pair.mixing:
-        carry["key"] = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 1), ppo.n_envs)
-    pair = dataclasses.replace(pair, teacher=teacher_fn)
-    _check_pair(env, pair, carry, observe)
-    state = dataclasses.replace(state, rollout=dataclasses.replace(state.rollout, carry=carry))
+        observe = lambda env_state: {"student": env_state.obs, "teacher": jax.vmap(teacher_obs)(env_state)}  # noqa: E731
+    teacher_carry, teacher_fn = jax.tree.map(copy_leaf, NetworkFn.of(teacher, deterministic=True)).initialize(
+        config.ppo.n_envs)
+    mixing = distillation.teacher_mixing > 0
 
-    def make_fn(ppo_config: PPOConfig, shardings: Any) -> Callable:
-        optimizer = make_optimizer(ppo_config)
-        iteration = lambda s: distillation_iteration(env, graphdef, teacher_fn, optimizer, ppo_config, distillation,
-                                                     observe, s)
-        return compile_iterations(iteration, config.iterations_per_call, shardings=shardings)
+    def initial_state(env, student, config: TrainConfig) -> TrainingState:
+        """PPO's initial state of the student, its carry paired with the teacher's (and mixing keys)."""
+        state = new_training_state(env, student, config)
+        carry = {"student": state.rollout.carry, "teacher": teacher_carry}
+        if mixing:
+            carry["key"] = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 1), config.ppo.n_envs)
+        pair = TeacherStudent(student=NetworkFn.of(student, deterministic=False), teacher=teacher_fn,
+                              beta=jnp.zeros(()), privileged=observe is not None, mixing=mixing)
+        _check_pair(env, pair, carry, observe)
+        return dataclasses.replace(state, rollout=dataclasses.replace(state.rollout, carry=carry))
 
-    return run_training(make_fn, env, student, config, state, log_fn=log_fn, eval_env=eval_env,
-                        checkpoint_dir=checkpoint_dir, resume_from=resume_from,
-                        checkpoint_metadata=checkpoint_metadata, should_stop=should_stop,
-                        on_evaluation=on_evaluation)
+    def iteration(env, graphdef, ppo: PPOConfig):
+        optimizer = make_optimizer(ppo)
+        return lambda state: distillation_iteration(env, graphdef, teacher_fn, optimizer, ppo, distillation, observe,
+                                                    state)
+
+    [result] = train(Algorithm(initial_state=initial_state, iteration=iteration), env, config, network=student,
+                     on_evaluation=on_evaluation, **options)
+    return result

@@ -19,7 +19,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["NonFiniteError", "ReplayMismatchError", "rule_breaking_module_error", "Health", "IterationOutput", "Hooks", "DriverResult", "Driver"]
+__all__ = [
+    "NonFiniteError",
+    "ReplayMismatchError",
+    "rule_breaking_module_error",
+    "Health",
+    "Failure",
+    "IterationOutput",
+    "Hooks",
+    "DriverResult",
+    "Driver",
+]
 
 
 class NonFiniteError(FloatingPointError):
@@ -55,7 +65,7 @@ def rule_breaking_module_error(err: BaseException) -> ReplayMismatchError:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Health:
     """Flags the driver checks after every iteration (scalars, with a seed
-    axis ``[S]`` when seeds are batched).
+    axis ``[S]`` when seeds are batched). Built by :meth:`measure`.
 
     Attributes:
       finite_obs, finite_reward, finite_loss: no NaN/inf in them.
@@ -70,28 +80,69 @@ class Health:
     replay_error: jax.Array
     replay_ok: jax.Array
 
-    def check(self, iteration: int) -> None:
-        """Raise :class:`NonFiniteError` naming what stopped being finite
-        (and, for flags with a seed axis, which seed indices)."""
+    @classmethod
+    def measure(cls, stats: Any, loss: jax.Array, replay_error: jax.Array,
+                replay_tolerance: float | None) -> "Health":
+        """The health of one iteration (traceable): ``stats`` is the rollout's
+        :class:`~nnx_ppo.algorithms.rollout.RolloutStats`, ``loss`` the mean
+        total loss, ``replay_error`` the replay measurement, checked against
+        ``replay_tolerance`` (None: not checked)."""
+        return cls(finite_obs=stats.finite_obs, finite_reward=stats.finite_reward, finite_loss=jnp.isfinite(loss),
+                   replay_error=replay_error,
+                   replay_ok=jnp.asarray(True) if replay_tolerance is None else replay_error <= replay_tolerance)
+
+    @property
+    def ok(self) -> jax.Array:
+        """Every flag holds (per seed with a seed axis; traceable)."""
+        return self.finite_obs & self.finite_reward & self.finite_loss & self.replay_ok
+
+    def error(self, iteration: int, index: int | None = None) -> NonFiniteError | ReplayMismatchError | None:
+        """The error for the first failing flag at ``iteration`` (host
+        values), or None when healthy. With a seed axis, ``index`` picks one
+        seed's flags; without it, every seed counts and the message lists
+        the failing seed indices."""
+        pick = (lambda x: np.asarray(x)) if index is None else (lambda x: np.asarray(x)[index])
         for flag, what, hint in (
             (self.finite_obs, "observations", "check the environment"),
             (self.finite_reward, "rewards", "check the environment"),
             (self.finite_loss, "the loss", "check the learning rate and the network"),
         ):
-            flag = np.asarray(flag)
+            flag = pick(flag)
             if not flag.all():
                 where = f" (seed indices {np.flatnonzero(~flag).tolist()})" if flag.ndim else ""
-                raise NonFiniteError(
+                return NonFiniteError(
                     f"non-finite values (NaN or inf) in {what} at iteration {iteration}{where}; {hint}")
-        ok = np.asarray(self.replay_ok)
-        if not ok.all():
-            error = float(np.max(np.asarray(self.replay_error)))
-            raise ReplayMismatchError(
+        if not pick(self.replay_ok).all():
+            error = float(np.max(pick(self.replay_error)))
+            return ReplayMismatchError(
                 f"at iteration {iteration} the loss replay did not reproduce the rollout before the first update "
                 f"(max |log ratio| or value difference {error:.2e}, above PPOConfig.replay_tolerance): a module "
                 "breaks the rules of docs/custom_modules.md (it draws from a class-level nnx.Rngs or writes a "
                 "variable in __call__). nnx_ppo.check_replay_consistency(network, env) names the first carry "
                 "leaf where the replay departs.")
+        return None
+
+    def check(self, iteration: int) -> None:
+        """Raise :meth:`error` if there is one."""
+        error = self.error(iteration)
+        if error is not None:
+            raise error
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Where and why one seed of a batch stopped training (its state stays
+    at the last healthy iteration, ``iteration - 1``).
+
+    Attributes:
+      iteration: the iteration whose health failed (1-based, as counted by the driver).
+      env_steps: env steps at the end of that iteration.
+      error: the :class:`NonFiniteError` or :class:`ReplayMismatchError` it would raise alone.
+    """
+
+    iteration: int
+    env_steps: int
+    error: Exception
 
 
 @jax.tree_util.register_dataclass
@@ -133,7 +184,7 @@ class Hooks:
 
 @dataclasses.dataclass
 class DriverResult:
-    """What :func:`drive` returns.
+    """What :meth:`Driver.run` returns.
 
     Attributes:
       state: the last training state.
@@ -160,7 +211,7 @@ def _host_rows(output: IterationOutput, n: int) -> list[tuple[Health, dict[str, 
     host = jax.device_get(output)
     rows = []
     for i in range(n):
-        health = jax.tree.map(lambda x: np.asarray(x)[i], host.health)
+        health = jax.tree.map(lambda x, i=i: np.asarray(x)[i], host.health)
         rows.append((health, {k: _host_value(np.asarray(v)[i]) for k, v in host.metrics.items()}))
     return rows
 
@@ -174,6 +225,12 @@ class Driver:
     state before the latest call and ``driver.last_finite_iteration`` its
     iteration (after a :class:`NonFiniteError`, the last finite state).
 
+    With ``seed_iterations`` (a seed batch whose compiled iteration keeps a
+    failing seed at its last healthy state), a failing health flag does not raise:
+    the seed's first :class:`Failure` goes into ``driver.failures`` (seed
+    index -> failure) and the others train on; the loop ends early when
+    every seed has failed.
+
     Args:
       train_fn: compiled ``fn(state, n) -> (state, IterationOutput)`` with
         ``[iterations_per_call]``-stacked outputs (rows ``>= n`` unused).
@@ -183,10 +240,14 @@ class Driver:
       iterations_per_call: the most iterations one call runs.
       steps_per_iteration: env steps per iteration (for logging and schedules).
       hooks: see :class:`Hooks`.
+      seed_iterations: with a seed batch, each seed's completed iterations in
+        ``state`` (a seed that failed before stays behind the others):
+        failures are then per seed (see above) and count each seed's own iterations.
     """
 
     def __init__(self, train_fn: Callable, state: Any, *, start_iteration: int, total_iterations: int,
-                 iterations_per_call: int, steps_per_iteration: int, hooks: Hooks = Hooks()):
+                 iterations_per_call: int, steps_per_iteration: int, hooks: Hooks = Hooks(),
+                 seed_iterations: list[int] | None = None):
         self.train_fn = train_fn
         self.state = state
         self.iteration = start_iteration
@@ -195,6 +256,9 @@ class Driver:
         self.iterations_per_call = iterations_per_call
         self.steps_per_iteration = steps_per_iteration
         self.hooks = hooks
+        self.seed_iterations = seed_iterations
+        self.n_seeds = None if seed_iterations is None else len(seed_iterations)
+        self.failures: dict[int, Failure] = {}
         self.last_finite: Any = None
         self.last_finite_iteration = start_iteration
 
@@ -203,16 +267,28 @@ class Driver:
         """Env steps done so far."""
         return self.iteration * self.steps_per_iteration
 
+    def _check(self, health: Health) -> None:
+        """Raise the iteration's error (one run), or note each newly failed seed."""
+        if self.n_seeds is None:
+            health.check(self.iteration)
+            return
+        for index, start in enumerate(self.seed_iterations):
+            own = start + self.iteration - self.start_iteration  # the seed's iteration, if it has not failed
+            error = None if index in self.failures else health.error(own, index)
+            if error is not None:
+                self.failures[index] = Failure(iteration=own, env_steps=own * self.steps_per_iteration, error=error)
+
     def run(self) -> DriverResult:
-        """The loop. Raises :class:`NonFiniteError` when a health flag fails
-        (``self.state`` is then the state after the failing call)."""
+        """The loop. Raises :class:`NonFiniteError` or :class:`ReplayMismatchError`
+        when a health flag fails without ``seed_iterations`` (``self.state`` is then
+        the state after the failing call)."""
         hooks = self.hooks
         last_checkpoint, last_eval = self.steps, None
         eval_history: list[tuple[int, dict[str, float]]] = []
         last_metrics: dict[str, float] = {}
         compile_seconds = 0.0
         tick = time.perf_counter()
-        while self.iteration < self.total_iterations:
+        while self.iteration < self.total_iterations and len(self.failures) != self.n_seeds:
             n = min(self.iterations_per_call, self.total_iterations - self.iteration)
             if hooks.snapshot is not None:
                 self.last_finite, self.last_finite_iteration = hooks.snapshot(self.state), self.iteration
@@ -224,13 +300,13 @@ class Driver:
                 compile_seconds = elapsed
             for health, row in rows:
                 self.iteration += 1
-                health.check(self.iteration)
+                self._check(health)
                 row["time/steps_per_second"] = n * self.steps_per_iteration / max(elapsed, 1e-9)
                 row["time/elapsed_seconds"] = time.perf_counter() - tick
                 last_metrics = row
                 if hooks.log is not None:
                     hooks.log(row, self.steps)
-            done = self.iteration == self.total_iterations
+            done = self.iteration == self.total_iterations or len(self.failures) == self.n_seeds
             if hooks.evaluate is not None and (last_eval is None or done or (
                     hooks.eval_every_steps is not None and self.steps - last_eval >= hooks.eval_every_steps)):
                 metrics = hooks.evaluate(self.state, self.steps)

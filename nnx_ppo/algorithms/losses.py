@@ -21,8 +21,9 @@ from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.rollout import Trajectory, sum_leaves
+from nnx_ppo.networks.types import PPONetworkOutput
 
-__all__ = ["Minibatch", "split_minibatches", "largest_difference", "normalize_advantages", "ppo_loss"]
+__all__ = ["Minibatch", "split_minibatches", "largest_difference", "replay_error", "normalize_advantages", "ppo_loss"]
 
 
 @jax.tree_util.register_dataclass
@@ -105,6 +106,16 @@ def _policy_advantages(advantages, loglikelihoods, config: PPOConfig):
     return sum_leaves(advantages)
 
 
+def replay_error(replayed: PPONetworkOutput, trajectory: Any) -> jax.Array:
+    """The replay measurement (logged as ``replay/max_error``, checked
+    against ``PPOConfig.replay_tolerance``): the largest absolute difference
+    between the replayed log-likelihoods and values and those the rollout
+    recorded in ``trajectory`` (no gradient)."""
+    return jax.lax.stop_gradient(jnp.maximum(
+        largest_difference(replayed.loglikelihoods, trajectory.loglikelihoods),
+        largest_difference(replayed.value_estimates, trajectory.values)))
+
+
 def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
     """Clipped-surrogate PPO loss on one minibatch (differentiable in ``params``).
 
@@ -160,8 +171,7 @@ def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
     value_loss = sum_leaves(jax.tree.map(value_error, new.value_estimates, traj.values, returns))
     total = policy_loss + config.critic_loss_weight * value_loss + replay.regularization_loss
     metrics = {
-        "replay/max_abs_log_ratio": jax.lax.stop_gradient(largest_difference(new.loglikelihoods, traj.loglikelihoods)),
-        "replay/max_value_difference": jax.lax.stop_gradient(largest_difference(new.value_estimates, traj.values)),
+        "replay/max_error": replay_error(new, traj),
         "loss/total": total,
         "loss/policy": policy_loss,
         "loss/value": value_loss,

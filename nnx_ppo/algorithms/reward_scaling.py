@@ -15,6 +15,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from nnx_ppo.networks.normalizer import merge_moments
+
 __all__ = ["ReturnStatistics", "initial_return_statistics", "update_return_statistics", "scale_rewards"]
 
 _EPS = 1e-8
@@ -70,11 +72,8 @@ def update_return_statistics(stats: ReturnStatistics, rewards: jax.Array, done: 
     last, returns = jax.lax.scan(step, stats.discounted_return, (rewards, done.astype(jnp.float32)))
     n = jnp.asarray(returns.size, jnp.float32)
     batch_mean, batch_var = jnp.mean(returns), jnp.var(returns)
-    total = stats.count + n
-    delta = batch_mean - stats.mean
-    mean = stats.mean + delta * n / total
-    var = (stats.var * stats.count + batch_var * n + delta**2 * stats.count * n / total) / total
-    return ReturnStatistics(discounted_return=last, count=total, mean=mean, var=var)
+    total, mean, m2 = merge_moments(stats.count, stats.mean, stats.var * stats.count, n, batch_mean, batch_var * n)
+    return ReturnStatistics(discounted_return=last, count=total, mean=mean, var=m2 / total)
 
 
 def scale_rewards(rewards, stats: ReturnStatistics):

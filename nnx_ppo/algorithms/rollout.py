@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.networks.replay import select_where
 from nnx_ppo.networks.types import PPONetworkOutput
@@ -24,7 +25,6 @@ __all__ = [
     "Rollout",
     "collect_rollout",
     "reset_ended",
-    "episode_metrics",
     "sum_leaves",
     "all_finite",
 ]
@@ -115,6 +115,16 @@ class RolloutStats:
             finite_obs=jnp.all(per_step.finite_obs),
         )
 
+    def metrics(self) -> dict[str, jax.Array]:
+        """``train/...`` metrics of the completed episodes (count, mean
+        return, mean length; means are 0 when no episode ended)."""
+        episodes = jnp.maximum(self.completed_episodes, 1.0)
+        return {
+            "train/completed_episodes": self.completed_episodes,
+            "train/episode_return": self.completed_return_sum / episodes,
+            "train/episode_length": self.completed_length_sum / episodes,
+        }
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,17 +147,6 @@ class Rollout:
     network: NetworkFn
     stats: RolloutStats
     metrics: dict[str, jax.Array]
-
-
-def episode_metrics(stats: RolloutStats) -> dict[str, jax.Array]:
-    """``train/...`` metrics of a rollout's completed episodes (count, mean
-    return, mean length; means are 0 when no episode ended)."""
-    episodes = jnp.maximum(stats.completed_episodes, 1.0)
-    return {
-        "train/completed_episodes": stats.completed_episodes,
-        "train/episode_return": stats.completed_return_sum / episodes,
-        "train/episode_length": stats.completed_length_sum / episodes,
-    }
 
 
 def sum_leaves(tree: Any) -> jax.Array:

@@ -47,7 +47,7 @@ def local_devices(n_devices: int | None, n_envs: int, n_seeds: int | None = None
     """The first ``n_devices`` local devices (all when None); named errors
     when there are fewer or when ``n_envs`` (with ``n_seeds``: the number of
     seeds, split by seed) does not split evenly. In a run of several
-    processes (:func:`nnx_ppo.distributed.initialize`), every process's
+    processes (:func:`nnx_ppo.algorithms.distributed.initialize`), every process's
     devices: the mesh spans them all."""
     if jax.process_count() > 1:
         available = jax.devices()
@@ -99,7 +99,7 @@ def sharded_config(config: PPOConfig, n_devices: int) -> PPOConfig:
 
 
 def state_shardings(state: Any, mesh: Mesh, seed_batch: bool = False) -> Any:
-    """Shardings for a :class:`~nnx_ppo.algorithms.ppo.TrainingState`: its
+    """Shardings for a :class:`~nnx_ppo.algorithms.state.TrainingState`: its
     rollout state and per-env return statistics split on their env axis
     (the leading one; the second with ``seed_batch``, whose leaves are
     ``[S, B, ...]``), everything else replicated (a pytree of the state's

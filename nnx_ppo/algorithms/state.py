@@ -1,5 +1,5 @@
 """What training carries from call to call (:class:`TrainingState`) and
-what :func:`~nnx_ppo.algorithms.ppo.train_ppo` returns (:class:`TrainResult`)."""
+what a training run returns (:class:`TrainResult`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 
+from nnx_ppo.algorithms.driver import Failure
 from nnx_ppo.algorithms.reward_scaling import ReturnStatistics
 from nnx_ppo.algorithms.rollout import RolloutState
 
@@ -38,18 +39,35 @@ class TrainingState:
     iteration: jax.Array
     return_stats: ReturnStatistics
 
+    def next(self, *, network: Any, opt_state: Any, rollout: RolloutState, key: jax.Array,
+             return_stats: ReturnStatistics | None = None) -> "TrainingState":
+        """The state after one more iteration: ``network``'s (a
+        :class:`~nnx_ppo.algorithms.functional.NetworkFn`) parameters and
+        other variables, the new optimizer and rollout states and key, the
+        iteration count plus one (``return_stats`` unchanged when None)."""
+        return dataclasses.replace(
+            self, params=network.params, rest=network.rest, opt_state=opt_state, rollout=rollout, key=key,
+            iteration=self.iteration + 1,
+            return_stats=self.return_stats if return_stats is None else return_stats,
+        )
+
 
 @dataclasses.dataclass
 class TrainResult:
-    """What :func:`train_ppo` returns.
+    """What :func:`~nnx_ppo.algorithms.ppo.train_ppo` returns (and
+    :func:`~nnx_ppo.algorithms.seeds.train_seeds` per seed).
 
     Attributes:
-      state: the final :class:`TrainingState` (the network was updated in place too).
+      state: the final :class:`TrainingState` (the network was updated in
+        place too); for a failed seed, the state of its last healthy iteration.
       metrics: metrics of the last iteration.
       eval_history: ``(env_steps, eval metrics)`` of every evaluation.
-      total_steps: env steps trained.
-      total_iterations: iterations run.
+      total_steps: env steps trained (a failed seed's: up to its last healthy iteration).
+      total_iterations: iterations run (likewise).
       compile_seconds: time of the first (compiling) call.
+      failure: for a seed of a batch whose health failed (non-finite values or a
+        replay mismatch), where and why (a :class:`~nnx_ppo.algorithms.driver.Failure`);
+        None when it trained to the end.
     """
 
     state: TrainingState
@@ -58,3 +76,4 @@ class TrainResult:
     total_steps: int
     total_iterations: int
     compile_seconds: float
+    failure: Failure | None = None

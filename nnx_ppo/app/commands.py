@@ -65,22 +65,34 @@ class TrainCommand:
     """
 
     env: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV_SPEC")] = DEFAULT_ENV
-    """environment spec for nnx_ppo.envs.make, e.g. cue_memory, gymnax:CartPole-v1, playground:CartpoleBalance (see `nnx-ppo envs`)."""
+    (
+        "environment spec for nnx_ppo.envs.make, e.g. cue_memory, gymnax:CartPole-v1, playground:CartpoleBalance "
+        "(see `nnx-ppo envs`)."
+    )
 
     network: Literal["mlp", "lstm", "gru"] = DEFAULT_NETWORK
     """actor-critic architecture: feed-forward MLP, or an encoder + LSTM/GRU core."""
 
     hidden_size: int = DEFAULT_HIDDEN_SIZE
-    """width of the hidden layers (mlp: two layers per actor/critic; lstm/gru: one encoder layer and the recurrent core)."""
+    (
+        "width of the hidden layers (mlp: two layers per actor/critic; lstm/gru: one encoder layer and the "
+        "recurrent core)."
+    )
 
     env_kwargs: Optional[str] = None
-    """JSON object of keyword arguments for nnx_ppo.envs.make, e.g. '{"episode_length": 500}'. Default: {} (the default env cue_memory uses {"n_cues": 4, "delay": 8})."""
+    (
+        """JSON object of keyword arguments for nnx_ppo.envs.make, e.g. '{"episode_length": 500}'. Default: {} (the """
+        'default env cue_memory uses {"n_cues": 4, "delay": 8}).'
+    )
 
     config: Annotated[TrainConfig, tyro.conf.arg(name="")] = DEFAULT_TRAIN_CONFIG
     """training configuration."""
 
     train_env_kwargs: Optional[str] = None
-    """JSON object of extra keyword arguments for the training env only, e.g. '{"random_reset_steps": 500}' (evaluation keeps full episodes)."""
+    (
+        """JSON object of extra keyword arguments for the training env only, e.g. '{"random_reset_steps": 500}' """
+        "(evaluation keeps full episodes)."
+    )
 
     reward_scale: float = 1.0
     """multiply the training rewards by this (evaluation reports unscaled returns)."""
@@ -89,19 +101,29 @@ class TrainCommand:
     """ignore the env's tuned preset (see `nnx-ppo envs`): start from the library's defaults instead."""
 
     seeds: tuple[int, ...] = ()
-    """train these seeds together in one compiled program (instead of --seed): one run directory, metrics rows carry their "seed", the curve shows the mean and a 95% band over seeds; one checkpoint holds every seed (resume with --resume, `nnx-ppo eval` evaluates each seed)."""
+    (
+        "train these seeds together in one compiled program (instead of --seed): one run directory, metrics rows "
+        'carry their "seed", the curve shows the mean and a 95% band over seeds; one checkpoint holds every seed '
+        "(resume with --resume, `nnx-ppo eval` evaluates each seed)."
+    )
 
     run_dir: Optional[str] = None
     """where to write the run (default: runs/<env>-<YYYYmmdd-HHMMSS>)."""
 
     resume: Optional[str] = None
-    """continue the run in this directory (reads its config.json; flags given here override its training config, e.g. a larger --ppo.total-steps)."""
+    (
+        "continue the run in this directory (reads its config.json; flags given here override its training config, "
+        "e.g. a larger --ppo.total-steps)."
+    )
 
     quiet: bool = False
     """no progress bar; print only a few log lines (evaluations, summary)."""
 
     video_every: int = 0
-    """record one deterministic evaluation episode every N evaluations into <run>/videos/step_<env steps>.mp4 (also to TensorBoard and W&B); renderable envs only (MuJoCo Playground); 0: none."""
+    (
+        "record one deterministic evaluation episode every N evaluations into <run>/videos/step_<env steps>.mp4 "
+        "(also to TensorBoard and W&B); renderable envs only (MuJoCo Playground); 0: none."
+    )
 
     wandb: bool = False
     """also log metrics to Weights & Biases (needs `pip install wandb`)."""
@@ -110,7 +132,10 @@ class TrainCommand:
     """Weights & Biases project name (with --wandb)."""
 
     coordinator_address: Optional[str] = None
-    """HOST:PORT of process 0, to train with several processes (hosts); give it, --num-processes and --process-id to every process, with the same --run-dir (see docs/scale.md)."""
+    (
+        "HOST:PORT of process 0, to train with several processes (hosts); give it, --num-processes and "
+        "--process-id to every process, with the same --run-dir (see docs/scale.md)."
+    )
 
     num_processes: int = 1
     """number of processes taking part (with --coordinator-address)."""
@@ -146,7 +171,10 @@ class EvalCommand:
     """video frame rate (default: the env's control rate, else 30)."""
 
     record_activations: Annotated[tuple[str, ...], tyro.conf.arg(metavar="PATH [PATH ...]")] = ()
-    """record the outputs and carries of these modules (paths from --list-modules) over --episodes envs x --max-episode-length steps into --out (nnx_ppo.algorithms.recording)."""
+    (
+        "record the outputs and carries of these modules (paths from --list-modules) over --episodes envs x "
+        "--max-episode-length steps into --out (nnx_ppo.algorithms.recording)."
+    )
 
     out: Optional[str] = None
     """the .npz file that --record-activations writes."""

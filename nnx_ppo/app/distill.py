@@ -28,11 +28,11 @@ class DistillSetup:
 def _teacher(run_dir: Path, saved: dict):
     """The teacher network: the final checkpoint of ``run_dir`` (of a run of
     several seeds, the first seed's policy)."""
-    from nnx_ppo.algorithms import checkpointing
+    from nnx_ppo.network_spec import load_network
 
     env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     seeds = saved.get("seeds")
-    return checkpointing.load_network(str(ckpt_dir.resolve()), spec.build(env), seed=int(seeds[0]) if seeds else None)
+    return load_network(str(ckpt_dir.resolve()), spec.build(env), seed=int(seeds[0]) if seeds else None)
 
 
 def run_distill(cmd: DistillCommand, argv: list[str]) -> int:

@@ -12,8 +12,8 @@ from nnx_ppo.app.record import check_record_flags, check_record_paths, print_mod
 
 
 def run_eval(cmd: EvalCommand) -> int:
-    from nnx_ppo.algorithms import checkpointing
-    from nnx_ppo.algorithms.ppo import evaluate
+    from nnx_ppo.algorithms.evaluation import evaluate
+    from nnx_ppo.network_spec import load_network
 
     run_dir = Path(cmd.run_dir)
     if cmd.episodes <= 0:
@@ -38,7 +38,7 @@ def run_eval(cmd: EvalCommand) -> int:
     training_seeds = [int(s) for s in saved.get("seeds", [])] or [None]
     first = None
     for training_seed in training_seeds:
-        network = checkpointing.load_network(str(ckpt_dir.resolve()), spec.build(env), seed=training_seed)
+        network = load_network(str(ckpt_dir.resolve()), spec.build(env), seed=training_seed)
         first = first or network
         metrics = evaluate(env, network, n_envs=cmd.episodes, max_episode_length=max_len, seed=cmd.seed,
                            deterministic=not cmd.stochastic)
@@ -111,7 +111,7 @@ def render_episode(env, policy, max_len: int, seed: int) -> list:
     record = jax.jit(lambda net, key: run_episodes(env, net, key, 1, max_len, record_states=True))
     episodes = jax.device_get(record(policy, jax.random.key(seed)))
     n_states = int(episodes.lengths[0]) + 1
-    states = [jax.tree.map(lambda x: x[t, 0], episodes.states) for t in range(n_states)]
+    states = [jax.tree.map(lambda x, t=t: x[t, 0], episodes.states) for t in range(n_states)]
     try:
         frames = env.render(states)
     except NotImplementedError as e:

@@ -63,7 +63,9 @@ def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: 
     if cmd.resume is None:
         run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
         if (run_dir / rd.CONFIG_FILE).exists():
-            raise CliError(f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --run-dir")
+            raise CliError(
+                f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --run-dir"
+            )
         return run_dir
     assert saved is not None
     for what, now, before in (
@@ -162,7 +164,10 @@ def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int 
            f"(compile {result.compile_seconds:.1f} s)"
     if result.eval_history and n_seeds == 1:
         _, last = result.eval_history[-1]
-        line += f"; final eval return {last['eval/episode_return']:.3f} ± {last.get('eval/episode_return_std', np.nan):.3f}"
+        line += (
+            f"; final eval return {last['eval/episode_return']:.3f}"
+            f" ± {last.get('eval/episode_return_std', np.nan):.3f}"
+        )
     elif result.metrics and n_seeds == 1:
         line += f"; last train return {result.metrics.get('train/episode_return', np.nan):.3f}"
     print(line)
@@ -171,31 +176,44 @@ def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int 
 
 def _train_seeds(cmd: TrainCommand, train_env, env, spec, logger, progress, config, checkpoints: dict):
     """``--seeds``: every seed in one program; the progress bar counts all
-    seeds' steps and shows the mean evaluation over seeds."""
+    seeds' steps and shows the mean evaluation over the seeds still training.
+    Returns the results, one per seed."""
     from nnx_ppo.algorithms.seeds import train_seeds
 
-    seeds, pending = list(cmd.seeds), []
+    seeds = list(cmd.seeds)
+    shown = {"iteration": None, "eval": None}
+    pending: list[dict[str, float]] = []
+
+    def show_evaluation() -> None:
+        if pending:
+            mean = {k: sum(m[k] for m in pending) / len(pending) for k in pending[0]}
+            progress.evaluation(mean, shown["eval"] * len(seeds))
+            pending.clear()
 
     def log_fn(metrics: dict[str, float], env_steps: int, seed: int) -> None:
         logger(metrics, env_steps, seed)
-        if not rd.RunLogger.is_eval(metrics):
-            if seed == seeds[0]:
-                progress.iteration(metrics, env_steps * len(seeds))
-            return
-        pending.append(metrics)
-        if len(pending) == len(seeds):
-            mean = {k: sum(m[k] for m in pending) / len(pending) for k in pending[0]}
-            progress.evaluation(mean, env_steps * len(seeds))
-            pending.clear()
+        if shown["eval"] != env_steps:
+            show_evaluation()  # (a failed seed logs no more, so the rows of one step are counted by step)
+        if rd.RunLogger.is_eval(metrics):
+            shown["eval"] = env_steps
+            pending.append(metrics)
+        elif shown["iteration"] != env_steps:
+            shown["iteration"] = env_steps
+            progress.iteration(metrics, env_steps * len(seeds))
 
     progress.start()
     results = train_seeds(train_env, lambda rngs: spec.build(env, rngs), config, seeds, log_fn=log_fn, eval_env=env,
                           **checkpoints)
-    finals = [r.eval_history[-1][1]["eval/episode_return"] for r in results if r.eval_history]
+    show_evaluation()
+    finals = [(s, r.eval_history[-1][1]["eval/episode_return"]) for s, r in zip(seeds, results) if r.eval_history]
     if finals:
-        progress.write("final eval return per seed: " + ", ".join(f"{s}: {f:.3f}" for s, f in zip(seeds, finals))
-              + f"; mean {sum(finals) / len(finals):.3f}")
-    return results[0]
+        progress.write("final eval return per seed: " + ", ".join(f"{s}: {f:.3f}" for s, f in finals)
+                       + f"; mean {sum(f for _, f in finals) / len(finals):.3f}")
+    for s, r in zip(seeds, results):
+        if r.failure is not None:
+            print_error(f"seed {s} failed at iteration {r.failure.iteration} ({r.failure.env_steps} env steps) and "
+                        f"keeps its parameters from iteration {r.failure.iteration - 1}: {r.failure.error}")
+    return results
 
 
 class _SilentLogger:
@@ -238,12 +256,12 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     With ``distill`` (a :class:`nnx_ppo.app.distill.DistillSetup`), ``nnx-ppo
     distill``: the same run, trained by distillation from its teacher.
 
-    (About 70 lines: the steps are named helpers; what stays here is the
-    order of the run and the one ``try`` that turns every way training can
-    end into an exit code with the run directory intact.)"""
-    from nnx_ppo.algorithms.ppo import NonFiniteError, new_training_state, train_ppo
-
+    The steps are named helpers; what stays here is the order of the run
+    and the one ``try`` that turns every way training can end into an exit
+    code with the run directory intact."""
     from nnx_ppo.algorithms.distributed import is_primary, process_count
+    from nnx_ppo.algorithms.driver import NonFiniteError
+    from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
 
     resuming = cmd.resume is not None
     env_kwargs = parse_env_kwargs(cmd.env_kwargs, cmd.env)
@@ -304,9 +322,15 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     try:
         with stop:
             if cmd.seeds:
-                result = _train_seeds(cmd, train_env, env, spec, logger, progress, config, dict(
+                results = _train_seeds(cmd, train_env, env, spec, logger, progress, config, dict(
                     checkpoint_dir=ckpt_dir, resume_from=ckpt_dir if resuming else None,
                     checkpoint_metadata=metadata, should_stop=stop))
+                result = results[0]
+                failed = [s for s, r in zip(cmd.seeds, results) if r.failure is not None]
+                if failed:
+                    print_error(f"seeds {failed} failed (the others trained on); the run directory is kept and "
+                                f"resumable: {PROG} train --resume {pretty_path(run_dir)}")
+                    code = 1
             elif distill is not None:
                 from nnx_ppo.algorithms.distillation import train_distillation
 

@@ -1,45 +1,142 @@
-"""``make(spec)`` and ``list_envs()``: build environments from string specs."""
+"""``make(spec)`` and ``list_envs()``: build environments from string specs.
+
+A spec is a plain name (a built-in task, or one added with :func:`register`)
+or ``PREFIX:NAME``, where ``PREFIX`` names an env source: ``gymnax``,
+``playground``, ``brax``, or one added with :func:`register_source`. This
+module imports JAX only when it builds an env, so listing what there is
+(``list_envs``, ``nnx-ppo envs``) stays cheap.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from nnx_ppo.envs.tasks import CartpoleNoVelocity, ConstantReward, CueMemory
-from nnx_ppo.envs.types import RLEnv
-from nnx_ppo.envs.wrappers import TimeLimit
+if TYPE_CHECKING:
+    from nnx_ppo.envs.types import RLEnv
 
-__all__ = ["make", "as_env", "list_envs", "register"]
+__all__ = ["make", "as_env", "list_envs", "register", "register_source", "unregister_source", "list_sources",
+           "EnvSource"]
+
+
+def _task(class_name: str) -> Callable[..., RLEnv]:
+    """A constructor of a task in :mod:`nnx_ppo.envs.tasks`, imported (with JAX) when first called."""
+
+    def construct(**kwargs) -> RLEnv:
+        from nnx_ppo.envs import tasks
+
+        return getattr(tasks, class_name)(**kwargs)
+
+    construct.__name__ = construct.__qualname__ = class_name
+    return construct
+
 
 # name -> (constructor, default episode length or None for self-terminating tasks)
 _BUILTINS: dict[str, tuple[Callable[..., RLEnv], int | None]] = {
-    "cue_memory": (CueMemory, None),
-    "cartpole_no_velocity": (CartpoleNoVelocity, 200),
-    "constant_reward": (ConstantReward, 1000),
+    "cue_memory": (_task("CueMemory"), None),
+    "cartpole_no_velocity": (_task("CartpoleNoVelocity"), 200),
+    "constant_reward": (_task("ConstantReward"), 1000),
 }
-
-_GYMNAX_EXAMPLES = [
-    "gymnax:CartPole-v1",
-    "gymnax:Pendulum-v1",
-    "gymnax:Acrobot-v1",
-    "gymnax:MountainCarContinuous-v0",
-    "gymnax:MemoryChain-bsuite",
-]
-_PLAYGROUND_EXAMPLES = ["playground:CartpoleBalance", "playground:PendulumSwingup", "playground:CheetahRun"]
-_BRAX_EXAMPLES = ["brax:inverted_pendulum", "brax:ant", "brax:halfcheetah"]
-
-_PREFIXES = ("gymnax", "playground", "brax")
 
 
 def register(name: str, constructor: Callable[..., RLEnv], episode_length: int | None = None) -> None:
-    """Register a built-in-style env under a plain name (no ``:``)."""
+    """Register a built-in-style env under a plain name (no ``:``; for a
+    family of envs ``PREFIX:NAME`` see :func:`register_source`)."""
     if ":" in name:
         raise ValueError(f"plain env names cannot contain ':', got {name!r}")
     _BUILTINS[name] = (constructor, episode_length)
 
 
+@dataclasses.dataclass(frozen=True)
+class EnvSource:
+    """A family of environments that ``make("PREFIX:NAME")`` builds (see :func:`register_source`).
+
+    Attributes:
+      prefix: the part of the spec before ``:``.
+      factory: ``factory(NAME, **kwargs)`` builds the env.
+      description: one line for listings and help.
+      examples: example specs (``"PREFIX:NAME"``) for listings.
+    """
+
+    prefix: str
+    factory: Callable[..., Any]
+    description: str = ""
+    examples: tuple[str, ...] = ()
+    # The built-in sources take make's random_initial_steps / random_reset_steps themselves.
+    _takes_reset_options: bool = dataclasses.field(default=False, repr=False)
+
+
+# prefix -> source, in registration order (the order of listings)
+_SOURCES: dict[str, EnvSource] = {}
+
+
+def _add_source(prefix: str, factory: Callable[..., Any], description: str, example: str | Sequence[str] | None,
+                takes_reset_options: bool) -> None:
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError(f"register_source: prefix must be a non-empty string, got {prefix!r}")
+    if ":" in prefix:
+        raise ValueError(f"register_source: prefix must not contain ':' (give 'navix', not 'navix:'), got {prefix!r}")
+    if prefix in _SOURCES:
+        raise ValueError(f"register_source: prefix {prefix!r} is already registered "
+                         f"(unregister_source({prefix!r}) first to replace it)")
+    if not callable(factory):
+        raise ValueError(f"register_source: factory must be callable, got {factory!r}")
+    examples = () if example is None else (example,) if isinstance(example, str) else tuple(example)
+    for spec in examples:
+        if not (isinstance(spec, str) and spec.startswith(f"{prefix}:") and len(spec) > len(prefix) + 1):
+            raise ValueError(f"register_source: example must be a spec '{prefix}:NAME', got {spec!r}")
+    _SOURCES[prefix] = EnvSource(prefix, factory, description, examples, takes_reset_options)
+
+
+def register_source(prefix: str, factory: Callable[..., Any], *, description: str = "",
+                    example: str | Sequence[str] | None = None) -> None:
+    """Make ``make("PREFIX:NAME", **kwargs)`` build envs with ``factory(NAME, **kwargs)``.
+
+    A third-party env library plugs in this way without changes to nnx_ppo;
+    the built-in ``gymnax``, ``playground`` and ``brax`` sources are
+    registered the same way. ``factory`` returns an
+    :class:`~nnx_ppo.envs.types.RLEnv` (or an env that :func:`as_env`
+    adapts), and should raise ``ValueError`` for a ``NAME`` it does not know.
+    ``make``'s ``random_initial_steps`` and ``random_reset_steps`` (which
+    ``nnx-ppo train`` passes for its training env) are not passed to
+    ``factory``: when it returns a :class:`~nnx_ppo.envs.wrappers.TimeLimit`,
+    ``make`` sets them on that time limit; otherwise they are ignored (an env
+    without a time limit has nothing to shorten or desynchronize). Every
+    other keyword argument, ``episode_length`` included, goes to ``factory``.
+
+    Args:
+      prefix: the part of the spec before ``:``, e.g. ``"navix"``.
+      factory: called as ``factory(NAME, **kwargs)``.
+      description: one line shown by ``nnx-ppo envs`` and ``nnx-ppo train --help``.
+      example: an example spec (``"navix:Empty-5x5"``), or several, listed by
+        :func:`list_envs` and ``nnx-ppo envs``.
+
+    Raises:
+      ValueError: ``prefix`` is empty, contains ``:`` or is already
+        registered (see :func:`unregister_source`), ``factory`` is not
+        callable, or an example does not start with ``PREFIX:``.
+    """
+    _add_source(prefix, factory, description, example, takes_reset_options=False)
+
+
+def unregister_source(prefix: str) -> EnvSource:
+    """Remove the source ``prefix`` (e.g. one a test registered); returns it.
+    A ``KeyError`` names the registered prefixes if there is no such source."""
+    try:
+        return _SOURCES.pop(prefix)
+    except KeyError:
+        raise KeyError(f"no env source {prefix!r}; registered: {', '.join(_SOURCES)}") from None
+
+
+def list_sources() -> list[EnvSource]:
+    """The registered env sources, built-in ones first, in registration order."""
+    return list(_SOURCES.values())
+
+
 def list_envs() -> list[str]:
-    """Built-in names, plus example specs for the gymnax/playground/brax adapters."""
-    return sorted(_BUILTINS) + _GYMNAX_EXAMPLES + _PLAYGROUND_EXAMPLES + _BRAX_EXAMPLES
+    """Built-in names, plus example specs of every env source (gymnax, playground, brax, registered ones)."""
+    return sorted(_BUILTINS) + [spec for source in _SOURCES.values() for spec in source.examples]
 
 
 def _missing(extra: str, package: str, err: ImportError) -> ImportError:
@@ -50,6 +147,8 @@ def _missing(extra: str, package: str, err: ImportError) -> ImportError:
 
 
 def _time_limit(env: RLEnv, episode_length, random_initial_steps: bool, random_reset_steps: int) -> RLEnv:
+    from nnx_ppo.envs.wrappers import TimeLimit
+
     if episode_length is None:
         return env
     return TimeLimit(env, int(episode_length), random_initial_steps, random_reset_steps)
@@ -72,11 +171,14 @@ def make(spec: str, **kwargs) -> RLEnv:
       ``"jax"`` (MJX); ``impl="warp"`` selects MuJoCo Warp (see docs/environments.md).
     * ``"brax:NAME"``: kwargs go to ``brax.envs.get_environment``, plus
       ``episode_length`` (default 1000), ``random_initial_steps`` and ``random_reset_steps``.
+    * ``"PREFIX:NAME"`` of a source added with :func:`register_source`: kwargs
+      go to its factory, except ``random_initial_steps`` and ``random_reset_steps``.
     """
     if not isinstance(spec, str):
         raise TypeError(f"make expects a string spec, got {spec!r}")
-    random_initial_steps = bool(kwargs.pop("random_initial_steps", False))
-    random_reset_steps = int(kwargs.pop("random_reset_steps", 0))
+    reset_options = {k: kwargs.pop(k) for k in ("random_initial_steps", "random_reset_steps") if k in kwargs}
+    random_initial_steps = bool(reset_options.get("random_initial_steps", False))
+    random_reset_steps = int(reset_options.get("random_reset_steps", 0))
     prefix, sep, name = spec.partition(":")
 
     if not sep:
@@ -86,21 +188,42 @@ def make(spec: str, **kwargs) -> RLEnv:
         episode_length = kwargs.pop("episode_length", default_len)
         return _time_limit(ctor(**kwargs), episode_length, random_initial_steps, random_reset_steps)
 
-    if prefix not in _PREFIXES or not name:
+    source = _SOURCES.get(prefix)
+    if source is None or not name:
         raise ValueError(
             f"Unknown environment spec {spec!r}: expected a built-in name or one of the prefixes "
-            f"{', '.join(p + ':' for p in _PREFIXES)}. Available: {', '.join(list_envs())}"
+            f"{', '.join(p + ':' for p in _SOURCES)}. Available: {', '.join(list_envs())}"
         )
+    if source._takes_reset_options:
+        return source.factory(name, random_initial_steps=random_initial_steps,
+                              random_reset_steps=random_reset_steps, **kwargs)
+    return _with_reset_options(source.factory(name, **kwargs), reset_options)
 
-    build = {"gymnax": _make_gymnax, "playground": _make_playground, "brax": _make_brax}[prefix]
-    return build(spec, name, kwargs, random_initial_steps, random_reset_steps)
+
+def _with_reset_options(env, reset_options: dict[str, Any]) -> RLEnv:
+    """A registered source's env, adapted by :func:`as_env`; ``make``'s
+    ``random_initial_steps`` / ``random_reset_steps`` set on it when it is a
+    ``TimeLimit`` (otherwise there is nothing to set them on)."""
+    from nnx_ppo.envs.types import RLEnv
+    from nnx_ppo.envs.wrappers import TimeLimit
+
+    if not isinstance(env, RLEnv):
+        return as_env(env, **reset_options)
+    if reset_options and isinstance(env, TimeLimit):
+        options = {"random_initial_steps": env.random_initial_steps, "random_reset_steps": env.random_reset_steps,
+                   **reset_options}
+        return TimeLimit(env.env, env.max_steps, bool(options["random_initial_steps"]),
+                         int(options["random_reset_steps"]))
+    return env
 
 
-def _make_gymnax(spec: str, name: str, kwargs: dict, random_initial_steps: bool, random_reset_steps: int) -> RLEnv:
+def _make_gymnax(name: str, *, random_initial_steps: bool = False, random_reset_steps: int = 0, **kwargs) -> RLEnv:
     import gymnax
 
     from nnx_ppo.envs.adapters import GymnaxEnv
+    from nnx_ppo.envs.wrappers import TimeLimit
 
+    spec = f"gymnax:{name}"
     if name not in gymnax.registered_envs:
         raise ValueError(
             f"Unknown environment {spec!r}: gymnax has no {name!r}. "
@@ -115,13 +238,15 @@ def _make_gymnax(spec: str, name: str, kwargs: dict, random_initial_steps: bool,
     return TimeLimit(env, int(env.params.max_steps_in_episode), random_initial_steps, random_reset_steps)
 
 
-def _make_playground(spec: str, name: str, kwargs: dict, random_initial_steps: bool,
-                     random_reset_steps: int) -> RLEnv:
+def _make_playground(name: str, *, random_initial_steps: bool = False, random_reset_steps: int = 0,
+                     **kwargs) -> RLEnv:
+    spec = f"playground:{name}"
     try:
         from mujoco_playground import registry as pg_registry
     except ImportError as e:
         raise _missing("playground", "mujoco_playground", e) from e
     from nnx_ppo.envs.adapters import PlaygroundEnv
+    from nnx_ppo.envs.wrappers import TimeLimit
 
     if name not in pg_registry.ALL_ENVS:
         raise ValueError(
@@ -137,12 +262,14 @@ def _make_playground(spec: str, name: str, kwargs: dict, random_initial_steps: b
     return TimeLimit(PlaygroundEnv(pg_env, name), int(episode_length), random_initial_steps, random_reset_steps)
 
 
-def _make_brax(spec: str, name: str, kwargs: dict, random_initial_steps: bool, random_reset_steps: int) -> RLEnv:
+def _make_brax(name: str, *, random_initial_steps: bool = False, random_reset_steps: int = 0, **kwargs) -> RLEnv:
+    spec = f"brax:{name}"
     try:
         import brax.envs as brax_envs
     except ImportError as e:
         raise _missing("brax", "brax", e) from e
     from nnx_ppo.envs.adapters import BraxEnv
+    from nnx_ppo.envs.wrappers import TimeLimit
 
     if name not in brax_envs._envs:  # noqa: SLF001 -- brax exposes no public listing
         raise ValueError(
@@ -151,6 +278,25 @@ def _make_brax(spec: str, name: str, kwargs: dict, random_initial_steps: bool, r
     episode_length = kwargs.pop("episode_length", 1000)
     env = BraxEnv(brax_envs.get_environment(name, **kwargs), name)
     return TimeLimit(env, int(episode_length), random_initial_steps, random_reset_steps)
+
+
+_add_source(
+    "gymnax", _make_gymnax, "a gymnax env; kwargs override its env params (episode_length: max_steps_in_episode)",
+    ["gymnax:CartPole-v1", "gymnax:Pendulum-v1", "gymnax:Acrobot-v1", "gymnax:MountainCarContinuous-v0",
+     "gymnax:MemoryChain-bsuite"],
+    takes_reset_options=True,
+)
+_add_source(
+    "playground", _make_playground,
+    'a MuJoCo Playground env; kwargs are config overrides (pip install "nnx_ppo[playground]")',
+    ["playground:CartpoleBalance", "playground:PendulumSwingup", "playground:CheetahRun"],
+    takes_reset_options=True,
+)
+_add_source(
+    "brax", _make_brax, 'a Brax env; kwargs go to brax.envs.get_environment (pip install "nnx_ppo[brax]")',
+    ["brax:inverted_pendulum", "brax:ant", "brax:halfcheetah"],
+    takes_reset_options=True,
+)
 
 
 def _playground_episode_length(pg_env) -> int:
@@ -176,6 +322,9 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
     ``train_ppo``, ``train_seeds``, ``new_training_state`` and
     ``check_replay_consistency`` call it on the envs they are given.
     """
+    from nnx_ppo.envs.types import RLEnv
+    from nnx_ppo.envs.wrappers import TimeLimit
+
     if isinstance(env, RLEnv):
         return env
     module = type(env).__module__.split(".")[0]

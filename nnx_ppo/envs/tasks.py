@@ -25,6 +25,31 @@ from nnx_ppo.envs.types import EnvState, RLEnv, as_f32
 __all__ = ["CueMemory", "CartpoleNoVelocity", "ConstantReward"]
 
 
+def _first_state(obs, data, metrics: dict | None = None) -> EnvState:
+    """An episode's first state: no reward, not done, not truncated."""
+    return EnvState(
+        obs=obs,
+        reward=as_f32(0.0),
+        done=as_f32(0.0),
+        metrics={} if metrics is None else metrics,
+        info={"truncated": as_f32(0.0)},
+        data=data,
+    )
+
+
+def _next_state(state: EnvState, obs, reward, done, data, metrics: dict | None = None) -> EnvState:
+    """The state after ``state``. These tasks never truncate by themselves (a
+    ``TimeLimit`` wrapper may), so ``info["truncated"]`` is 0."""
+    return EnvState(
+        obs=obs,
+        reward=reward,
+        done=done,
+        metrics={} if metrics is None else metrics,
+        info={**state.info, "truncated": as_f32(0.0)},
+        data=data,
+    )
+
+
 class CueMemory(RLEnv):
     """Remember a cue across a delay, then report it.
 
@@ -74,14 +99,7 @@ class CueMemory(RLEnv):
     def reset(self, key):
         cue = jax.random.randint(key, (), 0, self.n_cues, dtype=jnp.int32)
         t = jnp.zeros((), jnp.int32)
-        return EnvState(
-            obs=self._obs(cue, t),
-            reward=as_f32(0.0),
-            done=as_f32(0.0),
-            metrics={"success": as_f32(0.0)},
-            info={"truncated": as_f32(0.0)},
-            data={"cue": cue, "t": t},
-        )
+        return _first_state(self._obs(cue, t), {"cue": cue, "t": t}, metrics={"success": as_f32(0.0)})
 
     def step(self, state, action):
         cue, t = state.data["cue"], state.data["t"]
@@ -91,14 +109,8 @@ class CueMemory(RLEnv):
         reward = as_f32(jnp.logical_and(is_query, correct))
         t_next = t + 1
         done = jnp.maximum(state.done, as_f32(t_next >= self.delay + 2))
-        return EnvState(
-            obs=self._obs(cue, t_next),
-            reward=reward,
-            done=done,
-            metrics={"success": reward},
-            info={**state.info, "truncated": as_f32(0.0)},
-            data={"cue": cue, "t": t_next},
-        )
+        return _next_state(state, self._obs(cue, t_next), reward, done, {"cue": cue, "t": t_next},
+                           metrics={"success": reward})
 
     def __repr__(self):
         return f"CueMemory(n_cues={self.n_cues}, delay={self.delay})"
@@ -164,14 +176,7 @@ class CartpoleNoVelocity(RLEnv):
 
     def reset(self, key):
         phys = jax.random.uniform(key, (4,), minval=-0.05, maxval=0.05, dtype=jnp.float32)
-        return EnvState(
-            obs=self._obs(phys),
-            reward=as_f32(0.0),
-            done=as_f32(0.0),
-            metrics={},
-            info={"truncated": as_f32(0.0)},
-            data=phys,
-        )
+        return _first_state(self._obs(phys), phys)
 
     def step(self, state, action):
         phys = state.data
@@ -198,14 +203,7 @@ class CartpoleNoVelocity(RLEnv):
         new = jnp.where(was_done, phys, new)  # frozen once the pole has fallen
         reward = as_f32(jnp.logical_not(was_done))
         done = jnp.maximum(state.done, as_f32(self._terminated(new)))
-        return EnvState(
-            obs=self._obs(new),
-            reward=reward,
-            done=done,
-            metrics={},
-            info={**state.info, "truncated": as_f32(0.0)},
-            data=new,
-        )
+        return _next_state(state, self._obs(new), reward, done, new)
 
     def __repr__(self):
         return f"CartpoleNoVelocity(force_mag={self.force_mag}, full_observation={self.full_observation})"
@@ -236,14 +234,7 @@ class ConstantReward(RLEnv):
 
     def reset(self, key):
         del key
-        return EnvState(
-            obs=jnp.ones((self.obs_size,), jnp.float32),
-            reward=as_f32(0.0),
-            done=as_f32(0.0),
-            metrics={},
-            info={"truncated": as_f32(0.0)},
-            data=None,
-        )
+        return _first_state(jnp.ones((self.obs_size,), jnp.float32), None)
 
     def step(self, state, action):
         del action

@@ -18,7 +18,8 @@ __all__ = ["EnvCheckError", "check_env_structure", "check_actions"]
 
 
 class EnvCheckError(ValueError):
-    """Raised by the env checks (:func:`check_env_structure`, :func:`nnx_ppo.testing.check_env`); the message names the offending field."""
+    """Raised by the env checks (:func:`check_env_structure`, :func:`nnx_ppo.testing.check_env`);
+    the message names the offending field."""
 
 
 
@@ -116,7 +117,11 @@ def check_actions(env, actions, B: int) -> None:
                 f"for the env's action space {space}; check the policy head's action_size"
             )
     elif isinstance(space, Discrete):
-        if not hasattr(actions, "shape") or tuple(actions.shape) != (B,) or not jnp.issubdtype(actions.dtype, jnp.integer):
+        if (
+            not hasattr(actions, "shape")
+            or tuple(actions.shape) != (B,)
+            or not jnp.issubdtype(actions.dtype, jnp.integer)
+        ):
             got = (getattr(actions, "shape", None), getattr(actions, "dtype", type(actions).__name__))
             raise ValueError(
                 f"the network's actions are {got}, expected integer actions of shape ({B},) for the env's "

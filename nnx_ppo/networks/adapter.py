@@ -7,9 +7,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from nnx_ppo.networks.containers import Concat, DictContainer, Merge, Sequential
+from nnx_ppo.networks.containers import Concat, DictContainer, Sequential
 from nnx_ppo.networks.sampling_layers import ActionSampler
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule
+from nnx_ppo.networks.utils import Merge
 
 __all__ = ["PPOAdapter", "is_sampler_dict", "extras_for_actions"]
 

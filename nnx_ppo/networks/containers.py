@@ -1,8 +1,9 @@
 """Containers: compose :class:`StatefulModule` children into one module.
 
-All containers live here (``Map`` and ``Merge`` are re-exported by
-:mod:`nnx_ppo.networks.utils`, and :class:`~nnx_ppo.networks.adapter.PPOAdapter`
-is a :class:`DictContainer`). Every container routes the carry (``state``), the ``rollout_extras`` and
+The general containers live here; two routing ones built on them,
+``Map`` and ``Merge``, live in :mod:`nnx_ppo.networks.utils`, and
+:class:`~nnx_ppo.networks.adapter.PPOAdapter` is a :class:`DictContainer`.
+Every container routes the carry (``state``), the ``rollout_extras`` and
 ``update_statistics`` to its children in the same tree shape it holds them
 in (a tuple for :class:`Sequential`, a dict for the others), sums the
 children's ``regularization_loss`` and prefixes their metrics with the
@@ -25,8 +26,6 @@ __all__ = [
     "Sequential",
     "Parallel",
     "Concat",
-    "Map",
-    "Merge",
     "Splitter",
     "DictContainer",
     "resolve_components",
@@ -252,32 +251,6 @@ class Concat(DictContainer):
     def _combine(self, outputs):
         pieces = [jnp.reshape(outputs[name], (outputs[name].shape[0], -1)) for name in self.names]
         return jnp.concatenate(pieces, axis=-1)
-
-
-class Map(DictContainer):
-    """Per-key dispatch: child ``name`` maps ``x[name]`` to ``output[name]``.
-
-    ``Map(arm=NormalTanhSampler(rngs), grip=CategoricalSampler(rngs))``. Input
-    keys without a child are dropped.
-    """
-
-
-class Merge(Parallel):
-    """Run every child on the same input (like :class:`Parallel`) and merge
-    their dict outputs into one flat dict; a key produced by two children is
-    an error."""
-
-    def _combine(self, outputs):
-        merged = {}
-        for name in self.names:
-            out = outputs[name]
-            if not isinstance(out, Mapping):
-                raise ValueError(f"Merge: child {name!r} must output a dict, got {type(out).__name__}")
-            for key, value in out.items():
-                if key in merged:
-                    raise ValueError(f"Merge: key {key!r} is produced by more than one child")
-                merged[key] = value
-        return merged
 
 
 class Splitter(StatefulModule):

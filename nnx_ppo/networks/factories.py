@@ -6,10 +6,9 @@ result can be inspected, indexed and modified like a hand-built network.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
 import math
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict, Unpack
 
 import jax
 from flax import nnx
@@ -25,6 +24,7 @@ from nnx_ppo.networks.types import StatefulModule
 from nnx_ppo.networks.utils import Flattener
 
 __all__ = [
+    "ActorCriticOptions",
     "make_mlp_layers",
     "make_mlp",
     "make_mlp_actor_critic",
@@ -50,7 +50,16 @@ def make_mlp_layers(
     activation_last_layer: bool = True,
     last_layer_init_scale: float = 1.0,
 ) -> list[Dense]:
-    """Dense layers ``sizes[0] -> sizes[1] -> ... -> sizes[-1]`` (``len(sizes) - 1`` layers)."""
+    """Dense layers ``sizes[0] -> sizes[1] -> ... -> sizes[-1]`` (``len(sizes) - 1`` layers).
+
+    Args:
+      sizes: input size, hidden widths and output size (at least two entries).
+      rngs: parameter RNGs.
+      activation: name (``relu``, ``tanh``, ``elu``, ``swish``, ``gelu``) or
+        callable, after every layer (see ``activation_last_layer``).
+      activation_last_layer: apply ``activation`` after the last layer too.
+      last_layer_init_scale: scale of the last layer's initial weights.
+    """
     if len(sizes) < 2:
         raise ValueError(f"make_mlp: sizes needs an input and an output size, got {list(sizes)}")
     act = _activation(activation)
@@ -69,15 +78,21 @@ def make_mlp_layers(
     return layers
 
 
-def make_mlp(
-    sizes: Sequence[int],
-    rngs: nnx.Rngs,
-    activation: str | Callable = "relu",
-    activation_last_layer: bool = True,
-    last_layer_init_scale: float = 1.0,
-) -> Sequential:
-    """An MLP as a :class:`Sequential` of :class:`Dense` layers."""
-    return Sequential(make_mlp_layers(sizes, rngs, activation, activation_last_layer, last_layer_init_scale))
+def make_mlp(sizes: Sequence[int], rngs: nnx.Rngs, *args: Any, **kwargs: Any) -> Sequential:
+    """An MLP as a :class:`Sequential` of :class:`Dense` layers.
+
+    ``make_mlp(sizes, rngs, activation="relu", activation_last_layer=True,
+    last_layer_init_scale=1.0)``: the arguments, positional or keyword, are
+    those of :func:`make_mlp_layers`, which builds the layers.
+
+    Args:
+      sizes: input size, hidden widths and output size (at least two entries).
+      rngs: parameter RNGs.
+      *args: ``activation``, ``activation_last_layer``, ``last_layer_init_scale``
+        given by position.
+      **kwargs: the same given by keyword.
+    """
+    return Sequential(make_mlp_layers(sizes, rngs, *args, **kwargs))
 
 
 def _obs_front(obs_size: Any, normalize_obs: bool) -> tuple[list[StatefulModule], int]:
@@ -85,7 +100,9 @@ def _obs_front(obs_size: Any, normalize_obs: bool) -> tuple[list[StatefulModule]
     if isinstance(obs_size, int):
         flat = obs_size
     else:
-        shapes = jax.tree.leaves(obs_size, is_leaf=lambda s: isinstance(s, tuple) and all(isinstance(d, int) for d in s))
+        shapes = jax.tree.leaves(
+            obs_size, is_leaf=lambda s: isinstance(s, tuple) and all(isinstance(d, int) for d in s)
+        )
         flat = sum(math.prod(s) if isinstance(s, tuple) else int(s) for s in shapes)
     layers: list[StatefulModule] = [Normalizer(obs_size)] if normalize_obs else []
     if not isinstance(obs_size, int):
@@ -93,19 +110,90 @@ def _obs_front(obs_size: Any, normalize_obs: bool) -> tuple[list[StatefulModule]
     return layers, flat
 
 
-def _policy_head(in_size, action_size, discrete, rngs, entropy_weight, min_std, std_scale=1.0) -> list[StatefulModule]:
-    if discrete:
-        return [Dense(in_size, action_size, rngs, init_scale=0.01), CategoricalSampler(rngs, entropy_weight=entropy_weight)]
-    return [
-        Dense(in_size, 2 * action_size, rngs, init_scale=0.01),
-        NormalTanhSampler(rngs, entropy_weight=entropy_weight, min_std=min_std, std_scale=std_scale),
-    ]
+class ActorCriticOptions(TypedDict, total=False):
+    """Keyword options shared by :func:`make_mlp_actor_critic` and
+    :func:`make_recurrent_actor_critic` (and so by :func:`make_actor_critic_for_env`).
+
+    Every key is optional; a missing key takes the default in brackets.
+
+    Attributes:
+      activation: name (``relu``, ``tanh``, ``elu``, ``swish``, ``gelu``) or
+        callable (``"swish"``).
+      normalize_obs: start with a running-statistics :class:`Normalizer` (``True``).
+      discrete: categorical head (``action_size`` actions) instead of
+        tanh-Gaussian (``False``).
+      entropy_weight: weight of the entropy bonus (``1e-3``).
+      min_std: floor of the Gaussian std (``1e-2``).
+      std_scale: multiplies the Gaussian std (``1.0``).
+      value_keys: one value head per reward key, for dict rewards (``None``:
+        a single value head).
+    """
+
+    activation: str | Callable
+    normalize_obs: bool
+    discrete: bool
+    entropy_weight: float
+    min_std: float
+    std_scale: float
+    value_keys: Sequence[str] | None
 
 
-def _value_head(in_size, rngs, value_keys) -> StatefulModule:
+_DEFAULT_OPTIONS: ActorCriticOptions = {
+    "activation": "swish",
+    "normalize_obs": True,
+    "discrete": False,
+    "entropy_weight": 1e-3,
+    "min_std": 1e-2,
+    "std_scale": 1.0,
+    "value_keys": None,
+}
+
+
+def _prepare(
+    factory: str, obs_size: Any, rngs: nnx.Rngs | None, options: dict[str, Any]
+) -> tuple[ActorCriticOptions, nnx.Rngs, list[StatefulModule], int]:
+    """What both actor-critic factories start from.
+
+    Returns ``(options, rngs, front, flat)``: the options completed with their
+    defaults, ``rngs`` (``nnx.Rngs(0)`` when ``None``), the observation front
+    layers and the flat observation size (see :func:`_obs_front`). Raises a
+    ``TypeError`` naming ``factory`` for an option it does not know.
+    """
+    unknown = sorted(set(options) - set(_DEFAULT_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"{factory}() got an unexpected keyword argument {unknown[0]!r}; "
+            f"its shared options are {sorted(_DEFAULT_OPTIONS)} (see ActorCriticOptions)"
+        )
+    resolved: ActorCriticOptions = {**_DEFAULT_OPTIONS, **options}
+    front, flat = _obs_front(obs_size, resolved["normalize_obs"])
+    return resolved, rngs if rngs is not None else nnx.Rngs(0), front, flat
+
+
+def _heads(
+    options: ActorCriticOptions, action_size: int, policy_in: int, value_in: int, rngs: nnx.Rngs
+) -> tuple[list[StatefulModule], StatefulModule]:
+    """``(policy layers, value head)``, built in that order (the RNG order).
+
+    The policy is a ``Dense`` producing logits (``discrete``) or mean and std
+    (``2 * action_size``), then its sampler; the value head is one ``Dense``,
+    or a :class:`Parallel` of them keyed by ``value_keys``.
+    """
+    if options["discrete"]:
+        policy: list[StatefulModule] = [
+            Dense(policy_in, action_size, rngs, init_scale=0.01),
+            CategoricalSampler(rngs, entropy_weight=options["entropy_weight"]),
+        ]
+    else:
+        policy = [
+            Dense(policy_in, 2 * action_size, rngs, init_scale=0.01),
+            NormalTanhSampler(rngs, entropy_weight=options["entropy_weight"], min_std=options["min_std"],
+                              std_scale=options["std_scale"]),
+        ]
+    value_keys = options["value_keys"]
     if value_keys is None:
-        return Dense(in_size, 1, rngs)
-    return Parallel({k: Dense(in_size, 1, rngs) for k in value_keys})
+        return policy, Dense(value_in, 1, rngs)
+    return policy, Parallel({k: Dense(value_in, 1, rngs) for k in value_keys})
 
 
 def make_mlp_actor_critic(
@@ -114,14 +202,7 @@ def make_mlp_actor_critic(
     actor_hidden_sizes: Sequence[int] = (64, 64),
     critic_hidden_sizes: Sequence[int] = (64, 64),
     rngs: nnx.Rngs | None = None,
-    *,
-    activation: str | Callable = "swish",
-    normalize_obs: bool = True,
-    discrete: bool = False,
-    entropy_weight: float = 1e-3,
-    min_std: float = 1e-2,
-    std_scale: float = 1.0,
-    value_keys: Sequence[str] | None = None,
+    **options: Unpack[ActorCriticOptions],
 ) -> Sequential:
     """Feed-forward actor-critic with separate actor and critic MLPs.
 
@@ -131,24 +212,21 @@ def make_mlp_actor_critic(
       actor_hidden_sizes: hidden widths of the actor MLP.
       critic_hidden_sizes: hidden widths of the critic MLP.
       rngs: parameter and sampling RNGs (default ``nnx.Rngs(0)``).
-      activation: name (``relu``, ``tanh``, ``elu``, ``swish``, ``gelu``) or callable.
-      normalize_obs: start with a running-statistics :class:`Normalizer`.
-      discrete: categorical head (``action_size`` actions) instead of tanh-Gaussian.
-      entropy_weight: weight of the entropy bonus.
-      min_std: floor of the Gaussian std.
-      std_scale: multiplies the Gaussian std.
-      value_keys: one value head per reward key, for dict rewards.
+      **options: keyword-only options of :class:`ActorCriticOptions`
+        (``activation``, ``normalize_obs``, ``discrete``, ``entropy_weight``,
+        ``min_std``, ``std_scale``, ``value_keys``).
 
     Returns ``Sequential([Normalizer?, Flattener?, PPOAdapter(action=..., value=...)])``.
     """
-    rngs = rngs if rngs is not None else nnx.Rngs(0)
-    front, flat = _obs_front(obs_size, normalize_obs)
+    options, rngs, front, flat = _prepare("make_mlp_actor_critic", obs_size, rngs, options)
+    activation = options["activation"]
     actor = make_mlp([flat, *actor_hidden_sizes], rngs, activation) if actor_hidden_sizes else None
     critic = make_mlp([flat, *critic_hidden_sizes], rngs, activation) if critic_hidden_sizes else None
     a_out = actor_hidden_sizes[-1] if actor_hidden_sizes else flat
     c_out = critic_hidden_sizes[-1] if critic_hidden_sizes else flat
-    action = Sequential([*([actor] if actor else []), *_policy_head(a_out, action_size, discrete, rngs, entropy_weight, min_std, std_scale)])
-    value = Sequential([*([critic] if critic else []), _value_head(c_out, rngs, value_keys)])
+    policy, value_head = _heads(options, action_size, a_out, c_out, rngs)
+    action = Sequential([*([actor] if actor else []), *policy])
+    value = Sequential([*([critic] if critic else []), value_head])
     return Sequential([*front, PPOAdapter(action=action, value=value)])
 
 
@@ -161,33 +239,33 @@ def make_recurrent_actor_critic(
     hidden_size: int = 64,
     encoder_sizes: Sequence[int] = (64,),
     shared_trunk: bool = False,
-    activation: str | Callable = "swish",
-    normalize_obs: bool = True,
-    discrete: bool = False,
-    entropy_weight: float = 1e-3,
-    min_std: float = 1e-2,
-    std_scale: float = 1.0,
-    value_keys: Sequence[str] | None = None,
+    **options: Unpack[ActorCriticOptions],
 ) -> Sequential:
     """Recurrent actor-critic: ``encoder MLP -> LSTM|GRU core -> heads``.
 
-    With ``shared_trunk=True`` actor and critic share one encoder and core;
-    otherwise each has its own (the default). Other arguments as in
-    :func:`make_mlp_actor_critic`; ``core`` is ``"lstm"`` or ``"gru"``.
+    Args:
+      obs_size: observation size: an int, a shape tuple, or a dict of them.
+      action_size: number of continuous action dims, or of discrete actions.
+      rngs: parameter and sampling RNGs (default ``nnx.Rngs(0)``).
+      core: ``"lstm"`` or ``"gru"``.
+      hidden_size: width of the recurrent core.
+      encoder_sizes: hidden widths of the encoder MLP before the core (may be empty).
+      shared_trunk: actor and critic share one encoder and core; otherwise
+        each has its own (the default).
+      **options: keyword-only options of :class:`ActorCriticOptions`, as in
+        :func:`make_mlp_actor_critic`.
     """
     if core not in ("lstm", "gru"):
         raise ValueError(f"make_recurrent_actor_critic: core must be 'lstm' or 'gru', got {core!r}")
-    rngs = rngs if rngs is not None else nnx.Rngs(0)
-    front, flat = _obs_front(obs_size, normalize_obs)
+    options, rngs, front, flat = _prepare("make_recurrent_actor_critic", obs_size, rngs, options)
     cell = LSTM if core == "lstm" else GRU
 
     def trunk():
-        encoder = make_mlp_layers([flat, *encoder_sizes], rngs, activation) if encoder_sizes else []
+        encoder = make_mlp_layers([flat, *encoder_sizes], rngs, options["activation"]) if encoder_sizes else []
         core_in = encoder_sizes[-1] if encoder_sizes else flat
         return [*encoder, cell(core_in, hidden_size, rngs)]
 
-    policy = _policy_head(hidden_size, action_size, discrete, rngs, entropy_weight, min_std, std_scale)
-    value = _value_head(hidden_size, rngs, value_keys)
+    policy, value = _heads(options, action_size, hidden_size, hidden_size, rngs)
     if shared_trunk:
         return Sequential([*front, *trunk(), PPOAdapter(action=Sequential(policy), value=value)])
     return Sequential(

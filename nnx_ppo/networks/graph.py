@@ -24,56 +24,28 @@ from ``k`` steps earlier (zeros for the first ``k`` steps after
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo.networks._graph_wiring import (
+    HIDDEN,
+    INPUT,
+    OUTPUT,
+    Connection,
+    Population,
+    check_activation,
+    check_name,
+    check_size,
+    topological_order,
+)
 from nnx_ppo.networks.containers import child_extras, prefix_metrics
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["PopulationGraph"]
-
-_INPUT, _HIDDEN, _OUTPUT = "input", "population", "output"
-
-
-class _Population(NamedTuple):
-    name: str
-    kind: str  # _INPUT, _HIDDEN or _OUTPUT
-    size: int
-    activation: Callable[[jax.Array], jax.Array] | None
-    io_key: str | None  # input_from / output_to as given (None: use the name)
-
-
-class _Connection(NamedTuple):
-    name: str
-    src: str
-    dst: str
-    delay: int
-
-
-def _check_name(kind: str, name: Any) -> str:
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"PopulationGraph: {kind} name must be a non-empty str, got {name!r}")
-    return name
-
-
-def _check_size(name: str, size: Any) -> int:
-    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-        raise ValueError(f"PopulationGraph: size of population {name!r} must be a positive int, got {size!r}")
-    return size
-
-
-def _check_activation(name: str, activation: Any) -> Any:
-    if activation is not None and not callable(activation):
-        raise TypeError(
-            f"PopulationGraph: activation of population {name!r} must be callable or None, "
-            f"got {type(activation).__name__}"
-        )
-    return activation
-
 
 def _has_leaves(tree: Any) -> bool:
     return bool(jax.tree.leaves(tree))
@@ -112,8 +84,8 @@ class PopulationGraph(StatefulModule):
     def __init__(self, rngs: nnx.Rngs):
         self._rngs = rngs
         self._finalized = False
-        self._populations: tuple[_Population, ...] = ()
-        self._connections: tuple[_Connection, ...] = ()
+        self._populations: tuple[Population, ...] = ()
+        self._connections: tuple[Connection, ...] = ()
         # One entry per connection; None where the default Dense is built at finalize.
         self._pending_transforms = nnx.List([])
 
@@ -125,26 +97,26 @@ class PopulationGraph(StatefulModule):
 
     def _add(self, kind: str, name: str, size: int, activation: Any, io_key: Any) -> None:
         self._check_building(f"add population {name!r}")
-        name = _check_name("population", name)
+        name = check_name("population", name)
         if io_key is not None:
-            _check_name("input_from/output_to", io_key)
-        pop = _Population(name, kind, _check_size(name, size), _check_activation(name, activation), io_key)
+            check_name("input_from/output_to", io_key)
+        pop = Population(name, kind, check_size(name, size), check_activation(name, activation), io_key)
         self._populations = self._populations + (pop,)
 
     def add_input(self, name: str, size: int, *, input_from: str | None = None,
                   activation: Callable[[jax.Array], jax.Array] | None = None) -> None:
         """A population that also receives ``x[input_from or name]`` (``[B, size]``)."""
-        self._add(_INPUT, name, size, activation, input_from)
+        self._add(INPUT, name, size, activation, input_from)
 
     def add_population(self, name: str, size: int, *,
                        activation: Callable[[jax.Array], jax.Array] | None = jnp.tanh) -> None:
         """A hidden population (default activation ``tanh``)."""
-        self._add(_HIDDEN, name, size, activation, None)
+        self._add(HIDDEN, name, size, activation, None)
 
     def add_output(self, name: str, size: int, *, output_to: str | None = None,
                    activation: Callable[[jax.Array], jax.Array] | None = None) -> None:
         """A population whose activity is returned under ``output_to or name``."""
-        self._add(_OUTPUT, name, size, activation, output_to)
+        self._add(OUTPUT, name, size, activation, output_to)
 
     def connect(self, src: str, dst: str, *, delay: int = 0, transform: StatefulModule | None = None,
                 name: str | None = None) -> str:
@@ -161,24 +133,24 @@ class PopulationGraph(StatefulModule):
             default ``"src->dst"``. Needed to connect the same pair twice.
         """
         self._check_building(f"connect {src!r} -> {dst!r}")
-        _check_name("source population", src)
-        _check_name("target population", dst)
+        check_name("source population", src)
+        check_name("target population", dst)
         if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
             raise ValueError(f"PopulationGraph: delay of connection {src!r} -> {dst!r} must be an int >= 0, "
                              f"got {delay!r}")
         if transform is not None and not isinstance(transform, StatefulModule):
             raise TypeError(f"PopulationGraph: transform of connection {src!r} -> {dst!r} must be a "
                             f"StatefulModule, got {type(transform).__name__}")
-        name = f"{src}->{dst}" if name is None else _check_name("connection", name)
-        self._connections = self._connections + (_Connection(name, src, dst, delay),)
+        name = f"{src}->{dst}" if name is None else check_name("connection", name)
+        self._connections = self._connections + (Connection(name, src, dst, delay),)
         self._pending_transforms.append(transform)
         return name
 
     def finalize(self) -> PopulationGraph:
         """Validate the wiring, build default transforms and fix the step order.
 
-        (About 70 lines: one check per kind of wiring mistake, each with its
-        own named error, in the order a user would fix them.)
+        One check per kind of wiring mistake, each with its own named error,
+        in the order a user would fix them.
 
         Raises ``ValueError`` for duplicate population/connection/output names,
         unknown population names, a transform whose ``in_features`` /
@@ -189,14 +161,14 @@ class PopulationGraph(StatefulModule):
         """
         self._check_building("call finalize() twice: finalize()")
         pops = self._populations
-        by_name: dict[str, _Population] = {}
+        by_name: dict[str, Population] = {}
         for p in pops:
             if p.name in by_name:
                 raise ValueError(f"PopulationGraph: duplicate population name {p.name!r}")
             by_name[p.name] = p
-        if not any(p.kind == _INPUT for p in pops):
+        if not any(p.kind == INPUT for p in pops):
             raise ValueError("PopulationGraph: needs at least one input population (add_input)")
-        outputs = [p for p in pops if p.kind == _OUTPUT]
+        outputs = [p for p in pops if p.kind == OUTPUT]
         if not outputs:
             raise ValueError("PopulationGraph: needs at least one output population (add_output)")
         out_keys: dict[str, str] = {}
@@ -235,7 +207,7 @@ class PopulationGraph(StatefulModule):
             transforms[c.name] = t
 
         for p in pops:
-            if p.kind != _INPUT and not any(c.dst == p.name for c in self._connections):
+            if p.kind != INPUT and not any(c.dst == p.name for c in self._connections):
                 raise ValueError(f"PopulationGraph: population {p.name!r} has no incoming connection")
 
         order = self._topological_order()
@@ -257,35 +229,9 @@ class PopulationGraph(StatefulModule):
         return self
 
     def _topological_order(self) -> tuple[str, ...]:
-        """Kahn's algorithm on the delay-0 edges, earliest-added population first."""
-        names = [p.name for p in self._populations]
-        edges = [(c.src, c.dst) for c in self._connections if c.delay == 0]
-        remaining = list(names)
-        order: list[str] = []
-        while remaining:
-            ready = next((n for n in remaining
-                          if not any(dst == n and src in remaining for src, dst in edges)), None)
-            if ready is None:
-                raise ValueError(
-                    "PopulationGraph: delay-0 connections form a cycle "
-                    f"{' -> '.join(self._find_cycle(remaining, edges))}; "
-                    "give at least one connection on it delay >= 1"
-                )
-            order.append(ready)
-            remaining.remove(ready)
-        return tuple(order)
-
-    @staticmethod
-    def _find_cycle(remaining: list[str], edges: list[tuple[str, str]]) -> list[str]:
-        # Every remaining population has a delay-0 predecessor among the remaining
-        # ones, so walking backwards must revisit a population.
-        path = [remaining[0]]
-        while True:
-            pred = next(src for src, dst in edges if dst == path[-1] and src in remaining)
-            if pred in path:
-                cycle = path[path.index(pred):] + [pred]
-                return cycle[::-1]
-            path.append(pred)
+        """The populations in an order that respects the delay-0 connections."""
+        return topological_order([p.name for p in self._populations],
+                                 [(c.src, c.dst) for c in self._connections if c.delay == 0])
 
     # --------------------------------------------------------------- running
 
@@ -303,11 +249,11 @@ class PopulationGraph(StatefulModule):
     def connection_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self._connections)
 
-    def _population(self, name: str) -> _Population:
+    def _population(self, name: str) -> Population:
         return next(p for p in self._populations if p.name == name)
 
     def _read_inputs(self, x: Any) -> dict[str, jax.Array]:
-        inputs = [p for p in self._populations if p.kind == _INPUT]
+        inputs = [p for p in self._populations if p.kind == INPUT]
         if isinstance(x, Mapping):
             wanted = {p.name: p.io_key or p.name for p in inputs}
             missing = sorted({k for k in wanted.values() if k not in x})
@@ -361,7 +307,7 @@ class PopulationGraph(StatefulModule):
 
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         """One step of every population in the fixed order (see the class
-        docstring). Kept as one function (about 60 lines) because the step
+        docstring). Kept as one function because the step
         order, the delay buffers and the transforms' carries are read and
         written in one pass that is easiest to check top to bottom."""
         self._require_finalized("calling the graph")
@@ -411,7 +357,7 @@ class PopulationGraph(StatefulModule):
                                   axis=1)
             for name, _ in self._buffers
         }
-        output_pops = [p for p in self._populations if p.kind == _OUTPUT]
+        output_pops = [p for p in self._populations if p.kind == OUTPUT]
         if len(output_pops) == 1 and output_pops[0].io_key is None:
             output: Any = values[output_pops[0].name]
         else:

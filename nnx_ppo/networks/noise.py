@@ -22,6 +22,7 @@ follow the randomness rule of ``docs/custom_modules.md``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -33,8 +34,19 @@ from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, as_rngs
 __all__ = ["GaussianNoise", "DropoutMask", "BernoulliGate"]
 
 
+def _checked(layer: object, name: str, value: Any, ok: bool, rule: str) -> float:
+    """``float(value)``, or a ValueError naming ``layer``'s class when not ``ok``."""
+    if not ok:
+        raise ValueError(f"{type(layer).__name__}: {name} must be {rule}, got {value!r}")
+    return float(value)
+
+
 class _PerEnvKeyModule(StatefulModule):
-    """Carry handling shared by the stochastic layers (carry: keys ``[B]``)."""
+    """Carry handling shared by the stochastic layers (carry: keys ``[B]``).
+
+    ``__call__`` splits the keys and hands the sample keys to the subclass's
+    :meth:`_transform`, which maps ``x`` to ``(output, metrics)``.
+    """
 
     def __init__(self, rngs: nnx.Rngs, fresh_keys_on_reset: bool, deterministic: bool):
         self.rngs = as_rngs(rngs)
@@ -56,6 +68,23 @@ class _PerEnvKeyModule(StatefulModule):
             raise ValueError(f"{name}: x has shape {tuple(jnp.shape(x))}, expected (B, ...)")
         return split_key_carry(name, keys, x.shape[0])
 
+    def __call__(self, state: jax.Array, x: jax.Array,
+                 rollout_extras: Any = None) -> StatefulModuleOutput:
+        next_keys, sample_keys = self._split(state, x)
+        output, metrics = self._transform(x, sample_keys)
+        return StatefulModuleOutput(next_state=next_keys, output=output, regularization_loss=0.0,
+                                    metrics=metrics, rollout_extras=None)
+
+    def _transform(self, x: jax.Array, sample_keys: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """``(output, metrics)`` for input ``x`` ``[B, ...]`` and one sample key per env."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _per_env(draw: Callable[[jax.Array, tuple[int, ...]], jax.Array], sample_keys: jax.Array,
+                 x: jax.Array) -> jax.Array:
+        """``[B, ...]`` samples: ``draw(key, x.shape[1:])`` with each env's key."""
+        return jax.vmap(lambda k: draw(k, x.shape[1:]))(sample_keys)
+
 
 class GaussianNoise(_PerEnvKeyModule):
     """Additive Gaussian noise, e.g. a noisy neuron population::
@@ -72,21 +101,15 @@ class GaussianNoise(_PerEnvKeyModule):
 
     def __init__(self, stddev: float, rngs: nnx.Rngs, *, fresh_keys_on_reset: bool = False,
                  deterministic: bool = False):
-        if not stddev >= 0:
-            raise ValueError(f"GaussianNoise: stddev must be >= 0, got {stddev!r}")
+        stddev = _checked(self, "stddev", stddev, stddev >= 0, ">= 0")
         super().__init__(rngs, fresh_keys_on_reset, deterministic)
-        self.stddev = float(stddev)
+        self.stddev = stddev
 
-    def __call__(self, state: jax.Array, x: jax.Array,
-                 rollout_extras: Any = None) -> StatefulModuleOutput:
-        next_keys, sample_keys = self._split(state, x)
+    def _transform(self, x, sample_keys):
         if self.deterministic or self.stddev == 0.0:
-            y = x
-        else:
-            eps = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:], dtype=x.dtype))(sample_keys)
-            y = x + self.stddev * eps
-        return StatefulModuleOutput(next_state=next_keys, output=y, regularization_loss=0.0,
-                                    metrics={}, rollout_extras=None)
+            return x, {}
+        eps = self._per_env(lambda k, shape: jax.random.normal(k, shape, dtype=x.dtype), sample_keys, x)
+        return x + self.stddev * eps, {}
 
 
 class DropoutMask(_PerEnvKeyModule):
@@ -105,22 +128,16 @@ class DropoutMask(_PerEnvKeyModule):
 
     def __init__(self, rate: float, rngs: nnx.Rngs, *, fresh_keys_on_reset: bool = False,
                  deterministic: bool = False):
-        if not 0.0 <= rate < 1.0:
-            raise ValueError(f"DropoutMask: rate must be in [0, 1), got {rate!r}")
+        rate = _checked(self, "rate", rate, 0.0 <= rate < 1.0, "in [0, 1)")
         super().__init__(rngs, fresh_keys_on_reset, deterministic)
-        self.rate = float(rate)
+        self.rate = rate
 
-    def __call__(self, state: jax.Array, x: jax.Array,
-                 rollout_extras: Any = None) -> StatefulModuleOutput:
-        next_keys, sample_keys = self._split(state, x)
+    def _transform(self, x, sample_keys):
         if self.deterministic or self.rate == 0.0:
-            y = x
-        else:
-            keep = 1.0 - self.rate
-            mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, x.shape[1:]))(sample_keys)
-            y = jnp.where(mask, x / keep, jnp.zeros_like(x))
-        return StatefulModuleOutput(next_state=next_keys, output=y, regularization_loss=0.0,
-                                    metrics={}, rollout_extras=None)
+            return x, {}
+        keep = 1.0 - self.rate
+        mask = self._per_env(lambda k, shape: jax.random.bernoulli(k, keep, shape), sample_keys, x)
+        return jnp.where(mask, x / keep, jnp.zeros_like(x)), {}
 
 
 class BernoulliGate(_PerEnvKeyModule):
@@ -157,29 +174,23 @@ class BernoulliGate(_PerEnvKeyModule):
     def __init__(self, rngs: nnx.Rngs, *, temperature: float = 1.0,
                  estimator: str = "straight_through", fresh_keys_on_reset: bool = False,
                  deterministic: bool = False):
-        if not temperature > 0:
-            raise ValueError(f"BernoulliGate: temperature must be > 0, got {temperature!r}")
+        temperature = _checked(self, "temperature", temperature, temperature > 0, "> 0")
         if estimator not in self.ESTIMATORS:
             raise ValueError(f"BernoulliGate: estimator must be one of {self.ESTIMATORS}, "
                              f"got {estimator!r}")
         super().__init__(rngs, fresh_keys_on_reset, deterministic)
-        self.temperature = float(temperature)
+        self.temperature = temperature
         self.estimator = estimator
 
-    def __call__(self, state: jax.Array, x: jax.Array,
-                 rollout_extras: Any = None) -> StatefulModuleOutput:
-        next_keys, sample_keys = self._split(state, x)
+    def _transform(self, x, sample_keys):
         if self.deterministic:
             noise = jnp.zeros_like(x)
         else:
-            noise = jax.vmap(lambda k: jax.random.logistic(k, x.shape[1:], dtype=x.dtype))(
-                sample_keys)
+            noise = self._per_env(lambda k, shape: jax.random.logistic(k, shape, dtype=x.dtype), sample_keys, x)
         hard = (x + noise > 0).astype(x.dtype)
         if self.estimator == "straight_through":
             soft = jax.nn.sigmoid(x / self.temperature)
         else:
             soft = jax.nn.sigmoid((x + jax.lax.stop_gradient(noise)) / self.temperature)
         gate = hard + (soft - jax.lax.stop_gradient(soft))
-        return StatefulModuleOutput(next_state=next_keys, output=gate, regularization_loss=0.0,
-                                    metrics={"gate_open_fraction": jnp.mean(hard)},
-                                    rollout_extras=None)
+        return gate, {"gate_open_fraction": jnp.mean(hard)}

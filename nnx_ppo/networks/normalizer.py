@@ -10,8 +10,24 @@ from flax import nnx
 
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["Normalizer", "NormalizerStatistics"]
+__all__ = ["Normalizer", "NormalizerStatistics", "merge_moments"]
 
+
+
+def merge_moments(count_a: jax.Array, mean_a: jax.Array, m2_a: jax.Array, count_b: jax.Array, mean_b: jax.Array,
+                  m2_b: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Merge the moments of two samples (Chan et al.'s parallel formula).
+
+    Each sample is given by its size ``count``, its ``mean`` and its sum of
+    squared deviations from the mean ``m2`` (``variance * count``); returns
+    those of the union, ``(count, mean, m2)``. Exact for any split of the
+    data and accurate for large counts. Used by :class:`Normalizer` and by
+    the trainer's reward scaling."""
+    total = count_a + count_b
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (count_b / total)
+    m2 = m2_a + m2_b + jnp.square(delta) * (count_a * count_b / total)
+    return total, mean, m2
 
 class NormalizerStatistics(nnx.Variable):
     """Running statistics of a :class:`Normalizer`.
@@ -120,10 +136,7 @@ class Normalizer(StatefulModule):
             data = jnp.reshape(leaf, (-1,) + shape).astype(jnp.float32)
             mean_b = jnp.mean(data, axis=0)
             m2_b = jnp.sum(jnp.square(data - mean_b[None]), axis=0)
-            mean_a, m2_a = mean_v[...], m2_v[...]
-            delta = mean_b - mean_a
-            mean_v[...] = mean_a + delta * (n_b / total)
-            m2_v[...] = m2_a + m2_b + jnp.square(delta) * (n_a * n_b / total)
+            _, mean_v[...], m2_v[...] = merge_moments(n_a, mean_v[...], m2_v[...], n_b, mean_b, m2_b)
         self.count[...] = total
         return None
 

@@ -57,7 +57,13 @@ def _tile(vector: jax.Array, batch_size: int) -> jax.Array:
 
 
 class _RecurrentBase(StatefulModule):
-    """Shared weight construction for the gated cells."""
+    """What the gated cells share: the constructor, the weight matrices, the
+    forward pass and the loss replay.
+
+    A cell sets ``_n_gates`` and defines :meth:`_init_cell_params` (its biases
+    and learnable initial carry), :meth:`initialize_state`, :meth:`_check_state`,
+    :meth:`_project` (``x W_x + b``) and :meth:`_step` (one recurrent update).
+    """
 
     _n_gates = 1
 
@@ -73,6 +79,21 @@ class _RecurrentBase(StatefulModule):
         blocks = [nnx.initializers.orthogonal()(rngs.params(), (hidden_features, hidden_features))
                   for _ in range(self._n_gates)]
         self.kernel_h = nnx.Param(jnp.concatenate(blocks, axis=1))
+        self._init_cell_params(hidden_features)
+
+    def _init_cell_params(self, h: int) -> None:
+        """Create the cell's own parameters (after the kernels) for ``h`` hidden features."""
+        raise NotImplementedError
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return self.initialize_state(batch_size_of(prev_state))
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
+        self._check_x(x)
+        self._check_state(state, x.shape[0])
+        next_state, h_new = self._step(state, self._project(x))
+        return StatefulModuleOutput(next_state=next_state, output=h_new,
+                                    regularization_loss=0.0, metrics={}, rollout_extras=None)
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Loss replay with the input projection ``x W_x + b`` computed for all
@@ -129,11 +150,7 @@ class LSTM(_RecurrentBase):
 
     _n_gates = 4
 
-    def __init__(self, in_features: int, hidden_features: int, rngs: nnx.Rngs, *,
-                 trainable_initial_state: bool = False):
-        super().__init__(in_features, hidden_features, rngs,
-                         trainable_initial_state=trainable_initial_state)
-        h = hidden_features
+    def _init_cell_params(self, h: int) -> None:
         bias = jnp.zeros((4 * h,), jnp.float32).at[h:2 * h].set(1.0)
         self.bias = nnx.Param(bias)
         if self.trainable_initial_state:
@@ -147,20 +164,11 @@ class LSTM(_RecurrentBase):
         shape = (batch_size, self.hidden_features)
         return {"h": jnp.zeros(shape, jnp.float32), "c": jnp.zeros(shape, jnp.float32)}
 
-    def reset_state(self, prev_state: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        return self.initialize_state(batch_size_of(prev_state))
-
-    def __call__(self, state: dict[str, jax.Array], x: jax.Array,
-                 rollout_extras: Any = None) -> StatefulModuleOutput:
-        self._check_x(x)
+    def _check_state(self, state: Any, batch: int) -> None:
         if not isinstance(state, dict) or set(state) != {"h", "c"}:
             raise ValueError(f"LSTM: state must be a dict with keys 'h' and 'c', got {state!r}")
-        batch = x.shape[0]
         self._check_h("state['h']", state["h"], batch)
         self._check_h("state['c']", state["c"], batch)
-        next_state, h_new = self._step(state, self._project(x))
-        return StatefulModuleOutput(next_state=next_state, output=h_new,
-                                    regularization_loss=0.0, metrics={}, rollout_extras=None)
 
     def _project(self, x: jax.Array) -> jax.Array:
         return x @ self.kernel_x[...] + self.bias[...][None, :]
@@ -195,11 +203,7 @@ class GRU(_RecurrentBase):
 
     _n_gates = 3
 
-    def __init__(self, in_features: int, hidden_features: int, rngs: nnx.Rngs, *,
-                 trainable_initial_state: bool = False):
-        super().__init__(in_features, hidden_features, rngs,
-                         trainable_initial_state=trainable_initial_state)
-        h = hidden_features
+    def _init_cell_params(self, h: int) -> None:
         self.bias_x = nnx.Param(jnp.zeros((3 * h,), jnp.float32))
         self.bias_hn = nnx.Param(jnp.zeros((h,), jnp.float32))
         if self.trainable_initial_state:
@@ -210,16 +214,8 @@ class GRU(_RecurrentBase):
             return _tile(self.initial_h[...], batch_size)
         return jnp.zeros((batch_size, self.hidden_features), jnp.float32)
 
-    def reset_state(self, prev_state: jax.Array) -> jax.Array:
-        return self.initialize_state(batch_size_of(prev_state))
-
-    def __call__(self, state: jax.Array, x: jax.Array,
-                 rollout_extras: Any = None) -> StatefulModuleOutput:
-        self._check_x(x)
-        self._check_h("state", state, x.shape[0])
-        h_new, _ = self._step(state, self._project(x))
-        return StatefulModuleOutput(next_state=h_new, output=h_new, regularization_loss=0.0,
-                                    metrics={}, rollout_extras=None)
+    def _check_state(self, state: Any, batch: int) -> None:
+        self._check_h("state", state, batch)
 
     def _project(self, x: jax.Array) -> jax.Array:
         return x @ self.kernel_x[...] + self.bias_x[...][None, :]

@@ -21,16 +21,10 @@ from flax import nnx
 if TYPE_CHECKING:
     from nnx_ppo.networks.types import StatefulModule
 
-__all__ = [
-    "SequenceOutput",
-    "select_where",
-    "flatten_time",
-    "unflatten_time",
-    "straight_through",
-    "replay_in_time",
-    "replay_flat",
-    "has_fast_replay",
-]
+# The helpers module writers use (SequenceOutput, select_where, flatten_time,
+# unflatten_time, straight_through, replay_in_time, replay_flat) are public
+# through nnx_ppo.networks.types, the module contract.
+__all__ = ["has_fast_replay"]
 
 
 @jax.tree_util.register_dataclass

@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-# The replay machinery lives in nnx_ppo.networks.replay; these names are
-# re-exported here because user code imports them from this module.
+# Defined with the replay machinery (nnx_ppo.networks.replay); this module,
+# the contract module writers import from, is their public path.
 from nnx_ppo.networks.replay import (
     SequenceOutput,
     flatten_time,

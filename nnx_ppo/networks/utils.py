@@ -2,7 +2,7 @@
 
 * :class:`Flattener` - pytree of ``[B, ...]`` leaves to one ``[B, F]`` array.
 * :class:`Filter` - pick and rename entries of a dict input.
-* :class:`Map`, :class:`Merge` - containers (defined in :mod:`nnx_ppo.networks.containers`).
+* :class:`Map`, :class:`Merge` - per-key dispatch and merged dict outputs (containers).
 * :class:`Scale` - multiply by a constant.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from nnx_ppo.networks.containers import Map, Merge  # re-exported: they are containers
+from nnx_ppo.networks.containers import DictContainer, Parallel
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["Flattener", "Filter", "Map", "Merge", "Scale", "flatten_batch"]
@@ -103,3 +103,29 @@ class Scale(StatefulModule):
 
     def __call__(self, state, x, rollout_extras=None):
         return StatefulModuleOutput(next_state=(), output=jax.tree.map(lambda v: v * self.factor, x))
+
+
+class Map(DictContainer):
+    """Per-key dispatch: child ``name`` maps ``x[name]`` to ``output[name]``.
+
+    ``Map(arm=NormalTanhSampler(rngs), grip=CategoricalSampler(rngs))``. Input
+    keys without a child are dropped.
+    """
+
+
+class Merge(Parallel):
+    """Run every child on the same input (like :class:`Parallel`) and merge
+    their dict outputs into one flat dict; a key produced by two children is
+    an error."""
+
+    def _combine(self, outputs):
+        merged = {}
+        for name in self.names:
+            out = outputs[name]
+            if not isinstance(out, Mapping):
+                raise ValueError(f"Merge: child {name!r} must output a dict, got {type(out).__name__}")
+            for key, value in out.items():
+                if key in merged:
+                    raise ValueError(f"Merge: key {key!r} is produced by more than one child")
+                merged[key] = value
+        return merged

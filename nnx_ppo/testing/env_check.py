@@ -11,8 +11,6 @@ import numpy as np
 from nnx_ppo.envs import spaces as _spaces
 from nnx_ppo.envs.types import EnvState
 from nnx_ppo.envs.validation import (
-    EnvCheckError,
-    check_env_structure,
     check_scalar_per_env,
     compare_structure,
     dtype_of,
@@ -22,7 +20,7 @@ from nnx_ppo.envs.validation import (
     shape_of,
 )
 
-__all__ = ["check_env", "check_env_structure", "EnvCheckError", "EnvCheckReport"]
+__all__ = ["check_env", "EnvCheckReport"]
 
 
 @dataclasses.dataclass

@@ -5,17 +5,17 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from flax import errors as flax_errors
 import jax.numpy as jnp
 import numpy as np
+from flax import errors as flax_errors
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import rule_breaking_module_error
 from nnx_ppo.algorithms.functional import NetworkFn
-from nnx_ppo.envs.registry import as_env
 from nnx_ppo.algorithms.losses import Minibatch, split_minibatches
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.rollout import collect_rollout
+from nnx_ppo.envs.registry import as_env
 
 __all__ = ["ReplayReport", "check_replay_consistency"]
 
@@ -123,7 +123,9 @@ def check_replay_consistency(
         rollout = collect_rollout(env, net, state.rollout, key_rollout, rollout_length, True)
         traj = rollout.trajectory
         dummy = jax.tree.map(jnp.zeros_like, traj.values)
-        batches = split_minibatches(key_perm, Minibatch(trajectory=traj, advantages=dummy, returns=dummy), n_minibatches)
+        batches = split_minibatches(
+            key_perm, Minibatch(trajectory=traj, advantages=dummy, returns=dummy), n_minibatches
+        )
         replayed = jax.lax.map(lambda b: rollout.network.replay(b.trajectory), batches)
         return batches.trajectory, replayed
 

@@ -16,7 +16,7 @@ from nnx_ppo.algorithms.checkpointing import (
     latest_checkpoint,
     load_config,
     load_metadata,
-    load_network,
+    restore_network,
     restore_training_state,
     save_training_state,
 )
@@ -25,7 +25,6 @@ from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
 from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.factories import make_mlp_actor_critic
 from nnx_ppo.networks.noise import GaussianNoise
-
 from tests.algorithms.toy_envs import Target
 
 N_ENVS, T = 4, 4
@@ -257,7 +256,7 @@ def test_load_network_for_inference(tmp_path):
     import nnx_ppo
 
     loaded_from_metadata = nnx_ppo.load_network(tmp_path)  # rebuilt from the NetworkSpec in the metadata
-    loaded_into = load_network(tmp_path, network=build(42))
+    loaded_into = checkpointing.load(tmp_path, network=build(42))  # the short name of restore_network
     for loaded in (loaded_from_metadata, loaded_into):
         assert loaded is not net
         modes = [m.deterministic for _, m in nnx.iter_graph(loaded)
@@ -278,8 +277,8 @@ def test_load_network_without_metadata_asks_for_a_network(tmp_path):
     with pytest.raises(ValueError, match="network="):
         nnx_ppo.load_network(tmp_path)
     with pytest.raises(ValueError, match="nnx_ppo.load_network"):
-        load_network(tmp_path, None)
-    net = load_network(tmp_path, network=_noisy_net(seed=4))
+        restore_network(tmp_path, None)
+    net = restore_network(tmp_path, network=_noisy_net(seed=4))
     reference = _noisy_net()
     for a, b in zip(jax.tree.leaves(nnx.state(reference, nnx.Param)), jax.tree.leaves(nnx.state(net, nnx.Param))):
         np.testing.assert_array_equal(a, b)
@@ -293,10 +292,10 @@ def test_other_architecture_names_the_variable_and_both_shapes(tmp_path):
                                          r"but shape \(16,\) in the template"):
         restore_training_state(tmp_path, wider)
     with pytest.raises(ValueError, match=r"shape \(8,\) in the checkpoint but shape \(16,\)"):
-        load_network(tmp_path, network=_noisy_net(hidden=16))
+        restore_network(tmp_path, network=_noisy_net(hidden=16))
     without_noise = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
     with pytest.raises(ValueError, match="another architecture"):
-        load_network(tmp_path, network=without_noise)
+        restore_network(tmp_path, network=without_noise)
 
 
 def test_missing_empty_and_corrupt_checkpoints(tmp_path):

@@ -17,10 +17,11 @@ from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout
 from nnx_ppo.envs import make
 from nnx_ppo.networks.adapter import PPOAdapter, extras_for_actions
-from nnx_ppo.networks.containers import Map, Sequential
+from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.factories import make_actor_critic_for_env
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler
+from nnx_ppo.networks.utils import Map
 
 # LQR gains for the [-1, 1] action on the full cart-pole state [x, x_dot, theta, theta_dot].
 K = jnp.array([0.785, 1.383, 9.033, 2.389], jnp.float32)
@@ -56,9 +57,11 @@ def test_extras_for_actions_scores_the_given_actions(sampler):
     fn = NetworkFn.of(net)
     carry, fn = fn.initialize(4)
     states = jax.vmap(env.reset)(jax.random.split(jax.random.key(0), 4))
-    start = RolloutState(env_state=states, carry=carry, episode_return=jnp.zeros(4), episode_length=jnp.zeros(4, jnp.int32),
-                         fresh=jnp.ones(4, bool))
-    traj = jax.jit(lambda fn, start: collect_rollout(env, fn, start, jax.random.key(1), 12, False).trajectory)(fn, start)
+    start = RolloutState(env_state=states, carry=carry, episode_return=jnp.zeros(4),
+                         episode_length=jnp.zeros(4, jnp.int32), fresh=jnp.ones(4, bool))
+    traj = jax.jit(
+        lambda fn, start: collect_rollout(env, fn, start, jax.random.key(1), 12, False).trajectory
+    )(fn, start)
     assert bool(jnp.any(traj.reset[1:]))
     rebuilt = dataclasses.replace(traj, extras=extras_for_actions(net, traj.extras, traj.actions))
     replayed = jax.jit(lambda fn, t: fn.replay(t).output.loglikelihoods)(fn, rebuilt)
@@ -81,7 +84,8 @@ def test_replay_is_exact_and_the_teacher_is_untouched():
     before = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
     student = make_actor_critic_for_env(env, "lstm", nnx.Rngs(1), hidden_size=8)
     logs = []
-    result = train_distillation(env, teacher, student, dataclasses.replace(config(4096), eval=EvalConfig(enabled=False)),
+    result = train_distillation(env, teacher, student,
+                                dataclasses.replace(config(4096), eval=EvalConfig(enabled=False)),
                                 log_fn=lambda m, s: logs.append(m))
     assert result.total_steps == 4096
     errors = [m["replay/max_error"] for m in logs]
@@ -96,7 +100,8 @@ def test_full_teacher_mixing_executes_the_teachers_actions():
     env = make("cartpole_no_velocity", full_observation=True)
     student = make_actor_critic_for_env(env, "mlp", nnx.Rngs(1), actor_hidden_sizes=(8,), critic_hidden_sizes=(8,))
     logs = []
-    train_distillation(env, lqr_teacher(), student, dataclasses.replace(config(32 * 32 * 8), eval=EvalConfig(enabled=False)),
+    train_distillation(env, lqr_teacher(), student,
+                       dataclasses.replace(config(32 * 32 * 8), eval=EvalConfig(enabled=False)),
                        distillation=DistillationConfig(teacher_mixing=1.0), log_fn=lambda m, s: logs.append(m))
     ended = [m for m in logs if m["train/completed_episodes"] > 0]
     assert ended and all(m["train/episode_return"] == 200.0 for m in ended)

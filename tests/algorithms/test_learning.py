@@ -16,8 +16,9 @@ import pytest
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.seeds import train_seeds
 from nnx_ppo.envs import make
+from nnx_ppo.network_spec import network_kwargs
 from nnx_ppo.networks.factories import make_actor_critic_for_env
-from nnx_ppo.presets import get_preset, network_kwargs
+from nnx_ppo.presets import get_preset
 
 
 def final_returns(make_envs, make_network, config: TrainConfig, seeds) -> list[float]:

@@ -9,9 +9,10 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import NonFiniteError, over_seeds, train_ppo
+from nnx_ppo.algorithms.driver import NonFiniteError
+from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.program import over_seeds
 from nnx_ppo.networks.factories import make_mlp_actor_critic
-
 from tests.algorithms.toy_envs import Constant, Target
 
 
@@ -45,6 +46,8 @@ def test_bad_config_errors_name_the_argument():
         TrainConfig(seed_batching="loop")
     with pytest.raises(ValueError, match="^seed_batching must be one of 'vmap', 'map', got 'loop'"):
         over_seeds(lambda state: state, "loop")  # public: compile_iterations and make_train_fn pass it on
+    with pytest.raises(TypeError, match="'log_fm'.* takes log_fn, eval_env"):
+        train_ppo(Target(), make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0)), TrainConfig(), log_fm=print)
 
 
 def test_value_structure_mismatch_is_reported():
@@ -154,7 +157,7 @@ def test_nan_observation_raises():
 
 
 def test_env_with_wrong_reward_shape_is_named_before_training():
-    from nnx_ppo.testing.env_check import EnvCheckError
+    from nnx_ppo.testing import EnvCheckError
 
     class VectorReward(Target):
         def step(self, state, action):
@@ -169,7 +172,7 @@ def test_env_with_wrong_reward_shape_is_named_before_training():
 
 
 def test_env_without_truncated_flag_is_named():
-    from nnx_ppo.testing.env_check import EnvCheckError
+    from nnx_ppo.testing import EnvCheckError
 
     class NoTruncated(Target):
         def reset(self, key):
@@ -228,7 +231,7 @@ def test_time_limit_desynchronized_only_at_the_start():
 
 
 def test_evaluate_respects_the_mode_it_is_asked_for():
-    from nnx_ppo.algorithms.ppo import evaluate
+    from nnx_ppo.algorithms.evaluation import evaluate
 
     env = Target(max_steps=5, p_end=0.0)
     net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
@@ -244,9 +247,9 @@ def test_recomputed_advantages_equal_the_rollouts_before_the_first_update():
     """With recompute_advantages the minibatch GAE uses the replayed values;
     before any update those equal the rollout's (an LSTM, resets and
     truncations inside the rollout), so loss and gradient are the same."""
+    from nnx_ppo.algorithms.functional import NetworkFn
     from nnx_ppo.algorithms.gae import trajectory_gae
     from nnx_ppo.algorithms.losses import Minibatch, ppo_loss
-    from nnx_ppo.algorithms.functional import NetworkFn
     from nnx_ppo.algorithms.ppo import new_training_state
     from nnx_ppo.algorithms.rollout import collect_rollout
     from nnx_ppo.networks.factories import make_recurrent_actor_critic
@@ -295,18 +298,18 @@ def test_training_compiles_its_program_once(spec, kind, monkeypatch):
     """The state the compiled iteration returns has the same signature as
     the one it was given (no weak types left), so later calls reuse the
     compiled program instead of compiling it again."""
-    from nnx_ppo.algorithms import ppo as ppo_module
+    from nnx_ppo.algorithms import trainer as trainer_module
     from nnx_ppo.envs import make
     from nnx_ppo.networks.factories import make_actor_critic_for_env
 
     compiled = []
-    original = ppo_module.make_train_fn
+    original = trainer_module.compile_iterations
 
     def recording(*args, **kwargs):
         compiled.append(original(*args, **kwargs))
         return compiled[-1]
 
-    monkeypatch.setattr(ppo_module, "make_train_fn", recording)
+    monkeypatch.setattr(trainer_module, "compile_iterations", recording)
     env = make(spec)
     net = make_actor_critic_for_env(env, kind, nnx.Rngs(0), **(
         {"hidden_size": 8, "encoder_sizes": (8,)} if kind == "lstm" else {}))

@@ -19,8 +19,8 @@ from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.factories import make_recurrent_actor_critic
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.noise import GaussianNoise
-from nnx_ppo.networks.replay import select_where
 from nnx_ppo.networks.sampling_layers import NormalTanhSampler
+from nnx_ppo.networks.types import select_where
 
 B, T = 3, 14
 ACTION = "layers/1/components/action"

@@ -78,7 +78,7 @@ SCRIPT = textwrap.dedent('''
         "loss_1_vs_4": max(abs(a["loss/total"] - b["loss/total"]) for a, b in zip(rows1, rows4)),
         "eval_1_vs_4": abs(one.eval_history[-1][1]["eval/episode_return"]
                            - four.eval_history[-1][1]["eval/episode_return"]),
-        "replay_4": max(r["replay/max_abs_log_ratio"] for r in rows4),
+        "replay_4": max(r["replay/max_error"] for r in rows4),
         "resume_4_to_1": max_diff(one.state.params, resumed_on_one.state.params),
         "resumed_run_iterations": resumed_on_one.total_iterations,
         "seeds_by_env_sharded": len(seeds_by_env[0].state.rollout.episode_return.sharding.device_set),

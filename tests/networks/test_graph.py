@@ -16,7 +16,6 @@ from nnx_ppo.networks.sampling_layers import NormalTanhSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, select_where
 from nnx_ppo.networks.utils import Filter, Flattener, Scale
 from nnx_ppo.testing import check_replay_consistency
-
 from tests.algorithms.toy_envs import Target
 
 

@@ -8,10 +8,10 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.networks import (
+    LSTM,
     AR1VariationalBottleneck,
     Delay,
     Dense,
-    LSTM,
     NormalTanhSampler,
     PPONetworkOutput,
     StatefulModuleOutput,

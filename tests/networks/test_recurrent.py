@@ -9,7 +9,7 @@ from flax import nnx
 from nnx_ppo.networks.recurrent import GRU, LSTM
 from nnx_ppo.networks.types import StatefulModuleOutput, select_where
 
-B, I, H = 3, 4, 5
+B, D_IN, H = 3, 4, 5
 
 
 def _np_sigmoid(v):
@@ -17,12 +17,12 @@ def _np_sigmoid(v):
 
 
 def _x(seed=0, b=B):
-    return jax.random.normal(jax.random.key(seed), (b, I))
+    return jax.random.normal(jax.random.key(seed), (b, D_IN))
 
 
 @pytest.mark.parametrize("cls", [LSTM, GRU])
 def test_carry_and_output_shapes(cls):
-    m = cls(I, H, nnx.Rngs(0))
+    m = cls(D_IN, H, nnx.Rngs(0))
     state = m.initialize_state(B)
     out = m(state, _x())
     assert isinstance(out, StatefulModuleOutput)
@@ -43,12 +43,12 @@ def test_carry_and_output_shapes(cls):
 
 @pytest.mark.parametrize("cls", [LSTM, GRU])
 def test_rngs_by_keyword(cls):
-    m = cls(in_features=I, hidden_features=H, rngs=nnx.Rngs(1))
+    m = cls(in_features=D_IN, hidden_features=H, rngs=nnx.Rngs(1))
     assert m(m.initialize_state(2), _x(b=2)).output.shape == (2, H)
 
 
 def test_lstm_matches_reference_maths():
-    m = LSTM(I, H, nnx.Rngs(0))
+    m = LSTM(D_IN, H, nnx.Rngs(0))
     x = np.asarray(_x(1))
     h = np.asarray(jax.random.normal(jax.random.key(2), (B, H)))
     c = np.asarray(jax.random.normal(jax.random.key(3), (B, H)))
@@ -64,7 +64,7 @@ def test_lstm_matches_reference_maths():
 
 
 def test_gru_matches_reference_maths():
-    m = GRU(I, H, nnx.Rngs(0))
+    m = GRU(D_IN, H, nnx.Rngs(0))
     x = np.asarray(_x(1))
     h = np.asarray(jax.random.normal(jax.random.key(2), (B, H)))
     out = m(jnp.asarray(h), jnp.asarray(x))
@@ -79,7 +79,7 @@ def test_gru_matches_reference_maths():
 
 @pytest.mark.parametrize("cls", [LSTM, GRU])
 def test_reset_returns_initial_state(cls):
-    m = cls(I, H, nnx.Rngs(0))
+    m = cls(D_IN, H, nnx.Rngs(0))
     state = m.initialize_state(B)
     for t in range(2):
         state = m(state, _x(t)).next_state
@@ -98,7 +98,7 @@ def test_reset_returns_initial_state(cls):
 
 @pytest.mark.parametrize("cls", [LSTM, GRU])
 def test_trainable_initial_state_gets_gradient(cls):
-    m = cls(I, H, nnx.Rngs(0), trainable_initial_state=True)
+    m = cls(D_IN, H, nnx.Rngs(0), trainable_initial_state=True)
     x = _x()
 
     def loss(mod):
@@ -124,7 +124,7 @@ def test_trainable_initial_state_gets_gradient(cls):
 
 
 def test_no_initial_state_params_by_default():
-    m = LSTM(I, H, nnx.Rngs(0))
+    m = LSTM(D_IN, H, nnx.Rngs(0))
     assert not hasattr(m, "initial_h")
 
 
@@ -147,7 +147,7 @@ def test_shape_errors_name_module_and_argument():
 
 @pytest.mark.parametrize("cls", [LSTM, GRU])
 def test_jit_split_merge_matches_eager(cls):
-    m = cls(I, H, nnx.Rngs(0))
+    m = cls(D_IN, H, nnx.Rngs(0))
     graphdef, params = nnx.split(m)
 
     @jax.jit

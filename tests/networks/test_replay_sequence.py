@@ -7,8 +7,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_ppo.networks import (GRU, LSTM, Concat, Dense, GaussianNoise, Normalizer, NormalTanhSampler,
-                              PPOAdapter, Parallel, Sequential)
+from nnx_ppo.networks import (
+    GRU,
+    LSTM,
+    Concat,
+    Dense,
+    GaussianNoise,
+    Normalizer,
+    NormalTanhSampler,
+    Parallel,
+    PPOAdapter,
+    Sequential,
+)
 from nnx_ppo.networks.types import replay_in_time, select_where
 
 T, B = 6, 4
@@ -66,7 +76,9 @@ def test_replay_sequence_equals_step_by_step_replay():
     for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_slow)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
     # The trainable initial state of the LSTM gets a gradient through the resets.
-    lstm_grads = [g for path, g in jax.tree_util.tree_leaves_with_path(g_fast) if "initial_h" in jax.tree_util.keystr(path)]
+    lstm_grads = [
+        g for path, g in jax.tree_util.tree_leaves_with_path(g_fast) if "initial_h" in jax.tree_util.keystr(path)
+    ]
     assert lstm_grads and float(jnp.max(jnp.abs(lstm_grads[0]))) > 0
 
 

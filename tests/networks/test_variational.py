@@ -179,7 +179,7 @@ def test_batch_equals_two_halves_over_several_steps(kind):
     h = B // 2
     halves = []
     for sl in (slice(0, h), slice(h, B)):
-        st = jax.tree.map(lambda a: a[sl], state)
+        st = jax.tree.map(lambda a, sl=sl: a[sl], state)
         st, outs = _run(m, st, xs[:, sl])
         halves.append((st, outs))
     for t in range(T):

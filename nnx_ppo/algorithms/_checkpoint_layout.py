@@ -1,4 +1,6 @@
-"""What a checkpoint stores about every leaf, and the comparison with a template.
+"""Reading and describing checkpoints (internal to :mod:`nnx_ppo.algorithms.checkpointing`):
+what a checkpoint stores about every leaf, the comparison with a template, and
+the restore of saved sections into a template's structure.
 
 Each saved section (``params``, ``rest``, ``opt_state``, ...) is flattened
 into layout entries (path, shape, dtype, PRNG-key implementation) and plain
@@ -8,14 +10,43 @@ template's and names the first differing variable.
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["describe_leaves", "leaf_name", "as_item", "sections_of", "check_layout_matches"]
+__all__ = [
+    "CheckpointError",
+    "LAYOUT_FILE",
+    "FORMAT_VERSION",
+    "describe_leaves",
+    "leaf_name",
+    "as_item",
+    "sections_of",
+    "check_layout_matches",
+    "checkpointer",
+    "read_json",
+    "read_layout",
+    "restore_sections",
+]
+
+LAYOUT_FILE = "layout.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint exists but cannot be read (corrupt, truncated or not a checkpoint)."""
+
+
+def checkpointer():
+    """orbax's standard checkpointer (orbax imported on first use)."""
+    import orbax.checkpoint as ocp
+
+    return ocp.Checkpointer(ocp.StandardCheckpointHandler())
 
 
 def _entry_name(entry: Any) -> str:
@@ -139,3 +170,81 @@ def check_layout_matches(path: pathlib.Path, section: str, saved: list[dict], ex
     # Same set of paths: the leaf order must agree too (it does for equal tree structures).
     if [e["path"] for e in saved] != [e["path"] for e in expected]:
         raise ValueError(f"{where}: the variables are stored in another order (a different tree structure)")
+
+
+def read_json(path: pathlib.Path) -> Any:
+    """The JSON file ``path`` of a checkpoint (a CheckpointError if missing or unreadable)."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {str(path.parent)!r} is corrupt: {path.name} is missing") from None
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {str(path.parent)!r} is corrupt: cannot read {path.name} ({err})") from None
+
+
+def read_layout(path: pathlib.Path) -> dict[str, list[dict]]:
+    """The sections of the checkpoint's ``layout.json`` (checked for its format version)."""
+    layout = read_json(path / LAYOUT_FILE)
+    if not isinstance(layout, dict) or not isinstance(layout.get("sections"), dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {LAYOUT_FILE} has no sections")
+    if layout.get("format") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has format {layout.get('format')!r}; this version reads format {FORMAT_VERSION}"
+        )
+    return layout["sections"]
+
+
+def restore_sections(path: pathlib.Path, item_name: str, sections: dict[str, Any],
+                      saved_layout: dict[str, list[dict]]) -> dict[str, Any]:
+    """Check ``sections`` (name -> template tree) against the layout, read the
+    orbax item and rebuild each tree with the template's structure."""
+    import orbax.checkpoint as ocp
+
+    prepared = {}
+    for name, tree in sections.items():
+        entries, arrays, treedef = describe_leaves(name, tree)
+        if name not in saved_layout:
+            raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {LAYOUT_FILE} lacks the {name!r} section")
+        check_layout_matches(path, name, saved_layout[name], entries)
+        prepared[name] = (entries, arrays, treedef, jax.tree.leaves(tree))
+
+    target = {
+        name: as_item([jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays])
+        for name, (_, arrays, _, _) in prepared.items()
+    }
+    try:
+        restored = checkpointer().restore(path / item_name, args=ocp.args.StandardRestore(target))
+    except Exception as err:  # orbax / tensorstore raise many kinds
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt or unreadable: restoring {item_name}/ failed "
+            f"({type(err).__name__}: {err})"
+        ) from err
+
+    out = {}
+    for name, (entries, arrays, treedef, template_leaves) in prepared.items():
+        leaves = []
+        for i, (entry, stored, template_leaf) in enumerate(zip(entries, arrays, template_leaves)):
+            if math.prod(entry["shape"]) == 0:
+                value = jnp.zeros(entry["shape"], entry["dtype"])
+            else:
+                value = restored[name][leaf_name(i)]
+            if tuple(value.shape) != tuple(entry["shape"]) or str(value.dtype) != entry["dtype"]:
+                raise CheckpointError(
+                    f"checkpoint {str(path)!r} is corrupt: {entry['path']} was read with shape "
+                    f"{tuple(value.shape)} {value.dtype}, expected {tuple(entry['shape'])} {entry['dtype']}"
+                )
+            if not stored.committed:
+                # Like the template (``stored``: its leaf as stored, key data for
+                # keys): a fresh state's arrays are not committed to
+                # a device; committed ones would make jit compile the training
+                # program (and every eager op) again for the resumed run.
+                value = jnp.asarray(np.asarray(value))
+            if entry["key_impl"] is not None:
+                value = jax.random.wrap_key_data(value, impl=entry["key_impl"])
+            elif isinstance(template_leaf, np.ndarray):
+                value = np.asarray(value)
+            elif isinstance(template_leaf, (bool, int, float, complex, np.generic)):
+                value = type(template_leaf)(np.asarray(value).item())
+            leaves.append(value)
+        out[name] = jax.tree_util.tree_unflatten(treedef, leaves)
+    return out

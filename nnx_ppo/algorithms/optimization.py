@@ -1,0 +1,81 @@
+"""The optimizer and the update epochs: what every trainer's iteration does
+after its rollout.
+
+:func:`make_optimizer` builds optax's Adam from a :class:`PPOConfig`;
+:func:`update_epochs` runs ``n_epochs`` passes of ``n_minibatches``
+gradient steps of any loss over ``[T, B, ...]`` data (PPO's clipped loss by
+default, distillation's negative log-likelihood), each minibatch a group of
+whole env sequences replayed from their stored carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from nnx_ppo.algorithms.config import PPOConfig
+from nnx_ppo.algorithms.functional import NetworkFn
+from nnx_ppo.algorithms.losses import ppo_loss, split_minibatches
+
+__all__ = ["make_optimizer", "update_epochs"]
+
+
+def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
+    """Adam (AdamW with ``weight_decay``), optional global-norm clipping and
+    linear learning-rate decay to zero over ``total_steps``.
+
+    A ``config.learning_rate`` schedule (a callable, e.g. from
+    ``optax.schedules``) is passed to optax as it is: it is called with the
+    optimizer's update count, which advances once per minibatch update, so a
+    training run makes ``n_iterations * n_epochs * n_minibatches`` updates
+    (the count is part of the optimizer state: a resumed run continues it,
+    and each seed of :func:`~nnx_ppo.algorithms.seeds.train_seeds` has its
+    own)."""
+    lr: Any = config.learning_rate
+    if config.learning_rate_decay:
+        updates_per_iteration = config.n_epochs * config.n_minibatches
+        lr = optax.linear_schedule(config.learning_rate, 0.0, config.n_iterations * updates_per_iteration)
+    adam = optax.adamw(lr, weight_decay=config.weight_decay) if config.weight_decay else optax.adam(lr)
+    if config.gradient_clipping is None:
+        return adam
+    return optax.chain(optax.clip_by_global_norm(config.gradient_clipping), adam)
+
+
+def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, opt_state: Any,
+                  data: Any, key: jax.Array, config: PPOConfig,
+                  loss_fn: Callable | None = None) -> tuple[NetworkFn, Any, dict]:
+    """``n_epochs`` passes of ``n_minibatches`` gradient steps (nested scans).
+
+    ``data`` leaves are ``[T, B, ...]`` (a :class:`~nnx_ppo.algorithms.losses.Minibatch`
+    for PPO); each epoch permutes the env axis and splits it into
+    ``[n_minibatches, T, B / n_minibatches, ...]``. ``loss_fn(params,
+    network, minibatch) -> (loss, metrics)`` defaults to :func:`ppo_loss`
+    with ``config`` (distillation passes its own). Returns the network with
+    new ``params``, the optimizer state and the mean metrics (``replay/...``
+    metrics: those of the first minibatch, before any update).
+    """
+    if loss_fn is None:
+        loss_fn = lambda params, net, batch: ppo_loss(params, net, batch, config)  # noqa: E731
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def minibatch_step(carry, batch):
+        params, opt_state = carry
+        (_, metrics), grads = grad_fn(params, network, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics["optimizer/grad_norm"] = optax.tree.norm(grads)
+        return (params, opt_state), metrics
+
+    def epoch(carry, epoch_key):
+        batches = split_minibatches(epoch_key, data, config.n_minibatches, config.shuffle_blocks)
+        return jax.lax.scan(minibatch_step, carry, batches)
+
+    keys = jax.random.split(key, config.n_epochs)
+    (params, opt_state), metrics = jax.lax.scan(epoch, (network.params, opt_state), keys)
+    # replay/*: measured on the first minibatch, before any update (must be ~0).
+    metrics = {k: v[0, 0] if k.startswith("replay/") else jnp.mean(v) for k, v in metrics.items()}
+    return network.with_state(params=params), opt_state, metrics

@@ -1,0 +1,106 @@
+"""The compiled program: many iterations of any trainer in one XLA call.
+
+A trainer's iteration is a pure ``iteration(state) -> (state,
+IterationOutput)`` on a :class:`~nnx_ppo.algorithms.state.TrainingState`.
+:func:`compile_iterations` jits up to ``max_iterations`` of them into one
+``fn(state, n)`` (a ``fori_loop``, the state donated); for a seed batch
+(leaves ``[S, ...]``) it runs them over the seeds with :func:`over_seeds`,
+each seed kept at its last healthy state once its health fails
+(:func:`keep_last_healthy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from nnx_ppo.algorithms.config import check_seed_batching
+from nnx_ppo.algorithms.sharding import SEED_AXIS
+
+__all__ = ["compile_iterations", "over_seeds", "keep_last_healthy"]
+
+
+def keep_last_healthy(iteration: Callable) -> Callable:
+    """``iteration`` that returns its input state unchanged when the
+    iteration's health fails (non-finite values, replay mismatch), so a
+    failed seed of a batch stays at its last healthy state (with its key,
+    so every later iteration repeats the same failure and is discarded too).
+    The output (health and metrics) is the failed iteration's."""
+
+    def guarded(state):
+        next_state, output = iteration(state)
+        ok = output.health.ok
+        return jax.tree.map(lambda new, old: jnp.where(ok, new, old), next_state, state), output
+
+    return guarded
+
+
+def over_seeds(iteration: Callable, seed_batching: str = "vmap", shardings: Any = None) -> Callable:
+    """``iteration`` for a state whose leaves have a leading seed axis ``[S, ...]``.
+
+    ``"vmap"``: every operation batched over the seeds. ``"map"``: the seeds
+    one after another (``jax.lax.map``), each seed's operations at their own
+    size; when ``shardings`` split the seed axis over devices
+    (:func:`~nnx_ppo.algorithms.sharding.seed_shardings`), each device runs
+    its own seeds in turn (``jax.shard_map``), all devices at once.
+    """
+    check_seed_batching(seed_batching)
+    if seed_batching == "vmap":
+        return jax.vmap(iteration)
+
+    def in_turn(state):
+        return jax.lax.map(iteration, state)
+
+    mesh = None if shardings is None else jax.tree.leaves(shardings)[0].mesh
+    if mesh is None or SEED_AXIS not in mesh.axis_names:
+        return in_turn  # one device, or every seed's envs split: XLA partitions each seed's step
+    by_seed = PartitionSpec(SEED_AXIS)
+    # Nothing crosses devices: each device's seeds are independent trainings.
+    return jax.shard_map(in_turn, mesh=mesh, in_specs=by_seed, out_specs=by_seed, check_vma=False)
+
+
+def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: bool = False,
+                       shardings: Any = None, seed_batching: str = "vmap") -> Callable:
+    """Jit ``iteration(state) -> (state, IterationOutput)`` into
+    ``fn(state, n) -> (state, IterationOutput)`` running ``n <=
+    max_iterations`` iterations in one call (``n`` is a runtime value, so a
+    shorter last call does not recompile); output leaves are
+    ``[max_iterations, ...]``, rows ``>= n`` unused. The input state's
+    buffers are donated.
+
+    With ``batched_seeds`` every state leaf has a leading seed axis
+    ``[S, ...]``: the iteration runs over it as ``seed_batching`` says (see
+    :func:`over_seeds`), each seed guarded by :func:`keep_last_healthy`
+    (outputs ``[max_iterations, S, ...]``). With ``shardings`` (see
+    :func:`~nnx_ppo.algorithms.sharding.place`) the state keeps that
+    sharding in and out, and the outputs are replicated.
+    """
+    if batched_seeds:
+        iteration = over_seeds(keep_last_healthy(iteration), seed_batching, shardings)
+
+    if max_iterations == 1:
+        def run(state, n):
+            del n
+            state, output = iteration(state)
+            return state, jax.tree.map(lambda m: m[None], output)
+    else:
+        def run(state, n):
+            shapes = jax.eval_shape(iteration, state)[1]
+            buffer = jax.tree.map(lambda m: jnp.zeros((max_iterations,) + m.shape, m.dtype), shapes)
+
+            def body(i, carry):
+                state, buffer = carry
+                state, output = iteration(state)
+                buffer = jax.tree.map(lambda b, m: b.at[i].set(m), buffer, output)
+                return state, buffer
+
+            return jax.lax.fori_loop(0, n, body, (state, buffer))
+
+    if shardings is None:
+        return jax.jit(run, donate_argnums=0)
+    replicated = NamedSharding(jax.tree.leaves(shardings)[0].mesh, PartitionSpec())
+    return jax.jit(run, donate_argnums=0, in_shardings=(shardings, replicated), out_shardings=(shardings, replicated))

@@ -1,0 +1,376 @@
+"""The one trainer: everything around a compiled iteration, for one run or a seed batch.
+
+PPO (:func:`~nnx_ppo.algorithms.ppo.train_ppo`), many seeds
+(:func:`~nnx_ppo.algorithms.seeds.train_seeds`) and distillation
+(:func:`~nnx_ppo.algorithms.distillation.train_distillation`) differ only in
+their :class:`Algorithm`: how one seed's :class:`TrainingState` starts and
+what one iteration does. :func:`train` does the rest, in this order:
+
+1. coerce the envs, build the networks (one per seed) and their states
+   (stacked on a leading seed axis ``[S, ...]`` for a batch), or resume;
+2. donate and place the state on the devices
+   (:func:`~nnx_ppo.algorithms.sharding.place`);
+3. compile the iteration (:func:`~nnx_ppo.algorithms.program.compile_iterations`)
+   and run it in the :class:`~nnx_ppo.algorithms.driver.Driver` loop with
+   its hooks: log, evaluate, checkpoint, stop, snapshot;
+4. on failure: one run raises (:class:`NonFiniteError`,
+   :class:`ReplayMismatchError`, also for Flax's ``TraceContextError``)
+   with the network at its last finite parameters; a seed of a batch fails
+   alone (it stays at its last healthy state, the others train on, its
+   result says where and why);
+5. write the trained variables back into the networks and build one
+   :class:`TrainResult` per seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict, Unpack
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import errors as flax_errors
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
+from nnx_ppo.algorithms.driver import (
+    Driver,
+    DriverResult,
+    Failure,
+    Hooks,
+    IterationOutput,
+    NonFiniteError,
+    rule_breaking_module_error,
+)
+from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
+from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
+from nnx_ppo.algorithms.program import compile_iterations
+from nnx_ppo.algorithms.rollout import all_finite
+from nnx_ppo.algorithms.sharding import local_devices, place, replicated
+from nnx_ppo.algorithms.state import TrainingState, TrainResult
+from nnx_ppo.envs.registry import as_env
+
+__all__ = ["Algorithm", "TrainOptions", "train", "stack_trees", "seed_slice", "resume_state"]
+
+Iteration = Callable[[TrainingState], tuple[TrainingState, IterationOutput]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """What a trainer is made of besides the shared machinery.
+
+    Attributes:
+      initial_state: ``initial_state(env, network, config) -> TrainingState``
+        of one seed (``config.seed`` is that seed's); must not modify ``network``.
+      iteration: ``iteration(env, graphdef, ppo) -> fn(state) -> (state,
+        IterationOutput)``: the pure iteration for the network structure
+        ``graphdef`` (training mode) and the :class:`PPOConfig` to compile
+        with (per device when sharded).
+    """
+
+    initial_state: Callable[[Any, Any, TrainConfig], TrainingState]
+    iteration: Callable[[Any, Any, PPOConfig], Iteration]
+
+
+class TrainOptions(TypedDict, total=False):
+    """The keyword arguments every trainer takes
+    (:func:`~nnx_ppo.algorithms.ppo.train_ppo`,
+    :func:`~nnx_ppo.algorithms.seeds.train_seeds`,
+    :func:`~nnx_ppo.algorithms.distillation.train_distillation`); all optional.
+
+    Keys:
+      log_fn: called as ``log_fn(metrics, env_steps)`` after every iteration
+        and every evaluation, with flat ``/``-joined keys (``train_seeds``:
+        ``log_fn(metrics, env_steps, seed)`` for every seed still training).
+      eval_env: env for evaluation (default: the training env).
+      checkpoint_dir: save the whole training state here every
+        ``TrainConfig.checkpoint_every_steps`` env steps (keeping the last
+        ``TrainConfig.keep_checkpoints``) and at the end.
+      resume_from: a checkpoint directory (or one checkpoint in it) to
+        continue from; the latest complete checkpoint is used.
+      checkpoint_metadata: JSON-serializable data saved with each checkpoint
+        (e.g. how to rebuild the network for inference).
+      should_stop: polled between compiled calls; returning True ends
+        training early (the state so far is saved and returned).
+    """
+
+    log_fn: Callable[..., None] | None
+    eval_env: Any
+    checkpoint_dir: str | None
+    resume_from: str | None
+    checkpoint_metadata: dict | None
+    should_stop: Callable[[], bool] | None
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - set(TrainOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; a trainer takes "
+                        f"{', '.join(TrainOptions.__annotations__)} (see nnx_ppo.algorithms.trainer.TrainOptions)")
+
+
+def stack_trees(trees: Sequence[Any]) -> Any:
+    """Stack equally shaped pytrees on a new leading axis (PRNG keys included)."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def seed_slice(tree: Any, index: int) -> Any:
+    """The ``index``-th entry of every leaf's leading (seed) axis."""
+    return jax.tree.map(lambda x: x[index], tree)
+
+
+def _per_seed(row: dict[str, Any], index: int) -> dict[str, float]:
+    return {k: float(v[index]) if np.ndim(v) else float(v) for k, v in row.items()}
+
+
+def resume_state(resume_from: str, checkpoint_dir: str | None, state: TrainingState, ppo: PPOConfig) -> TrainingState:
+    """Restore ``state`` from ``resume_from``; warn when the directory also
+    holds checkpoints later than the one resumed from. A change of ``n_envs``
+    or ``rollout_length`` (the size of an iteration) is refused before
+    anything is read or written."""
+    from nnx_ppo.algorithms import checkpointing
+
+    # Only the sizes are compared: a placeholder rate lets a config saved with a schedule (not saved) load.
+    saved = checkpointing.load_config(resume_from, learning_rate=1.0).ppo
+    for name in ("n_envs", "rollout_length"):
+        if getattr(saved, name) != getattr(ppo, name):
+            raise ValueError(
+                f"cannot resume with PPOConfig.{name}={getattr(ppo, name)}: the checkpoint in {str(resume_from)!r} "
+                f"was trained with {name}={getattr(saved, name)} (its iteration count is in iterations of "
+                f"{saved.steps_per_iteration} env steps); keep {name}, or start a new run from its network"
+            )
+    state = checkpointing.restore_training_state(resume_from, state)
+    steps = int(jnp.max(state.iteration)) * ppo.steps_per_iteration  # (a seed batch has one per seed)
+    newer = [s for s, _ in checkpointing.list_checkpoints(checkpoint_dir or resume_from) if s > steps]
+    if newer:
+        warnings.warn(
+            f"resumed from step {steps}, but the checkpoint directory also holds later checkpoints "
+            f"(steps {newer}) from the run being branched off; latest_checkpoint() will pick those until "
+            "newer ones are written. Remove them, or checkpoint this branch into another directory.",
+            stacklevel=4,
+        )
+    return state
+
+
+def _evaluation_hook(config: TrainConfig, network, eval_env, seeds: list[int] | None, mesh,
+                     on_evaluation: Callable[[NetworkFn, int], None] | None) -> Callable[[TrainingState, int], dict]:
+    """Evaluation of the state in ``network``'s eval mode (every seed of a
+    batch vmapped; metrics ``[S]`` then), a seed's key the same whether it
+    trains alone or in a batch; then ``on_evaluation(policy, env_steps)``
+    (one run only). With a ``mesh`` the metrics come back replicated
+    (readable by every process)."""
+    graphdef = NetworkFn.of(network, config.eval.deterministic).graphdef
+    ev = config.eval
+
+    def one(params, rest, key):
+        policy = NetworkFn(graphdef, params, rest)
+        return episode_metrics(run_episodes(eval_env, policy, key, ev.n_envs, ev.max_episode_length))
+
+    out = {} if mesh is None else {"out_shardings": NamedSharding(mesh, PartitionSpec())}
+    evaluate = jax.jit(one if seeds is None else jax.vmap(one), **out)
+
+    def hook(state: TrainingState, steps: int) -> dict:
+        if seeds is None:
+            key = jax.random.fold_in(jax.random.key(config.seed + 1), steps)
+            metrics = {k: float(v) for k, v in evaluate(state.params, state.rest, key).items()}
+            if on_evaluation is not None:
+                on_evaluation(NetworkFn(graphdef, state.params, state.rest), steps)
+            return metrics
+        keys = jnp.stack([jax.random.fold_in(jax.random.key(s + 1), steps) for s in seeds])
+        return {k: np.asarray(v, np.float64) for k, v in evaluate(state.params, state.rest, keys).items()}
+
+    return hook
+
+
+def _checkpoint_hook(
+    config: TrainConfig, directory: str, metadata: dict | None
+) -> Callable[[TrainingState, int], None]:
+    """Save the whole training state into ``directory``."""
+
+    def save(state: TrainingState, steps: int) -> None:
+        from nnx_ppo.algorithms import checkpointing
+
+        checkpointing.save_training_state(directory, state, config, step=steps, keep=config.keep_checkpoints,
+                                          metadata=metadata)
+
+    return save
+
+
+def _check_seeds(seeds: Sequence[int]) -> list[int]:
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ValueError("train_seeds: seeds must name at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"train_seeds: seeds must be distinct, got {seeds}")
+    return seeds
+
+
+def _build_networks(make_network: Callable[[nnx.Rngs], Any], seeds: list[int]) -> tuple[list, Any]:
+    """One network per seed, all of one structure; returns them and the training graphdef."""
+    networks = [make_network(nnx.Rngs(s)) for s in seeds]
+    graphdef = NetworkFn.of(networks[0], deterministic=False).graphdef
+    for s, net in zip(seeds[1:], networks[1:]):
+        if NetworkFn.of(net, deterministic=False).graphdef != graphdef:
+            raise ValueError(f"train_seeds: make_network(nnx.Rngs({s})) built a network whose structure differs "
+                             f"from seed {seeds[0]}'s; every seed must build the same architecture")
+    return networks, graphdef
+
+
+def _initial_state(algorithm: Algorithm, env, networks: list, config: TrainConfig,
+                   seeds: list[int] | None) -> TrainingState:
+    """The fresh state of one run, or a seed batch's stacked."""
+    if seeds is None:
+        return algorithm.initial_state(env, networks[0], config)
+    return stack_trees([algorithm.initial_state(env, net, dataclasses.replace(config, seed=s))
+                        for s, net in zip(seeds, networks)])
+
+
+def _resumed(state: TrainingState, seeds: list[int] | None, resume_from: str, checkpoint_dir: str | None,
+             ppo: PPOConfig) -> TrainingState:
+    """``state`` restored from ``resume_from`` (a seed batch only from a checkpoint of the same seeds)."""
+    if seeds is not None:
+        from nnx_ppo.algorithms import checkpointing
+
+        saved = (checkpointing.load_metadata(resume_from) or {}).get("seeds")
+        if saved != seeds:
+            raise ValueError(f"train_seeds: cannot resume seeds {seeds} from {str(resume_from)!r}, which holds "
+                             f"{'seeds ' + str(saved) if saved else 'a single-seed run'}; resume with its seeds")
+    return resume_state(resume_from, checkpoint_dir, state, ppo)
+
+
+def _write_back(networks: list, state: TrainingState, batched: bool, mesh) -> None:
+    """Copies of ``state``'s variables into the networks (each seed's into
+    its own), unless they were donated or (one run) are not finite."""
+    latest = (state.params, state.rest)
+    if any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(latest)):
+        return
+    if not batched:
+        if bool(all_finite(latest)):
+            nnx.update(networks[0], *jax.tree.map(copy_leaf, latest))
+        return
+    latest = replicated(latest, mesh)
+    for i, net in enumerate(networks):
+        nnx.update(net, *jax.tree.map(copy_leaf, seed_slice(latest, i)))
+
+
+def train(
+    algorithm: Algorithm,
+    env,
+    config: TrainConfig,
+    *,
+    network=None,
+    make_network: Callable[[nnx.Rngs], Any] | None = None,
+    seeds: Sequence[int] | None = None,
+    state: TrainingState | None = None,
+    on_evaluation: Callable[[NetworkFn, int], None] | None = None,
+    **options: Unpack[TrainOptions],
+) -> list[TrainResult]:
+    """Train with ``algorithm``: one ``network`` (updated in place), or one
+    network per seed from ``make_network(nnx.Rngs(seed))`` for ``seeds``,
+    all in one compiled program. Returns one :class:`TrainResult` per seed
+    (one for a single run).
+
+    ``state`` (continue from it) and ``on_evaluation`` (see
+    :func:`~nnx_ppo.algorithms.ppo.train_ppo`) are for a single run;
+    ``options`` are the :class:`TrainOptions`.
+    """
+    _check_options(options)
+    log_fn, eval_env = options.get("log_fn"), options.get("eval_env")
+    checkpoint_dir, resume_from = options.get("checkpoint_dir"), options.get("resume_from")
+    checkpoint_metadata = options.get("checkpoint_metadata")
+    batched = seeds is not None
+    env = as_env(env)
+    eval_env = env if eval_env is None else as_env(eval_env)
+    ppo = config.ppo
+    if batched:
+        seeds = _check_seeds(seeds)
+        devices = local_devices(config.n_devices, ppo.n_envs, len(seeds) if config.shard_seeds else None)
+        networks, graphdef = _build_networks(make_network, seeds)
+        checkpoint_metadata = {**(checkpoint_metadata or {}), "seeds": seeds}
+    else:
+        devices = local_devices(config.n_devices, ppo.n_envs)
+        networks, graphdef = [network], NetworkFn.of(network, deterministic=False).graphdef  # training samples
+    if state is None:
+        state = _initial_state(algorithm, env, networks, config, seeds)
+    if resume_from is not None:
+        state = _resumed(state, seeds, resume_from, checkpoint_dir, ppo)
+    state = donatable(state)
+    iterations = np.asarray(state.iteration)  # read before the state spans other processes
+    start_iteration = int(np.max(iterations))
+    state, ppo, shardings, mesh = place(state, ppo, devices, seed_batch=batched, by_seed=batched and config.shard_seeds)
+    train_fn = compile_iterations(algorithm.iteration(env, graphdef, ppo), config.iterations_per_call,
+                                  batched_seeds=batched, shardings=shardings, seed_batching=config.seed_batching)
+
+    last_rows: dict[int, dict[str, float]] = {}
+
+    def log_seeds(row: dict[str, Any], steps: int) -> None:
+        for i, s in enumerate(seeds):
+            if i not in driver.failures:
+                seed_row = _per_seed(row, i)
+                if not any(k.startswith("eval/") for k in seed_row):
+                    last_rows[i] = seed_row
+                if log_fn is not None:
+                    log_fn(seed_row, steps, s)
+
+    driver = Driver(
+        train_fn, state,
+        start_iteration=start_iteration, total_iterations=ppo.n_iterations,
+        iterations_per_call=config.iterations_per_call, steps_per_iteration=ppo.steps_per_iteration,
+        seed_iterations=[int(i) for i in iterations] if batched else None,
+        hooks=Hooks(
+            log=log_seeds if batched else log_fn,
+            evaluate=_evaluation_hook(config, networks[0], eval_env, seeds, mesh, on_evaluation)
+            if config.eval.enabled else None,
+            eval_every_steps=config.eval.every_steps,
+            checkpoint=_checkpoint_hook(config, checkpoint_dir, checkpoint_metadata) if checkpoint_dir else None,
+            checkpoint_every_steps=config.checkpoint_every_steps,
+            should_stop=options.get("should_stop"),
+            # One run raises on failure and keeps the parameters from before the failing call.
+            snapshot=None if batched else lambda state: jax.tree.map(copy_leaf, (state.params, state.rest)),
+        ),
+    )
+    try:
+        result = driver.run()
+    except flax_errors.TraceContextError as err:
+        raise rule_breaking_module_error(err) from None
+    except NonFiniteError as err:
+        nnx.update(networks[0], *driver.last_finite)  # the last finite parameters, not the NaNs
+        steps = driver.last_finite_iteration * ppo.steps_per_iteration
+        raise NonFiniteError(f"{err}. The network holds the last finite parameters and statistics, from "
+                             f"iteration {driver.last_finite_iteration} ({steps} env steps)") from None
+    finally:
+        # Otherwise the networks get (copies of) the latest state, also when
+        # training stops with another exception; the state stays donatable.
+        _write_back(networks, driver.state, batched, mesh)
+    if not batched:
+        return [TrainResult(state=result.state, metrics=result.metrics, eval_history=result.eval_history,
+                            total_steps=result.iterations * ppo.steps_per_iteration,
+                            total_iterations=result.iterations, compile_seconds=result.compile_seconds)]
+    return _seed_results(result, replicated(result.state, mesh), len(seeds), driver.failures, last_rows,
+                         ppo.steps_per_iteration)
+
+
+def _seed_results(result: DriverResult, final: TrainingState, n_seeds: int, failures: dict[int, Failure],
+                  last_rows: dict[int, dict[str, float]], steps_per_iteration: int) -> list[TrainResult]:
+    """One :class:`TrainResult` per seed of a batch: its slice of the final
+    state, its last logged metrics, its evaluations (a failed seed's up to
+    its failure) and its failure."""
+    results = []
+    for i in range(n_seeds):
+        failure = failures.get(i)
+        iterations = result.iterations if failure is None else failure.iteration - 1
+        results.append(TrainResult(
+            state=seed_slice(final, i),
+            metrics=last_rows.get(i, {}),
+            eval_history=[(steps, _per_seed(row, i)) for steps, row in result.eval_history
+                          if failure is None or steps < failure.env_steps],
+            total_steps=iterations * steps_per_iteration,
+            total_iterations=iterations,
+            compile_seconds=result.compile_seconds,
+            failure=failure,
+        ))
+    return results

@@ -1,0 +1,77 @@
+"""The light entry points import no JAX: ``import nnx_ppo.run_dir``,
+``nnx-ppo --help`` (and each command's ``--help``) and ``nnx-ppo envs``.
+
+Each check runs in a fresh interpreter, since this test process has long
+since imported JAX. JAX alone takes about 2 s to import on this project's
+2-core machine; without it ``nnx-ppo --help`` takes about 0.25 s.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+HEAVY = ("jax", "flax", "optax", "orbax")
+MARK = "HEAVY-MODULES:"
+
+
+def _heavy_modules_after(code: str) -> list[str]:
+    """The top-level heavy packages in ``sys.modules`` after running ``code`` in a fresh interpreter."""
+    probe = (
+        "import contextlib, io, json, sys\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        + "".join(f"    {line}\n" for line in code.splitlines())
+        + f"print({MARK!r} + json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith(MARK))
+    return json.loads(line[len(MARK):])
+
+
+def _cli(*argv: str) -> str:
+    return (
+        "from nnx_ppo import cli\n"
+        "try:\n"
+        f"    code = cli.main({list(argv)!r})\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "assert code in (0, None), code\n"
+    )
+
+
+@pytest.mark.parametrize("code", [
+    pytest.param("import nnx_ppo.run_dir", id="import-run_dir"),
+    pytest.param("import nnx_ppo.presets, nnx_ppo.algorithms.config", id="import-presets-config"),
+    pytest.param("import nnx_ppo.envs\nassert 'cue_memory' in nnx_ppo.envs.list_envs()", id="list_envs"),
+    pytest.param(_cli("--help"), id="help"),
+    pytest.param(_cli("train", "--help"), id="train-help"),
+    pytest.param(_cli("eval", "--help"), id="eval-help"),
+    pytest.param(_cli("distill", "--help"), id="distill-help"),
+    pytest.param(_cli("envs"), id="envs"),
+])
+def test_imports_no_jax(code):
+    assert _heavy_modules_after(code) == []
+
+
+def test_the_probe_sees_a_heavy_module():
+    """The check above would catch one (a stand-in for ``optax.tree``: importing JAX for real takes 2 s)."""
+    assert _heavy_modules_after("import types\nsys.modules['optax.tree'] = types.ModuleType('optax.tree')") == ["optax"]
+
+
+def test_help_is_quick():
+    # Measured 0.21-0.26 s on this project's 2-core machine (2.4-3.9 s while
+    # it imported JAX); the bound leaves room for a slow or busy machine.
+    script = pathlib.Path(sys.executable).parent / "nnx-ppo"
+    command = [str(script), "--help"] if script.exists() else [sys.executable, "-m", "nnx_ppo.cli", "--help"]
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        best = min(best, time.perf_counter() - start)
+        assert proc.returncode == 0, proc.stderr
+        assert "usage: nnx-ppo" in proc.stdout
+    assert best < 3.0, f"nnx-ppo --help took {best:.2f} s"
