@@ -86,26 +86,32 @@ class NetworkSpec:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def load_network(directory: str | os.PathLike, network: Any = None, seed: int | None = None):
-    """Load a trained network for inference from the latest checkpoint in
-    ``directory`` (a run's checkpoint directory or one checkpoint in it).
+def load_network(directory: str | os.PathLike, network: Any = None, seed: int | None = None,
+                 step: int | str | None = None):
+    """Load a trained network for inference from ``directory`` (a run
+    directory of ``nnx-ppo train``, its checkpoint directory, or one
+    checkpoint in it).
 
-    Without ``network``, the network is rebuilt from the checkpoint's
-    ``metadata["network"]`` (a :class:`NetworkSpec`, written by ``nnx-ppo
-    train``); with it, its variables are replaced (same architecture). Returns
-    the network in deterministic mode. For a checkpoint of several seeds
-    trained together, ``seed`` picks one. See
+    ``step`` picks the checkpoint: the latest (None), the best evaluated
+    policy (``"best"``, kept by training with evaluation and checkpoints), or
+    the one saved at env step N. Without ``network``, the network is rebuilt
+    from the checkpoint's ``metadata["network"]`` (a :class:`NetworkSpec`,
+    written by ``nnx-ppo train``); with it, its variables are replaced (same
+    architecture). Returns the network in deterministic mode. For a run of
+    several seeds trained together, ``seed`` picks one. See
     :func:`nnx_ppo.algorithms.checkpointing.restore_network` for the errors.
     """
     from nnx_ppo.algorithms import checkpointing
 
+    path = checkpointing.find_checkpoint(directory, step, seed if step == "best" else None)
     if network is None:
-        metadata = checkpointing.load_metadata(directory)
+        metadata = checkpointing.load_metadata(path)
         spec = metadata.get("network") if isinstance(metadata, dict) else None
         try:
-            network = NetworkSpec.from_dict(spec, where=f"the metadata of checkpoint {os.fspath(directory)!r}")
+            network = NetworkSpec.from_dict(spec, where=f"the metadata of checkpoint {os.fspath(path)!r}")
         except ValueError as err:
             raise ValueError(f"{err}; build the network yourself and pass it as "
                              "load_network(directory, network=...)") from None
         network = network.build()
-    return checkpointing.restore_network(directory, network, seed=seed)
+    # A best policy is one seed's alone, even in a run of several seeds.
+    return checkpointing.restore_network(path, network, seed=None if step == "best" else seed)

@@ -80,6 +80,17 @@ def test_eval_prints_return_statistics(trained_run: Path, capsys):
         assert word in out
 
 
+def test_eval_picks_the_best_or_a_step(trained_run: Path, capsys):
+    assert len(list((trained_run / rd.CHECKPOINT_DIR / "best").glob("step_*"))) == 1
+    assert cli.main(["eval", str(trained_run), "--best", "--episodes", "4"]) == 0
+    assert "with the best evaluated policy of" in capsys.readouterr().out
+    assert cli.main(["eval", str(trained_run), "--step", str(TOTAL), "--episodes", "4"]) == 0
+    assert f"with the policy at step {TOTAL} of" in capsys.readouterr().out
+    assert cli.main(["eval", str(trained_run), "--step", "7"]) == 2
+    assert "no checkpoint at step 7" in capsys.readouterr().err
+    assert cli.main(["eval", str(trained_run), "--best", "--step", str(TOTAL)]) == 2
+
+
 def test_eval_video_on_unrenderable_env_is_a_clear_error(trained_run: Path, capsys):
     assert cli.main(["eval", str(trained_run), "--video", str(trained_run / "v.gif")]) == 2
     err = capsys.readouterr().err
@@ -312,12 +323,17 @@ def test_train_several_seeds_in_one_run(tmp_path, capsys):
         assert len([r for r in rows if r.get("seed") == seed and not r.get("eval")]) == 4
         assert len([r for r in rows if r.get("seed") == seed and r.get("eval")]) == 2
     assert (run / rd.CURVE_FILE).stat().st_size > 0
-    assert "final eval return per seed: 0: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "final eval return per seed: 0: " in out
+    assert "best eval return seed 0: " in out and ", seed 1: " in out and "--best" in out
     assert cli.main(["train", "--seeds", "1", "1", "--run-dir", str(tmp_path / "dup")]) == 2
     # One checkpoint holds both seeds: eval reports each, --resume continues both.
     assert cli.main(["eval", str(run), "--episodes", "4"]) == 0
     out = capsys.readouterr().out
     assert "seed 0: return" in out and "seed 1: return" in out
+    assert cli.main(["eval", str(run), "--best", "--episodes", "4"]) == 0  # one best policy per seed
+    out = capsys.readouterr().out
+    assert "best evaluated policy" in out and "seed 0: return" in out and "seed 1: return" in out
     assert cli.main(["distill", str(run), "--hidden-size", "8", "--total-steps", "256",  # teacher: seed 0's policy
                      "--run-dir", str(tmp_path / "student"), "--quiet"]) == 0
     assert cli.main(["train", "--resume", str(run), "--ppo.total-steps", "768", "--quiet"]) == 0

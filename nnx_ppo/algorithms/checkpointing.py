@@ -33,8 +33,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
-import uuid
 from typing import Any
 
 import jax
@@ -46,19 +44,23 @@ from nnx_ppo.algorithms._checkpoint_layout import (
     LAYOUT_FILE,
     CheckpointError,
     as_item,
-    checkpointer,
     describe_leaves,
     read_json,
     read_layout,
     restore_sections,
     sections_of,
 )
+from nnx_ppo.algorithms._checkpoint_write import COMMIT_MARKER, write_checkpoint
 
 __all__ = [
     "CheckpointError",
     "COMMIT_MARKER",
     "save_training_state",
+    "save_policy",
     "latest_checkpoint",
+    "find_checkpoint",
+    "best_policy_dir",
+    "BEST_DIR",
     "list_checkpoints",
     "restore_training_state",
     "load_config",
@@ -69,11 +71,9 @@ __all__ = [
     "resume",
 ]
 
-COMMIT_MARKER = "COMMITTED"
-"""Name of the file whose presence marks a checkpoint directory as complete."""
-
 _STEP_RE = re.compile(r"^step_(\d+)$")
-_TMP_PREFIX = ".tmp-"
+BEST_DIR = "best"
+"""The folder of a checkpoint directory that holds the best evaluated policy."""
 _CONFIG_FILE = "config.json"
 _METADATA_FILE = "metadata.json"
 # Which TrainingState fields go into which orbax item.
@@ -117,6 +117,39 @@ def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
     return found[-1][1] if found else None
 
 
+def find_checkpoint(directory: str | os.PathLike, step: int | str | None = None,
+                    seed: int | None = None) -> pathlib.Path:
+    """The checkpoint to load from ``directory`` (a checkpoint directory, one
+    checkpoint in it, or a run directory of ``nnx-ppo train`` with its
+    ``checkpoints/``): the latest (``step=None``), the best evaluated policy
+    (``step="best"``; a seed batch keeps one per seed: pass ``seed``), or the
+    one saved at env step ``step``. A FileNotFoundError says what is there."""
+    root = pathlib.Path(directory).absolute()
+    if (root / "checkpoints").is_dir() and not list_checkpoints(root) and not _is_complete(root):
+        root = root / "checkpoints"  # a run directory
+    if step is None:
+        return _resolve(root)
+    if step == "best":
+        best = root / BEST_DIR if seed is None else root / BEST_DIR / f"seed_{int(seed)}"
+        if not best.is_dir():
+            raise FileNotFoundError(f"no best policy in {str(root)!r} (kept only by runs with evaluation and "
+                                    "checkpoints" + ("" if seed is None else f", for seed {seed}") + ")")
+        return _resolve(best)
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"step must be None, 'best' or an env step count (int), got {step!r}")
+    found = dict(list_checkpoints(root))
+    if step not in found:
+        raise FileNotFoundError(f"no checkpoint at step {step} in {str(root)!r}; saved steps: {sorted(found)}")
+    return found[step]
+
+
+def best_policy_dir(directory: str | os.PathLike, seed: int | None = None) -> pathlib.Path:
+    """Where training keeps the best evaluated policy in a checkpoint
+    directory (one per seed of a batch): ``directory/best[/seed_<seed>]``."""
+    root = pathlib.Path(directory).absolute() / BEST_DIR
+    return root if seed is None else root / f"seed_{int(seed)}"
+
+
 def _resolve(directory: str | os.PathLike) -> pathlib.Path:
     """:func:`latest_checkpoint` (as an absolute path) or a FileNotFoundError
     explaining why there is none."""
@@ -137,14 +170,43 @@ def _resolve(directory: str | os.PathLike) -> pathlib.Path:
 # --------------------------------------------------------------------------- saving
 
 
-def _save_item(path: pathlib.Path, item: dict[str, Any]) -> None:
-    import orbax.checkpoint as ocp
+def _json_parts(config: Any, metadata: dict | None, who: str) -> tuple[str, str]:
+    """``config.json`` and ``metadata.json`` text, checked before anything is written."""
+    from nnx_ppo.algorithms.config import config_to_dict
 
-    checkpointer().save(path, args=ocp.args.StandardSave(item))
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"{who}: config must be a TrainConfig instance, got {config!r}")
+    config_json = json.dumps(config_to_dict(config), indent=2, sort_keys=True) + "\n"
+    try:
+        metadata_json = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
+    except TypeError as err:
+        raise TypeError(f"{who}: metadata must be JSON-serializable ({err})") from None
+    return config_json, metadata_json
 
 
-def _write_json(path: pathlib.Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+def _write(directory: str | os.PathLike, items: dict[str, dict[str, Any]], config: Any, *, step: int,
+           keep: int | None, metadata: dict | None, who: str) -> pathlib.Path:
+    """Write ``items`` (orbax item name -> {section name -> tree}) as the
+    checkpoint ``directory/step_<step:012d>/`` (see :func:`write_checkpoint`)."""
+    if keep is not None and keep <= 0:
+        raise ValueError(f"{who}: keep must be positive or None, got {keep}")
+    step = int(step)
+    if step < 0:
+        raise ValueError(f"{who}: step must be >= 0, got {step}")
+    config_json, metadata_json = _json_parts(config, metadata, who)  # fails before anything is written
+    layout: dict[str, Any] = {"format": FORMAT_VERSION, "step": step, "sections": {}}
+    arrays: dict[str, dict[str, Any]] = {}
+    for item_name, sections in items.items():
+        arrays[item_name] = {}
+        for name, tree in sections.items():
+            entries, leaves, _ = describe_leaves(name, tree)
+            layout["sections"][name] = entries
+            arrays[item_name][name] = as_item(leaves)
+    files = {LAYOUT_FILE: json.dumps(layout, indent=2, sort_keys=True) + "\n", _CONFIG_FILE: config_json,
+             _METADATA_FILE: metadata_json}
+    root = pathlib.Path(directory).absolute()  # relative paths are resolved against the working directory
+    return write_checkpoint(root, f"step_{step:012d}", arrays, files, step,
+                            prune=lambda: [path for _, path in list_checkpoints(root)][:-keep] if keep else [])
 
 
 def save_training_state(
@@ -157,10 +219,6 @@ def save_training_state(
     metadata: dict | None = None,
 ) -> pathlib.Path:
     """Save the whole training state as ``directory/step_<step:012d>/``.
-
-    Writing to a temporary sibling, the two orbax items, the JSON files,
-    the commit marker, the rename and the pruning form one crash-safe
-    sequence, kept in one place on purpose.
 
     Args:
       directory: the run directory (created if missing).
@@ -175,100 +233,27 @@ def save_training_state(
     checkpoint only appears under its final name once complete. Saving an
     existing step replaces it.
     """
-    if keep is not None and keep <= 0:
-        raise ValueError(f"save_training_state: keep must be positive or None, got {keep}")
-    if not dataclasses.is_dataclass(config) or isinstance(config, type):
-        raise TypeError(f"save_training_state: config must be a TrainConfig instance, got {config!r}")
-    step = int(step)
-    if step < 0:
-        raise ValueError(f"save_training_state: step must be >= 0, got {step}")
-    # Serialize the JSON parts first, so bad metadata fails before anything is written.
-    from nnx_ppo.algorithms.config import config_to_dict
-
-    config_json = json.dumps(config_to_dict(config), indent=2, sort_keys=True) + "\n"
-    try:
-        metadata_json = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
-    except TypeError as err:
-        raise TypeError(f"save_training_state: metadata must be JSON-serializable ({err})") from None
-
-    layout: dict[str, Any] = {"format": FORMAT_VERSION, "step": step, "sections": {}}
-    items: dict[str, dict[str, Any]] = {}
-    for item_name, fields in (("network", _NETWORK_FIELDS), ("training", _TRAINING_FIELDS)):
-        item = {}
-        for name, tree in sections_of(state, fields).items():
-            entries, arrays, _ = describe_leaves(name, tree)
-            layout["sections"][name] = entries
-            item[name] = as_item(arrays)
-        items[item_name] = item
-
-    root = pathlib.Path(directory).absolute()  # relative paths are resolved against the working directory
-    final = root / f"step_{step:012d}"
-    if jax.process_count() > 1:
-        return _save_multiprocess(root, final, items, layout, config_json, metadata_json, step, keep)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
-        for item_name, item in items.items():
-            _save_item(tmp / item_name, item)
-        _write_json(tmp / LAYOUT_FILE, layout)
-        (tmp / _CONFIG_FILE).write_text(config_json)
-        (tmp / _METADATA_FILE).write_text(metadata_json)
-        (tmp / COMMIT_MARKER).write_text(f"step {step}\n")
-        if final.exists():
-            old = root / f"{_TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}"
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-    _finish(root, keep)
-    return final
+    items = {"network": sections_of(state, _NETWORK_FIELDS), "training": sections_of(state, _TRAINING_FIELDS)}
+    return _write(directory, items, config, step=step, keep=keep, metadata=metadata, who="save_training_state")
 
 
-def _finish(root: pathlib.Path, keep: int | None) -> None:
-    """Remove leftovers of interrupted writes (one writer per run directory)
-    and all but the ``keep`` latest checkpoints."""
-    for child in root.iterdir():
-        if child.name.startswith(_TMP_PREFIX) and child.is_dir():
-            shutil.rmtree(child, ignore_errors=True)
-    if keep is not None:
-        for _, old_path in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old_path, ignore_errors=True)
-
-
-def _save_multiprocess(root: pathlib.Path, final: pathlib.Path, items: dict, layout: dict, config_json: str,
-                       metadata_json: str, step: int, keep: int | None) -> pathlib.Path:
-    """The same crash-safe sequence in a run of several processes: every
-    process writes its shards through orbax; process 0 alone creates the
-    temporary directory, writes the JSON files and the commit marker,
-    renames and prunes; barriers keep them in step."""
-    from nnx_ppo.algorithms.distributed import barrier, is_primary
-
-    tmp = root / f"{_TMP_PREFIX}{final.name}"  # the same name in every process
-    if is_primary():
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    barrier(f"nnx_ppo checkpoint {step} start")
-    for item_name, item in items.items():
-        _save_item(tmp / item_name, item)
-    barrier(f"nnx_ppo checkpoint {step} arrays")
-    if is_primary():
-        _write_json(tmp / LAYOUT_FILE, layout)
-        (tmp / _CONFIG_FILE).write_text(config_json)
-        (tmp / _METADATA_FILE).write_text(metadata_json)
-        (tmp / COMMIT_MARKER).write_text(f"step {step}\n")
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        _finish(root, keep)
-    barrier(f"nnx_ppo checkpoint {step} done")
-    return final
+def save_policy(
+    directory: str | os.PathLike,
+    params: Any,
+    rest: Any,
+    config: Any,
+    *,
+    step: int,
+    keep: int | None = 1,
+    metadata: dict | None = None,
+) -> pathlib.Path:
+    """Save a policy alone (the network's parameters and other variables,
+    no optimizer or env state) as ``directory/step_<step:012d>/``, the
+    same way as :func:`save_training_state`; :func:`restore_network` and
+    :func:`nnx_ppo.load_network` read it. Training keeps its best
+    evaluated policy this way (see :mod:`nnx_ppo.algorithms.trainer`)."""
+    items = {"network": {"params": params, "rest": rest}}
+    return _write(directory, items, config, step=step, keep=keep, metadata=metadata, who="save_policy")
 
 
 # --------------------------------------------------------------------------- restoring

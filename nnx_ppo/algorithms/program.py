@@ -6,12 +6,13 @@ IterationOutput)`` on a :class:`~nnx_ppo.algorithms.state.TrainingState`.
 ``fn(state, n)`` (a ``fori_loop``, the state donated); for a seed batch
 (leaves ``[S, ...]``) it runs them over the seeds with :func:`over_seeds`,
 each seed kept at its last healthy state once its health fails
-(:func:`keep_last_healthy`).
+(:func:`keep_last_healthy`); :func:`stack_trees` builds such a batch and
+:func:`seed_slice` takes one seed's part of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -21,7 +22,17 @@ from jax.sharding import NamedSharding, PartitionSpec
 from nnx_ppo.algorithms.config import check_seed_batching
 from nnx_ppo.algorithms.sharding import SEED_AXIS
 
-__all__ = ["compile_iterations", "over_seeds", "keep_last_healthy"]
+__all__ = ["compile_iterations", "over_seeds", "keep_last_healthy", "stack_trees", "seed_slice"]
+
+
+def stack_trees(trees: Sequence[Any]) -> Any:
+    """Stack equally shaped pytrees on a new leading axis (PRNG keys included)."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def seed_slice(tree: Any, index: int) -> Any:
+    """The ``index``-th entry of every leaf's leading (seed) axis."""
+    return jax.tree.map(lambda x: x[index], tree)
 
 
 def keep_last_healthy(iteration: Callable) -> Callable:

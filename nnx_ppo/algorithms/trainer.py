@@ -34,7 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import errors as flax_errors
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import (
@@ -46,15 +45,15 @@ from nnx_ppo.algorithms.driver import (
     NonFiniteError,
     rule_breaking_module_error,
 )
-from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
-from nnx_ppo.algorithms.program import compile_iterations
+from nnx_ppo.algorithms.hooks import best_policy_hook, checkpoint_hook, evaluation_hook
+from nnx_ppo.algorithms.program import compile_iterations, seed_slice, stack_trees
 from nnx_ppo.algorithms.rollout import all_finite
 from nnx_ppo.algorithms.sharding import local_devices, place, replicated
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.envs.registry import as_env
 
-__all__ = ["Algorithm", "TrainOptions", "train", "stack_trees", "seed_slice", "resume_state"]
+__all__ = ["Algorithm", "TrainOptions", "train", "resume_state"]
 
 Iteration = Callable[[TrainingState], tuple[TrainingState, IterationOutput]]
 
@@ -113,16 +112,6 @@ def _check_options(options: dict[str, Any]) -> None:
                         f"{', '.join(TrainOptions.__annotations__)} (see nnx_ppo.algorithms.trainer.TrainOptions)")
 
 
-def stack_trees(trees: Sequence[Any]) -> Any:
-    """Stack equally shaped pytrees on a new leading axis (PRNG keys included)."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-def seed_slice(tree: Any, index: int) -> Any:
-    """The ``index``-th entry of every leaf's leading (seed) axis."""
-    return jax.tree.map(lambda x: x[index], tree)
-
-
 def _per_seed(row: dict[str, Any], index: int) -> dict[str, float]:
     return {k: float(v[index]) if np.ndim(v) else float(v) for k, v in row.items()}
 
@@ -154,50 +143,6 @@ def resume_state(resume_from: str, checkpoint_dir: str | None, state: TrainingSt
             stacklevel=4,
         )
     return state
-
-
-def _evaluation_hook(config: TrainConfig, network, eval_env, seeds: list[int] | None, mesh,
-                     on_evaluation: Callable[[NetworkFn, int], None] | None) -> Callable[[TrainingState, int], dict]:
-    """Evaluation of the state in ``network``'s eval mode (every seed of a
-    batch vmapped; metrics ``[S]`` then), a seed's key the same whether it
-    trains alone or in a batch; then ``on_evaluation(policy, env_steps)``
-    (one run only). With a ``mesh`` the metrics come back replicated
-    (readable by every process)."""
-    graphdef = NetworkFn.of(network, config.eval.deterministic).graphdef
-    ev = config.eval
-
-    def one(params, rest, key):
-        policy = NetworkFn(graphdef, params, rest)
-        return episode_metrics(run_episodes(eval_env, policy, key, ev.n_envs, ev.max_episode_length))
-
-    out = {} if mesh is None else {"out_shardings": NamedSharding(mesh, PartitionSpec())}
-    evaluate = jax.jit(one if seeds is None else jax.vmap(one), **out)
-
-    def hook(state: TrainingState, steps: int) -> dict:
-        if seeds is None:
-            key = jax.random.fold_in(jax.random.key(config.seed + 1), steps)
-            metrics = {k: float(v) for k, v in evaluate(state.params, state.rest, key).items()}
-            if on_evaluation is not None:
-                on_evaluation(NetworkFn(graphdef, state.params, state.rest), steps)
-            return metrics
-        keys = jnp.stack([jax.random.fold_in(jax.random.key(s + 1), steps) for s in seeds])
-        return {k: np.asarray(v, np.float64) for k, v in evaluate(state.params, state.rest, keys).items()}
-
-    return hook
-
-
-def _checkpoint_hook(
-    config: TrainConfig, directory: str, metadata: dict | None
-) -> Callable[[TrainingState, int], None]:
-    """Save the whole training state into ``directory``."""
-
-    def save(state: TrainingState, steps: int) -> None:
-        from nnx_ppo.algorithms import checkpointing
-
-        checkpointing.save_training_state(directory, state, config, step=steps, keep=config.keep_checkpoints,
-                                          metadata=metadata)
-
-    return save
 
 
 def _check_seeds(seeds: Sequence[int]) -> list[int]:
@@ -316,6 +261,11 @@ def train(
                 if log_fn is not None:
                     log_fn(seed_row, steps, s)
 
+    evaluate = evaluation_hook(config, networks[0], eval_env, seeds, mesh, on_evaluation) if (
+        config.eval.enabled) else None
+    if evaluate is not None and checkpoint_dir:
+        evaluate = best_policy_hook(evaluate, config, checkpoint_dir, checkpoint_metadata, seeds, mesh,
+                                     lambda: driver.failures)
     driver = Driver(
         train_fn, state,
         start_iteration=start_iteration, total_iterations=ppo.n_iterations,
@@ -323,10 +273,9 @@ def train(
         seed_iterations=[int(i) for i in iterations] if batched else None,
         hooks=Hooks(
             log=log_seeds if batched else log_fn,
-            evaluate=_evaluation_hook(config, networks[0], eval_env, seeds, mesh, on_evaluation)
-            if config.eval.enabled else None,
+            evaluate=evaluate,
             eval_every_steps=config.eval.every_steps,
-            checkpoint=_checkpoint_hook(config, checkpoint_dir, checkpoint_metadata) if checkpoint_dir else None,
+            checkpoint=checkpoint_hook(config, checkpoint_dir, checkpoint_metadata) if checkpoint_dir else None,
             checkpoint_every_steps=config.checkpoint_every_steps,
             should_stop=options.get("should_stop"),
             # One run raises on failure and keeps the parameters from before the failing call.

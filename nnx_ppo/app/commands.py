@@ -161,6 +161,12 @@ class EvalCommand:
     seed: int = 0
     """seeds the env resets."""
 
+    best: bool = False
+    """evaluate the best evaluated policy kept during training (one per seed) instead of the final one."""
+
+    step: Optional[int] = None
+    """evaluate the checkpoint saved at this env step instead of the final one."""
+
     stochastic: bool = False
     """sample actions instead of taking the policy's mode/mean."""
 

@@ -31,14 +31,21 @@ def run_eval(cmd: EvalCommand) -> int:
         return print_module_paths(spec.build(env))
     if cmd.record_activations:
         check_record_paths(spec.build(env), cmd.record_activations)
+    if cmd.best and cmd.step is not None:
+        raise CliError("--best and --step each pick a checkpoint; give one of them")
+    which = "best" if cmd.best else cmd.step
+    policy = {None: "the final policy", "best": "the best evaluated policy"}.get(which, f"the policy at step {which}")
     kind = "stochastic" if cmd.stochastic else "deterministic"
-    print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with the final policy of "
+    print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with {policy} of "
           f"{pretty_path(run_dir)}")
     # A run of several seeds holds one policy per training seed: each is evaluated (the video shows the first).
     training_seeds = [int(s) for s in saved.get("seeds", [])] or [None]
     first = None
     for training_seed in training_seeds:
-        network = load_network(str(ckpt_dir.resolve()), spec.build(env), seed=training_seed)
+        try:
+            network = load_network(str(ckpt_dir.resolve()), spec.build(env), seed=training_seed, step=which)
+        except FileNotFoundError as e:
+            raise CliError(str(e)) from None
         first = first or network
         metrics = evaluate(env, network, n_envs=cmd.episodes, max_episode_length=max_len, seed=cmd.seed,
                            deterministic=not cmd.stochastic)

@@ -171,7 +171,27 @@ def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int 
     elif result.metrics and n_seeds == 1:
         line += f"; last train return {result.metrics.get('train/episode_return', np.nan):.3f}"
     print(line)
+    best = _best_policies(run_dir)
+    if best:
+        print("best eval return " + ", ".join(best) + f" (kept: {PROG} eval {pretty_path(run_dir)} --best)")
     print(f"evaluate with: {PROG} eval {pretty_path(run_dir)}")
+
+
+def _best_policies(run_dir: Path) -> list[str]:
+    """``"R at step S"`` of each best policy kept in the run (``"seed N: ..."`` for a seed batch)."""
+    from nnx_ppo.algorithms import checkpointing
+
+    root = checkpointing.best_policy_dir(run_dir / rd.CHECKPOINT_DIR)
+    found = []
+    for path in [root, *sorted(root.glob("seed_*"), key=lambda p: int(p.name[5:]))] if root.is_dir() else []:
+        latest = checkpointing.latest_checkpoint(path)
+        if latest is not None:
+            metadata = checkpointing.load_metadata(latest) or {}
+            where = f"seed {path.name[5:]}: " if path != root else ""
+            step = int(latest.name.removeprefix("step_"))
+            found.append(f"{where}{metadata.get('eval', {}).get('eval/episode_return', float('nan')):.3f} at step "
+                         f"{step:,}")
+    return found
 
 
 def _train_seeds(cmd: TrainCommand, train_env, env, spec, logger, progress, config, checkpoints: dict):

@@ -389,3 +389,32 @@ def test_resuming_with_another_iteration_size_is_refused_untouched(trained, fiel
     with pytest.raises(ValueError, match=f"cannot resume with PPOConfig.{field}={changed}"):
         train_ppo(Target(), _noisy_net(seed=9), config, resume_from=str(run_dir), checkpoint_dir=str(run_dir))
     assert sorted(p.name for p in pathlib.Path(run_dir).rglob("*")) == before
+
+
+def test_best_evaluated_policy_is_kept(tmp_path):
+    """Every evaluation at least as good as the best so far saves the policy
+    (parameters and statistics, no optimizer state) under checkpoints/best;
+    load_network(step="best") gives the policy of that evaluation, the same
+    as the full checkpoint of that step (ties: the latest)."""
+    import nnx_ppo
+
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=N_ENVS, rollout_length=T, total_steps=6 * STEPS_PER_ITERATION, n_epochs=1,
+                      n_minibatches=2),
+        eval=EvalConfig(every_steps=STEPS_PER_ITERATION, n_envs=8, max_episode_length=7),
+        checkpoint_every_steps=STEPS_PER_ITERATION, keep_checkpoints=10)
+    result = train_ppo(Target(), _noisy_net(), config, checkpoint_dir=str(tmp_path))
+    returns = [(steps, m["eval/episode_return"]) for steps, m in result.eval_history]
+    assert len(returns) == 6
+    best = max(r for _, r in returns)
+    best_step = max(steps for steps, r in returns if r == best)
+    path = checkpointing.find_checkpoint(tmp_path, "best")
+    assert path == checkpointing.best_policy_dir(tmp_path) / f"step_{best_step:012d}"
+    assert load_metadata(path)["eval"]["eval/episode_return"] == pytest.approx(best)
+    assert (path / "network").is_dir() and not (path / "training").exists()
+    kept = nnx_ppo.load_network(tmp_path, _noisy_net(seed=9), step="best")
+    at_step = nnx_ppo.load_network(tmp_path, _noisy_net(seed=9), step=best_step)
+    _assert_trees_equal(nnx.state(kept), nnx.state(at_step))
+    assert checkpointing.find_checkpoint(tmp_path).name == f"step_{6 * STEPS_PER_ITERATION:012d}"  # the final one
+    with pytest.raises(FileNotFoundError, match="no checkpoint at step 5 .* saved steps: \\[16, 32"):
+        checkpointing.find_checkpoint(tmp_path, 5)
