@@ -237,16 +237,8 @@ def save_training_state(
     return _write(directory, items, config, step=step, keep=keep, metadata=metadata, who="save_training_state")
 
 
-def save_policy(
-    directory: str | os.PathLike,
-    params: Any,
-    rest: Any,
-    config: Any,
-    *,
-    step: int,
-    keep: int | None = 1,
-    metadata: dict | None = None,
-) -> pathlib.Path:
+def save_policy(directory: str | os.PathLike, params: Any, rest: Any, config: Any, *, step: int,
+                keep: int | None = 1, metadata: dict | None = None) -> pathlib.Path:
     """Save a policy alone (the network's parameters and other variables,
     no optimizer or env state) as ``directory/step_<step:012d>/``, the
     same way as :func:`save_training_state`; :func:`restore_network` and

@@ -199,7 +199,9 @@ def test_failed_save_leaves_no_checkpoint(tmp_path, monkeypatch):
         (path / "partial").write_text("half written")
         raise KeyboardInterrupt("simulated crash")
 
-    monkeypatch.setattr(checkpointing, "_save_item", crash)
+    from nnx_ppo.algorithms import _checkpoint_write
+
+    monkeypatch.setattr(_checkpoint_write, "_save_item", crash)
     with pytest.raises(KeyboardInterrupt):
         save_training_state(tmp_path, state, config, step=32)
     assert sorted(p.name for p in tmp_path.iterdir()) == [good.name]

@@ -1,0 +1,100 @@
+"""The policy a user gets: final and best evaluated policies of a preset over seeds.
+
+Usage: python bench/final_policy.py ENV [NETWORK] [--seeds 0 1 ...] [--episodes 128] [--set KEY=JSON ...]
+                                    [--target T] [--label NAME] [--out FILE]
+
+Trains ENV's preset (as ``nnx-ppo train ENV --seeds ...`` does: the preset's
+envs, network and config; all seeds in one program with ``train_seeds``)
+with checkpoints, then evaluates every seed's final policy and the best
+evaluated policy training kept, each on ``--episodes`` deterministic
+episodes with fresh reset keys. Prints one JSON line per seed and a summary
+(how many seeds reach the preset's target, final and best); appends them to
+``--out`` (default bench/results/final_policy.jsonl). ``--set`` overrides a
+TrainConfig field (``--set ppo.learning_rate_decay=true``); ``--label`` names
+such a variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from nnx_ppo.algorithms.config import config_from_dict, config_to_dict
+from nnx_ppo.algorithms.evaluation import evaluate
+from nnx_ppo.algorithms.seeds import train_seeds
+from nnx_ppo.network_spec import load_network
+from nnx_ppo.presets import find_preset
+
+HERE = Path(__file__).resolve().parent
+
+
+def with_overrides(config, overrides: list[str]):
+    """``config`` with ``section.field=JSON`` overrides applied."""
+    data = config_to_dict(config)
+    for item in overrides:
+        key, value = item.split("=", 1)
+        *path, last = key.split(".")
+        node = data
+        for part in path:
+            node = node[part]
+        node[last] = json.loads(value)
+    return config_from_dict(data)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("env")
+    parser.add_argument("network", nargs="?", default=None)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    parser.add_argument("--episodes", type=int, default=128)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--label", default="preset")
+    parser.add_argument("--target", type=float, default=None, help="the bar (default: the preset's target)")
+    parser.add_argument("--out", default=str(HERE / "results" / "final_policy.jsonl"))
+    args = parser.parse_args()
+    preset = find_preset(args.env, args.network)
+    if preset is None:
+        raise SystemExit(f"no preset for {args.env} {args.network or ''}")
+    config = with_overrides(preset.config, args.overrides)
+    target = preset.target if args.target is None else args.target
+    train_env, eval_env = preset.make_envs()
+    max_len = config.eval.max_episode_length
+    rows = []
+    with tempfile.TemporaryDirectory() as directory:
+        t0 = time.perf_counter()
+        results = train_seeds(train_env, lambda rngs: preset.network_spec().build(eval_env, rngs), config,
+                              args.seeds, eval_env=eval_env, checkpoint_dir=directory)
+        wall = time.perf_counter() - t0
+        for seed, result in zip(args.seeds, results):
+            row = {"env": preset.env, "network": preset.network, "label": args.label, "seed": seed,
+                   "target": target, "episodes": args.episodes, "wall_s": round(wall, 1),
+                   "overrides": args.overrides, "failed": result.failure is not None}
+            for which in (None, "best"):
+                net = load_network(directory, preset.network_spec().build(eval_env), seed=seed, step=which)
+                metrics = evaluate(eval_env, net, n_envs=args.episodes, max_episode_length=max_len, seed=1000 + seed)
+                name = which or "final"
+                row[f"{name}_return"] = round(metrics["eval/episode_return"], 3)
+                row[f"{name}_min"] = round(metrics["eval/episode_return_min"], 3)
+            row["train_evals"] = [round(m["eval/episode_return"], 2) for _, m in result.eval_history]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finals = np.array([r["final_return"] for r in rows])
+    bests = np.array([r["best_return"] for r in rows])
+    summary = {"env": preset.env, "network": preset.network, "label": args.label, "seeds": args.seeds,
+               "target": target, "final_reached": int(np.sum(finals >= target)),
+               "best_reached": int(np.sum(bests >= target)), "final_median": float(np.median(finals)),
+               "final_min": float(finals.min()), "best_min": float(bests.min()), "wall_s": rows[0]["wall_s"]}
+    print(json.dumps(summary))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "a") as f:
+        for row in [*rows, {"summary": summary}]:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
