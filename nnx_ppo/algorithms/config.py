@@ -97,6 +97,12 @@ class PPOConfig:
         deviation of the discounted return (see
         :mod:`nnx_ppo.algorithms.reward_scaling`), so value targets have a
         scale near one; logged returns stay in the env's units.
+      target_kl: stop an iteration's updates early once a minibatch's
+        approximate KL between the current and the rollout policy
+        (``policy/approx_kl``, measured before its update) exceeds
+        ``1.5 * target_kl``: that minibatch and the rest of the iteration's
+        updates are skipped (logged as ``optimizer/updates_skipped``, the
+        fraction skipped). None: every update runs.
     """
 
     n_envs: int = 256
@@ -120,6 +126,7 @@ class PPOConfig:
     recompute_advantages: bool = False
     normalize_rewards: bool = False
     replay_tolerance: float | None = 1e-3
+    target_kl: float | None = None
 
     def __post_init__(self):
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches", "shuffle_blocks"):
@@ -154,7 +161,7 @@ class PPOConfig:
             )
         if not self.critic_loss_weight >= 0:
             raise ValueError(f"PPOConfig.critic_loss_weight must be >= 0, got {self.critic_loss_weight}")
-        for name in ("value_clip_range", "gradient_clipping", "replay_tolerance"):
+        for name in ("value_clip_range", "gradient_clipping", "replay_tolerance", "target_kl"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"PPOConfig.{name} must be positive or None, got {value}")

@@ -270,7 +270,7 @@ def train_distillation(
     """
     observe = None
     if teacher_obs is not None:
-        observe = lambda env_state: {"student": env_state.obs, "teacher": jax.vmap(teacher_obs)(env_state)}  # noqa: E731
+        observe = lambda env_state: {"student": env_state.obs, "teacher": jax.vmap(teacher_obs)(env_state)}
     teacher_carry, teacher_fn = jax.tree.map(copy_leaf, NetworkFn.of(teacher, deterministic=True)).initialize(
         config.ppo.n_envs)
     mixing = distillation.teacher_mixing > 0

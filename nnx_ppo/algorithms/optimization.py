@@ -56,26 +56,34 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
     network, minibatch) -> (loss, metrics)`` defaults to :func:`ppo_loss`
     with ``config`` (distillation passes its own). Returns the network with
     new ``params``, the optimizer state and the mean metrics (``replay/...``
-    metrics: those of the first minibatch, before any update).
+    metrics: those of the first minibatch, before any update). With
+    ``config.target_kl`` the updates stop early once a minibatch's
+    ``policy/approx_kl`` exceeds ``1.5 * target_kl``.
     """
     if loss_fn is None:
-        loss_fn = lambda params, net, batch: ppo_loss(params, net, batch, config)  # noqa: E731
+        loss_fn = lambda params, net, batch: ppo_loss(params, net, batch, config)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def minibatch_step(carry, batch):
-        params, opt_state = carry
+        params, opt_state, stopped = carry
         (_, metrics), grads = grad_fn(params, network, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
         metrics["optimizer/grad_norm"] = optax.tree.norm(grads)
-        return (params, opt_state), metrics
+        if config.target_kl is None or "policy/approx_kl" not in metrics:
+            return (new_params, new_opt_state, stopped), metrics
+        # Early stop: this minibatch's policy already moved too far; skip its update and the rest.
+        stopped = stopped | (metrics["policy/approx_kl"] > 1.5 * config.target_kl)
+        keep = lambda new, old: jnp.where(stopped, old, new)
+        metrics["optimizer/updates_skipped"] = stopped.astype(jnp.float32)
+        return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state), stopped), metrics
 
     def epoch(carry, epoch_key):
         batches = split_minibatches(epoch_key, data, config.n_minibatches, config.shuffle_blocks)
         return jax.lax.scan(minibatch_step, carry, batches)
 
     keys = jax.random.split(key, config.n_epochs)
-    (params, opt_state), metrics = jax.lax.scan(epoch, (network.params, opt_state), keys)
+    (params, opt_state, _), metrics = jax.lax.scan(epoch, (network.params, opt_state, jnp.asarray(False)), keys)
     # replay/*: measured on the first minibatch, before any update (must be ~0).
     metrics = {k: v[0, 0] if k.startswith("replay/") else jnp.mean(v) for k, v in metrics.items()}
     return network.with_state(params=params), opt_state, metrics

@@ -373,3 +373,26 @@ def test_carry_that_changes_is_named_before_compiling(bad):
     expected = r"\(4, 5\) float32" if bad == "shape" else r"\(4, 4\) int32"
     with pytest.raises(ValueError, match=r"carry leaf \[0\]\['h'\] is \(4, 4\) float32 .* but " + expected):
         train_ppo(Target(), net, config)
+
+
+def test_target_kl_stops_the_updates_early():
+    """target_kl: a huge limit changes nothing; a tiny one keeps only the
+    first update of every iteration (its KL is 0, measured before it)."""
+    env = Target()
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=8, total_steps=64, n_minibatches=2, n_epochs=3),
+                         eval=EvalConfig(enabled=False))
+    runs = {}
+    for target_kl in (None, 1e9, 1e-8):
+        rows = []
+        net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+        ppo = dataclasses.replace(config.ppo, target_kl=target_kl)
+        train_ppo(env, net, dataclasses.replace(config, ppo=ppo), log_fn=lambda m, s, rows=rows: rows.append(m))
+        runs[target_kl] = (jax.tree.leaves(nnx.state(net, nnx.Param)), rows)
+    for a, b in zip(runs[None][0], runs[1e9][0]):
+        np.testing.assert_array_equal(a, b)
+    assert [r["optimizer/updates_skipped"] for r in runs[1e9][1]] == [0.0, 0.0]
+    assert [r["optimizer/updates_skipped"] for r in runs[1e-8][1]] == pytest.approx([5 / 6, 5 / 6])
+    initial = jax.tree.leaves(nnx.state(make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0)), nnx.Param))
+    assert any(not np.array_equal(a, b) for a, b in zip(runs[1e-8][0], initial))
+    with pytest.raises(ValueError, match="target_kl must be positive"):
+        PPOConfig(target_kl=0.0)
