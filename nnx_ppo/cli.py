@@ -20,6 +20,7 @@ evaluate import it when they run.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated, Union
 
@@ -191,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         print_error(str(e))
         return e.code
+    except BrokenPipeError:  # output piped into a reader that stopped (`nnx-ppo --help | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":
