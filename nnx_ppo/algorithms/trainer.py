@@ -224,6 +224,8 @@ def train(
     ``options`` are the :class:`TrainOptions`.
     """
     _check_options(options)
+    if (network is None) == (seeds is None) or (seeds is None) != (make_network is None):
+        raise ValueError("train: give a network (one run), or make_network and seeds (a seed batch)")
     log_fn, eval_env = options.get("log_fn"), options.get("eval_env")
     checkpoint_dir, resume_from = options.get("checkpoint_dir"), options.get("resume_from")
     checkpoint_metadata = options.get("checkpoint_metadata")
