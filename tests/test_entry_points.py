@@ -75,3 +75,15 @@ def test_help_is_quick():
         assert proc.returncode == 0, proc.stderr
         assert "usage: nnx-ppo" in proc.stdout
     assert best < 3.0, f"nnx-ppo --help took {best:.2f} s"
+
+
+def test_help_piped_into_a_reader_that_stops_ends_quietly():
+    """``nnx-ppo train --help | head -1``: the reader closes the pipe early;
+    the command exits 0 without a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from nnx_ppo import cli; sys.exit(cli.main())",
+                             "train", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader stops; the rest of the help hits a closed pipe
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

@@ -48,6 +48,11 @@ def test_bad_config_errors_name_the_argument():
         over_seeds(lambda state: state, "loop")  # public: compile_iterations and make_train_fn pass it on
     with pytest.raises(TypeError, match="'log_fm'.* takes log_fn, eval_env"):
         train_ppo(Target(), make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0)), TrainConfig(), log_fm=print)
+    from nnx_ppo.algorithms.ppo import PPO
+    from nnx_ppo.algorithms.trainer import train
+
+    with pytest.raises(ValueError, match="give a network .* or make_network and seeds"):
+        train(PPO, Target(), TrainConfig(), seeds=[0])
 
 
 def test_value_structure_mismatch_is_reported():
