@@ -55,7 +55,9 @@ SCRIPT = textwrap.dedent('''
                    for x, y in zip(a, b))
 
     try:  # 3 seeds do not split over 4 devices: refused before anything is built
-        train_seeds(env, None, dataclasses.replace(base, n_devices=4, shard_seeds=True), [0, 1, 2])
+        def never_built(rngs):
+            raise AssertionError("a network was built before the seeds were checked")
+        train_seeds(env, never_built, dataclasses.replace(base, n_devices=4, shard_seeds=True), [0, 1, 2])
         uneven_seeds_error = ""
     except ValueError as err:
         uneven_seeds_error = str(err)
