@@ -31,6 +31,7 @@ _EXPORTS = {
     "nnx_ppo.networks.factories": ("make_mlp_actor_critic", "make_recurrent_actor_critic", "make_actor_critic_for_env"),
     "nnx_ppo.networks.graph": ("PopulationGraph",),
     "nnx_ppo.network_spec": ("load_network", "NetworkSpec"),
+    "nnx_ppo.policy": ("load_policy", "Policy"),
     "nnx_ppo.testing": ("check_replay_consistency", "check_env"),
     "nnx_ppo.presets": ("get_preset",),
 }
@@ -49,5 +50,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from nnx_ppo.network_spec import NetworkSpec, load_network
     from nnx_ppo.networks.factories import make_actor_critic_for_env, make_mlp_actor_critic, make_recurrent_actor_critic
     from nnx_ppo.networks.graph import PopulationGraph
+    from nnx_ppo.policy import Policy, load_policy
     from nnx_ppo.presets import get_preset
     from nnx_ppo.testing import check_env, check_replay_consistency

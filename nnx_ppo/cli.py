@@ -6,6 +6,7 @@
     nnx-ppo eval runs/cue_memory-20250101-120000 --episodes 100
     nnx-ppo eval runs/cue_memory-20250101-120000 --record-activations layers/1/components/action/layers/1 --out act.npz
     nnx-ppo distill runs/cue_memory-20250101-120000 --network gru
+    nnx-ppo export runs/cue_memory-20250101-120000 --best --out policy/
     nnx-ppo envs
 
 Every :class:`~nnx_ppo.algorithms.config.TrainConfig` field is a flag
@@ -37,6 +38,7 @@ from nnx_ppo.app.commands import (
     DistillCommand,
     EnvsCommand,
     EvalCommand,
+    ExportCommand,
     TrainCommand,
     print_error,
 )
@@ -47,6 +49,7 @@ __all__ = [
     "TrainCommand",
     "EvalCommand",
     "DistillCommand",
+    "ExportCommand",
     "EnvsCommand",
     "CliError",
     "DEFAULT_ENV",
@@ -124,6 +127,7 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand):
         Annotated[TrainCommand, tyro.conf.subcommand("train", default=train_default, prefix_name=False)],
         Annotated[EvalCommand, tyro.conf.subcommand("eval", prefix_name=False)],
         Annotated[DistillCommand, tyro.conf.subcommand("distill", prefix_name=False)],
+        Annotated[ExportCommand, tyro.conf.subcommand("export", prefix_name=False)],
         Annotated[EnvsCommand, tyro.conf.subcommand("envs", prefix_name=False)],
     ]
     try:
@@ -188,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             from nnx_ppo.app.distill import run_distill
 
             return run_distill(cmd, argv)
+        if isinstance(cmd, ExportCommand):
+            from nnx_ppo.app.export import run_export
+
+            return run_export(cmd)
         return _run_envs()
     except CliError as e:
         print_error(str(e))

@@ -91,6 +91,30 @@ def test_eval_picks_the_best_or_a_step(trained_run: Path, capsys):
     assert cli.main(["eval", str(trained_run), "--best", "--step", str(TOTAL)]) == 2
 
 
+def test_export_writes_a_policy_that_acts_as_load_policy(trained_run: Path, tmp_path, capsys):
+    """`nnx-ppo export` of the best policy: the artifact's actions over an
+    episode with resets are load_policy's (step="best")."""
+    import jax
+    import numpy as np
+
+    from nnx_ppo.policy import load_exported, load_policy
+
+    out = tmp_path / "policy"
+    assert cli.main(["export", str(trained_run), "--best", "--batch-size", "4", "--out", str(out)]) == 0
+    assert "exported the best evaluated policy" in capsys.readouterr().out
+    exported, policy = load_exported(out), load_policy(trained_run, step="best")
+    obs = jax.random.normal(jax.random.key(0), (20, 4, 5))  # cue_memory: 4 cues + a "now" flag
+    done = np.zeros((20, 4), bool)
+    done[7, 1] = done[12, :] = True
+    carry, exported_carry = policy.initial_carry(4), exported.initial_carry()
+    for t in range(20):
+        action, carry = policy(carry, obs[t], done[t])
+        exported_action, exported_carry = exported.step(exported_carry, obs[t], done[t])
+        np.testing.assert_array_equal(np.asarray(exported_action), np.asarray(action))
+    assert cli.main(["export", str(trained_run), "--seed", "3", "--out", str(out)]) == 2
+    assert "this run trained one seed" in capsys.readouterr().err
+
+
 def test_eval_video_on_unrenderable_env_is_a_clear_error(trained_run: Path, capsys):
     assert cli.main(["eval", str(trained_run), "--video", str(trained_run / "v.gif")]) == 2
     err = capsys.readouterr().err

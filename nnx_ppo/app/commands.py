@@ -229,6 +229,36 @@ class DistillCommand:
 
 
 @dataclasses.dataclass
+class ExportCommand:
+    """Write a run's policy as a jax.export artifact that runs with JAX alone
+    (no nnx_ppo): its step, initial carry and parameters (nnx_ppo.policy)."""
+
+    run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    """a run directory written by `nnx-ppo train`."""
+
+    out: str
+    """the directory to write (step.jax, initial_carry.jax, params.npz, policy.json)."""
+
+    batch_size: int = 1
+    """the number of envs the exported step takes at once."""
+
+    best: bool = False
+    """export the best evaluated policy kept during training instead of the final one."""
+
+    step: Optional[int] = None
+    """export the checkpoint saved at this env step instead of the final one."""
+
+    seed: Optional[int] = None
+    """for a run of several seeds: which training seed's policy (default: the first)."""
+
+    stochastic: bool = False
+    """sample actions instead of taking the policy's mode/mean."""
+
+    platforms: Annotated[tuple[str, ...], tyro.conf.arg(metavar="PLATFORM [PLATFORM ...]")] = ()
+    """the platforms the artifact runs on, e.g. cpu cuda (default: this machine's)."""
+
+
+@dataclasses.dataclass
 class EnvsCommand:
     """List the available environment specs."""
 

@@ -1,0 +1,49 @@
+"""``nnx-ppo export``: a run's policy as a :mod:`jax.export` artifact (see :mod:`nnx_ppo.policy`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nnx_ppo import run_dir as rd
+from nnx_ppo.app.commands import CliError, ExportCommand, run_policy_spec
+from nnx_ppo.app.progress import pretty_path
+
+
+def run_export(cmd: ExportCommand) -> int:
+    import jax
+
+    from nnx_ppo.network_spec import load_network
+    from nnx_ppo.policy import Policy
+
+    run_dir = Path(cmd.run_dir)
+    if cmd.batch_size <= 0:
+        raise CliError(f"--batch-size must be positive, got {cmd.batch_size}")
+    if cmd.best and cmd.step is not None:
+        raise CliError("--best and --step each pick a checkpoint; give one of them")
+    try:
+        saved = rd.read_run_config(run_dir)
+    except FileNotFoundError as e:
+        raise CliError(str(e)) from None
+    env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
+    seeds = [int(s) for s in saved.get("seeds", [])]
+    if cmd.seed is not None and cmd.seed not in seeds:
+        raise CliError(f"--seed {cmd.seed}: this run trained " +
+                       (f"seeds {seeds}" if seeds else "one seed; leave --seed out"))
+    seed = cmd.seed if cmd.seed is not None else (seeds[0] if seeds else None)
+    which = "best" if cmd.best else cmd.step
+    try:
+        network = load_network(str(ckpt_dir.resolve()), spec.build(env), seed=seed, step=which)
+    except FileNotFoundError as e:
+        raise CliError(str(e)) from None
+    obs = jax.eval_shape(lambda key: env.reset(key).obs, jax.random.key(0))
+    obs = jax.tree.map(lambda x: jax.ShapeDtypeStruct((cmd.batch_size, *x.shape), x.dtype), obs)
+    policy = Policy(network, deterministic=not cmd.stochastic)
+    try:
+        out = policy.export(cmd.out, obs, platforms=cmd.platforms or None)
+    except (ValueError, OSError) as e:
+        raise CliError(f"cannot export to {cmd.out}: {e}", code=1) from None
+    what = {None: "final policy", "best": "best evaluated policy"}.get(which, f"policy at step {which}")
+    print(f"exported the {what} of {pretty_path(run_dir)}" + (f" (seed {seed})" if seed is not None else "") +
+          f" for batches of {cmd.batch_size} to {out}: step.jax, initial_carry.jax, params.npz, policy.json "
+          "(load with jax.export alone; see nnx_ppo.policy.load_exported)")
+    return 0

@@ -1,0 +1,153 @@
+"""The policy API: load, step (with resets as training does) and export."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.functional import NetworkFn
+from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout
+from nnx_ppo.networks.adapter import PPOAdapter
+from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.recurrent import LSTM
+from nnx_ppo.networks.sampling_layers import NormalTanhSampler
+from nnx_ppo.policy import Policy, load_exported, load_policy
+from tests.algorithms.test_replay_consistency import DictActionTarget, everything_network
+from tests.algorithms.toy_envs import Target
+
+N, T = 8, 30
+
+
+def _rollout(env, net, deterministic, seed=0):
+    """A training rollout of ``T`` steps of ``N`` envs (episodes end inside it),
+    compiled as training compiles it (so ``net`` is left as it is)."""
+
+    def run(view, key):
+        carry, view = view.initialize(N)
+        env_state = jax.vmap(env.reset)(jax.random.split(key, N))
+        state = RolloutState(env_state=env_state, carry=carry, episode_return=jnp.zeros((N,)),
+                             episode_length=jnp.zeros((N,), jnp.int32), fresh=jnp.ones((N,), bool))
+        return collect_rollout(env, view, state, jax.random.fold_in(key, 1), T, True).trajectory
+
+    return jax.jit(run)(NetworkFn.of(net, deterministic), jax.random.key(seed))
+
+
+def _policy_actions(policy, traj):
+    """Step ``policy`` on the rollout's observations, ``done`` where the
+    rollout reset the carry (nothing at the first step)."""
+    carry, actions = policy.initial_carry(N), []
+    for t in range(T):
+        action, carry = policy(carry, traj.obs[t], None if t == 0 else traj.reset[t])
+        actions.append(action)
+    return jax.tree.map(lambda *xs: np.stack(xs), *actions)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_policy_acts_as_the_training_rollout(deterministic):
+    """Every shipped module (LSTM, GRU, delays, noise with fresh keys on
+    reset, bottlenecks, samplers): the policy's actions over episodes with
+    resets are the rollout's, bit for bit, sampled ones included."""
+    env = DictActionTarget(obs_size=3, action_size=2, max_steps=5, p_end=0.15)
+    net = everything_network()
+    traj = _rollout(env, net, deterministic)
+    assert int(np.sum(traj.reset[1:])) > 5  # episodes end inside the rollout
+    got = _policy_actions(Policy(net, deterministic), traj)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(traj.actions)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_without_resets_the_carry_runs_on():
+    """Not resetting where an episode ended gives other actions: the reset is
+    what makes the policy equal the rollout (the test above can fail)."""
+    env = DictActionTarget(obs_size=3, action_size=2, max_steps=5, p_end=0.15)
+    net = everything_network()
+    traj = _rollout(env, net, True)
+    policy, carry, diff = Policy(net), None, 0.0
+    carry = policy.initial_carry(N)
+    for t in range(T):
+        action, carry = policy(carry, traj.obs[t])
+        diff = max(diff, float(jnp.max(jnp.abs(action["plain"] - traj.actions["plain"][t]))))
+    assert diff > 1e-3
+
+
+def test_initial_carry_checks_n():
+    with pytest.raises(ValueError, match="n must be a positive int"):
+        Policy(everything_network()).initial_carry(0)
+
+
+_NO_NNX_PPO = """
+import sys
+sys.modules["nnx_ppo"] = None  # importing it fails here
+sys.modules["flax"] = None
+import numpy as np
+from jax import export
+path, data = sys.argv[1], np.load(sys.argv[2])
+step = export.deserialize(open(path + "/step.jax", "rb").read())
+init = export.deserialize(open(path + "/initial_carry.jax", "rb").read())
+stored = np.load(path + "/params.npz")
+params = [stored[f"arr_{i}"] for i in range(len(stored.files))]
+carry, out = init.call(params), {}
+for t in range(data["obs"].shape[0]):
+    action, carry = step.call(params, carry, data["obs"][t], data["done"][t])
+    for k, v in action.items():
+        out.setdefault(k, []).append(np.asarray(v))
+np.savez(sys.argv[3], **{k: np.stack(v) for k, v in out.items()})
+"""
+
+
+def test_exported_policy_runs_without_nnx_ppo(tmp_path):
+    """The exported step, loaded in a process where nnx_ppo and flax cannot
+    be imported, gives the policy's actions over episodes with resets."""
+    env = DictActionTarget(obs_size=3, action_size=2, max_steps=5, p_end=0.15)
+    net = everything_network()
+    traj = _rollout(env, net, True)
+    policy = Policy(net)
+    path = policy.export(tmp_path / "policy", traj.obs[0])
+    want = _policy_actions(policy, traj)
+    done = np.asarray(traj.reset).copy()
+    done[0] = False
+    np.savez(tmp_path / "in.npz", obs=np.asarray(traj.obs), done=done)
+    env_vars = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", _NO_NNX_PPO, str(path), str(tmp_path / "in.npz"),
+                    str(tmp_path / "out.npz")], check=True, cwd=tmp_path, env=env_vars, timeout=300)
+    got = np.load(tmp_path / "out.npz")
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key])
+    loaded = load_exported(path)  # the same through nnx_ppo's reader
+    action, _ = loaded.step(loaded.initial_carry(), traj.obs[0], done[0])
+    np.testing.assert_array_equal(np.asarray(action["plain"]), want["plain"][0])
+
+
+def _small_network(seed):
+    rngs = nnx.Rngs(seed)
+    return Sequential([
+        Dense(3, 8, rngs), LSTM(8, 8, rngs),
+        PPOAdapter(action=Sequential([Dense(8, 4, rngs), NormalTanhSampler(rngs)]), value=Dense(8, 1, rngs)),
+    ])
+
+
+def test_load_policy_from_checkpoints(tmp_path):
+    """load_policy reads a run's checkpoint (the latest, or the best kept)
+    and acts as the trained network."""
+    env = Target(max_steps=5, p_end=0.15)
+    net = _small_network(0)
+    config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=12, total_steps=8 * 12 * 2, n_minibatches=4),
+                         eval=EvalConfig(every_steps=96, n_envs=4, max_episode_length=5))
+    train_ppo(env, net, config, checkpoint_dir=str(tmp_path))
+    traj = _rollout(env, net, True)
+    want = _policy_actions(Policy(net), traj)
+    got = _policy_actions(load_policy(tmp_path, network=_small_network(1)), traj)
+    np.testing.assert_array_equal(got, want)
+    best = load_policy(tmp_path, step="best", network=_small_network(1))
+    np.testing.assert_array_equal(_policy_actions(best, traj).shape, want.shape)
+    with pytest.raises(FileNotFoundError):
+        load_policy(pathlib.Path(tmp_path) / "missing", network=_small_network(0))
