@@ -1,7 +1,7 @@
 """The policy a user gets: final and best evaluated policies of a preset over seeds.
 
 Usage: python bench/final_policy.py ENV [NETWORK] [--seeds 0 1 ...] [--episodes 128] [--set KEY=JSON ...]
-                                    [--target T] [--label NAME] [--out FILE]
+                                    [--env-kwargs JSON] [--target T] [--label NAME] [--out FILE]
 
 Trains ENV's preset (as ``nnx-ppo train ENV --seeds ...`` does: the preset's
 envs, network and config; all seeds in one program with ``train_seeds``)
@@ -10,13 +10,15 @@ evaluated policy training kept, each on ``--episodes`` deterministic
 episodes with fresh reset keys. Prints one JSON line per seed and a summary
 (how many seeds reach the preset's target, final and best); appends them to
 ``--out`` (default bench/results/final_policy.jsonl). ``--set`` overrides a
-TrainConfig field (``--set ppo.learning_rate_decay=true``); ``--label`` names
+TrainConfig field (``--set ppo.learning_rate_decay=true``), ``--env-kwargs`` the preset's env
+keyword arguments (``'{"n_cues": 4, "delay": 40}'``); ``--label`` names
 such a variant.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -53,6 +55,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     parser.add_argument("--episodes", type=int, default=128)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--env-kwargs", default=None, help="JSON: replaces the preset's env keyword arguments")
     parser.add_argument("--label", default="preset")
     parser.add_argument("--target", type=float, default=None, help="the bar (default: the preset's target)")
     parser.add_argument("--out", default=str(HERE / "results" / "final_policy.jsonl"))
@@ -60,6 +63,8 @@ def main() -> None:
     preset = find_preset(args.env, args.network)
     if preset is None:
         raise SystemExit(f"no preset for {args.env} {args.network or ''}")
+    if args.env_kwargs is not None:
+        preset = dataclasses.replace(preset, env_kwargs=json.loads(args.env_kwargs))
     config = with_overrides(preset.config, args.overrides)
     target = preset.target if args.target is None else args.target
     train_env, eval_env = preset.make_envs()
@@ -71,7 +76,8 @@ def main() -> None:
                               args.seeds, eval_env=eval_env, checkpoint_dir=directory)
         wall = time.perf_counter() - t0
         for seed, result in zip(args.seeds, results):
-            row = {"env": preset.env, "network": preset.network, "label": args.label, "seed": seed,
+            row = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
+                   "label": args.label, "seed": seed,
                    "target": target, "episodes": args.episodes, "wall_s": round(wall, 1),
                    "overrides": args.overrides, "failed": result.failure is not None}
             for which in (None, "best"):
@@ -85,7 +91,8 @@ def main() -> None:
             rows.append(row)
     finals = np.array([r["final_return"] for r in rows])
     bests = np.array([r["best_return"] for r in rows])
-    summary = {"env": preset.env, "network": preset.network, "label": args.label, "seeds": args.seeds,
+    summary = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
+               "label": args.label, "seeds": args.seeds,
                "target": target, "final_reached": int(np.sum(finals >= target)),
                "best_reached": int(np.sum(bests >= target)), "final_median": float(np.median(finals)),
                "final_min": float(finals.min()), "best_min": float(bests.min()), "wall_s": rows[0]["wall_s"]}

@@ -14,15 +14,81 @@ import dataclasses
 import os
 from typing import Any
 
-__all__ = ["NetworkSpec", "network_kwargs", "load_network"]
+__all__ = ["NetworkSpec", "network_kwargs", "load_network", "FACTORY_KINDS", "is_factory_reference",
+           "resolve_factory_reference"]
+
+FACTORY_KINDS = ("mlp", "lstm", "gru")
+"""The networks :func:`~nnx_ppo.networks.factories.make_actor_critic_for_env` builds."""
 
 
 def network_kwargs(network: str, hidden_size: int) -> dict[str, Any]:
     """Factory sizes for a network kind and width: an MLP gets two hidden
-    layers each for actor and critic; LSTM/GRU one encoder layer and the core."""
+    layers each for actor and critic; LSTM/GRU one encoder layer and the core.
+    A network of the user's own (a reference) gets none."""
+    if is_factory_reference(network):
+        return {}
     if network == "mlp":
         return {"actor_hidden_sizes": [hidden_size, hidden_size], "critic_hidden_sizes": [hidden_size, hidden_size]}
     return {"hidden_size": hidden_size, "encoder_sizes": [hidden_size]}
+
+
+def is_factory_reference(kind: str) -> bool:
+    """Whether ``kind`` names a user's network function, ``MODULE:FUNCTION``
+    or ``FILE.py:FUNCTION``, rather than one of :data:`FACTORY_KINDS`."""
+    return isinstance(kind, str) and ":" in kind
+
+
+def _normalized_reference(ref: str) -> str:
+    """``ref`` with a file path made absolute (so the run can be read from elsewhere)."""
+    where, _, name = ref.rpartition(":")
+    if where.endswith(".py"):
+        return f"{os.path.abspath(where)}:{name}"
+    return ref
+
+
+def resolve_factory_reference(ref: str):
+    """The function ``ref`` names: ``package.module:function`` (importable, or
+    found from the current directory) or ``path/to/file.py:function``. It is
+    called as ``function(env, rngs)`` and returns the network. A ValueError
+    says in one line what could not be found."""
+    import hashlib
+    import importlib
+    import importlib.util
+    import sys
+
+    where, _, name = ref.rpartition(":")
+    if not where or not name or not name.isidentifier():
+        raise ValueError(f"network {ref!r}: expected MODULE:FUNCTION or FILE.py:FUNCTION")
+    if where.endswith(".py"):
+        path = os.path.abspath(where)
+        if not os.path.isfile(path):
+            raise ValueError(f"network {ref!r}: no file {path}")
+        # Loaded once per process: every seed's network must hold the same classes.
+        digest = hashlib.sha1(path.encode()).hexdigest()[:10]
+        module_name = f"nnx_ppo_user_network_{digest}_{os.path.splitext(os.path.basename(path))[0]}"
+        module = sys.modules.get(module_name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+            try:
+                spec.loader.exec_module(module)
+            except Exception as e:  # the user's file failed to run: say where, in one line
+                del sys.modules[module_name]
+                raise ValueError(f"network {ref!r}: running {path} failed: {type(e).__name__}: {e}") from None
+    else:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.append(os.getcwd())  # as `python -m` would find it
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise ValueError(f"network {ref!r}: cannot import {where} ({e})") from None
+        except Exception as e:
+            raise ValueError(f"network {ref!r}: importing {where} failed: {type(e).__name__}: {e}") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ValueError(f"network {ref!r}: {where} has no function {name!r}")
+    return function
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +97,9 @@ class NetworkSpec:
 
     Attributes:
       env: env spec for :func:`nnx_ppo.envs.make`.
-      kind: ``"mlp"``, ``"lstm"`` or ``"gru"``.
+      kind: ``"mlp"``, ``"lstm"`` or ``"gru"``, or the user's own network
+        function as ``MODULE:FUNCTION`` or ``FILE.py:FUNCTION`` (see
+        :func:`resolve_factory_reference`), called as ``function(env, rngs)``.
       kwargs: keyword arguments of ``make_actor_critic_for_env`` (sizes).
       seed: the ``nnx.Rngs`` seed of the initial parameters.
       env_kwargs: keyword arguments for ``make``.
@@ -51,6 +119,11 @@ class NetworkSpec:
         """The spec of a ``kind`` network of width ``hidden_size`` (see :func:`network_kwargs`)."""
         if not isinstance(hidden_size, int) or hidden_size <= 0:
             raise ValueError(f"NetworkSpec: hidden_size must be a positive integer, got {hidden_size!r}")
+        if is_factory_reference(kind):
+            kind = _normalized_reference(kind)
+        elif kind not in FACTORY_KINDS:
+            raise ValueError(f"network must be one of {', '.join(FACTORY_KINDS)}, or your own network function as "
+                             f"MODULE:FUNCTION or FILE.py:FUNCTION, got {kind!r}")
         return cls(env=env, kind=kind, kwargs=network_kwargs(kind, hidden_size), seed=seed,
                    env_kwargs=dict(env_kwargs or {}), hidden_size=hidden_size)
 
@@ -69,6 +142,8 @@ class NetworkSpec:
 
         env = self.make_env() if env is None else env
         rngs = nnx.Rngs(int(self.seed)) if rngs is None else rngs
+        if is_factory_reference(self.kind):
+            return resolve_factory_reference(self.kind)(env, rngs, **self.kwargs)
         return make_actor_critic_for_env(env, self.kind, rngs, **self.kwargs)
 
     def to_dict(self) -> dict[str, Any]:

@@ -97,7 +97,8 @@ def test_export_writes_a_policy_that_acts_as_load_policy(trained_run: Path, tmp_
     import jax
     import numpy as np
 
-    from nnx_ppo.policy import load_exported, load_policy
+    from nnx_ppo.network_spec import load_network
+    from nnx_ppo.policy import Policy, load_exported, load_policy
 
     out = tmp_path / "policy"
     assert cli.main(["export", str(trained_run), "--best", "--batch-size", "4", "--out", str(out)]) == 0
@@ -113,6 +114,15 @@ def test_export_writes_a_policy_that_acts_as_load_policy(trained_run: Path, tmp_
         np.testing.assert_array_equal(np.asarray(exported_action), np.asarray(action))
     assert cli.main(["export", str(trained_run), "--seed", "3", "--out", str(out)]) == 2
     assert "this run trained one seed" in capsys.readouterr().err
+    # load_policy (latest) acts as the network load_network restores
+    latest, restored = load_policy(trained_run), Policy(load_network(trained_run))
+    carry, restored_carry = latest.initial_carry(4), restored.initial_carry(4)
+    for t in range(20):
+        action, carry = latest(carry, obs[t], done[t])
+        restored_action, restored_carry = restored(restored_carry, obs[t], done[t])
+        np.testing.assert_array_equal(np.asarray(action), np.asarray(restored_action))
+    with pytest.raises(FileNotFoundError):
+        load_policy(tmp_path / "missing")
 
 
 def test_eval_video_on_unrenderable_env_is_a_clear_error(trained_run: Path, capsys):
@@ -334,23 +344,73 @@ def test_video_every_on_an_unrenderable_env_is_an_error_before_training(tmp_path
     assert not (tmp_path / "r").exists()
 
 
-def test_train_several_seeds_in_one_run(tmp_path, capsys):
-    """--seeds: one program, one run directory; rows carry their seed; the
-    curve is drawn; the summary lists each seed's final return."""
+OWN_NETWORK = """
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_ppo.networks.adapter import PPOAdapter
+from nnx_ppo.networks.containers import Sequential
+from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.sampling_layers import CategoricalSampler
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+
+
+class Leaky(StatefulModule):
+    \"\"\"A leaky integrator: h = decay * h + x.\"\"\"
+
+    def __init__(self, size, decay):
+        self.size, self.decay = size, decay
+
+    def __call__(self, state, x, rollout_extras=None):
+        h = self.decay * state + x
+        return StatefulModuleOutput(next_state=h, output=h)
+
+    def initialize_state(self, batch_size):
+        return jnp.zeros((batch_size, self.size))
+
+
+def make_net(env, rngs):
+    obs, n = env.observation_space.shape[0], env.action_space.n
+    return Sequential([Dense(obs, 8, rngs, activation=jnp.tanh), Leaky(8, 0.9),
+                       PPOAdapter(action=Sequential([Dense(8, n, rngs), CategoricalSampler(rngs)]),
+                                  value=Dense(8, 1, rngs))])
+"""
+
+
+def test_train_several_seeds_in_one_run(tmp_path, capsys, monkeypatch):
+    """--seeds with the user's own network (--network FILE.py:FUNCTION, a
+    custom stateful module): one program, one run directory; rows carry their
+    seed; the curve is drawn; the summary lists each seed's final return;
+    eval (from another directory), distill and --resume rebuild the network
+    from config.json."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "own_net.py").write_text(OWN_NETWORK)
+    monkeypatch.chdir(tmp_path / "src")
     run = tmp_path / "seeds"
-    code = cli.main(["train", *TINY, "--ppo.total-steps", "512", "--eval.every-steps", "256", "--seeds", "0", "1",
-                     "--iterations-per-call", "2", "--run-dir", str(run), "--quiet"])
+    code = cli.main(["train", *TINY, "--network", "own_net.py:make_net", "--ppo.total-steps", "512",
+                     "--eval.every-steps", "256", "--seeds", "0", "1", "--iterations-per-call", "2",
+                     "--run-dir", str(run), "--quiet"])
     assert code == 0
-    assert json.loads((run / "config.json").read_text())["seeds"] == [0, 1]
+    config = json.loads((run / "config.json").read_text())
+    assert config["seeds"] == [0, 1]
+    assert config["network"]["kind"] == f"{tmp_path / 'src' / 'own_net.py'}:make_net"
     rows = rd.read_metrics(run)
     for seed in (0, 1):
         assert len([r for r in rows if r.get("seed") == seed and not r.get("eval")]) == 4
         assert len([r for r in rows if r.get("seed") == seed and r.get("eval")]) == 2
     assert (run / rd.CURVE_FILE).stat().st_size > 0
     out = capsys.readouterr().out
+    assert "training own_net.py:make_net on cue_memory" in out
     assert "final eval return per seed: 0: " in out
     assert "best eval return seed 0: " in out and ", seed 1: " in out and "--best" in out
     assert cli.main(["train", "--seeds", "1", "1", "--run-dir", str(tmp_path / "dup")]) == 2
+    capsys.readouterr()
+    for bad, says in (("missing.py:make_net", "no file"), ("own_net.py:nothing", "has no function 'nothing'"),
+                      ("no_such_pkg.mod:f", "cannot import no_such_pkg.mod"), ("transformer", "MODULE:FUNCTION")):
+        assert cli.main(["train", *TINY, "--network", bad, "--run-dir", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.chdir(tmp_path)  # the run names the file by its absolute path
     # One checkpoint holds both seeds: eval reports each, --resume continues both.
     assert cli.main(["eval", str(run), "--episodes", "4"]) == 0
     out = capsys.readouterr().out
@@ -358,8 +418,12 @@ def test_train_several_seeds_in_one_run(tmp_path, capsys):
     assert cli.main(["eval", str(run), "--best", "--episodes", "4"]) == 0  # one best policy per seed
     out = capsys.readouterr().out
     assert "best evaluated policy" in out and "seed 0: return" in out and "seed 1: return" in out
-    assert cli.main(["distill", str(run), "--hidden-size", "8", "--total-steps", "256",  # teacher: seed 0's policy
-                     "--run-dir", str(tmp_path / "student"), "--quiet"]) == 0
+    assert cli.main(["eval", str(run), "--list-modules"]) == 0
+    assert "Leaky" in capsys.readouterr().out
+    assert cli.main(["distill", str(run), "--network", "src/own_net.py:make_net",  # teacher: seed 0's policy
+                     "--total-steps", "256", "--run-dir", str(tmp_path / "student"), "--quiet"]) == 0
+    assert json.loads((tmp_path / "student" / "config.json").read_text())["network"]["kind"] == \
+        config["network"]["kind"]
     assert cli.main(["train", "--resume", str(run), "--ppo.total-steps", "768", "--quiet"]) == 0
     rows = rd.read_metrics(run)
     for seed in (0, 1):

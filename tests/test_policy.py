@@ -1,7 +1,6 @@
 """The policy API: load, step (with resets as training does) and export."""
 
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -9,20 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.functional import NetworkFn
-from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout
-from nnx_ppo.networks.adapter import PPOAdapter
-from nnx_ppo.networks.containers import Sequential
-from nnx_ppo.networks.feedforward import Dense
-from nnx_ppo.networks.recurrent import LSTM
-from nnx_ppo.networks.sampling_layers import NormalTanhSampler
-from nnx_ppo.policy import Policy, load_exported, load_policy
+from nnx_ppo.policy import Policy, load_exported
 from tests.algorithms.test_replay_consistency import DictActionTarget, everything_network
-from tests.algorithms.toy_envs import Target
 
 N, T = 8, 30
 
@@ -125,29 +115,3 @@ def test_exported_policy_runs_without_nnx_ppo(tmp_path):
     loaded = load_exported(path)  # the same through nnx_ppo's reader
     action, _ = loaded.step(loaded.initial_carry(), traj.obs[0], done[0])
     np.testing.assert_array_equal(np.asarray(action["plain"]), want["plain"][0])
-
-
-def _small_network(seed):
-    rngs = nnx.Rngs(seed)
-    return Sequential([
-        Dense(3, 8, rngs), LSTM(8, 8, rngs),
-        PPOAdapter(action=Sequential([Dense(8, 4, rngs), NormalTanhSampler(rngs)]), value=Dense(8, 1, rngs)),
-    ])
-
-
-def test_load_policy_from_checkpoints(tmp_path):
-    """load_policy reads a run's checkpoint (the latest, or the best kept)
-    and acts as the trained network."""
-    env = Target(max_steps=5, p_end=0.15)
-    net = _small_network(0)
-    config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=12, total_steps=8 * 12 * 2, n_minibatches=4),
-                         eval=EvalConfig(every_steps=96, n_envs=4, max_episode_length=5))
-    train_ppo(env, net, config, checkpoint_dir=str(tmp_path))
-    traj = _rollout(env, net, True)
-    want = _policy_actions(Policy(net), traj)
-    got = _policy_actions(load_policy(tmp_path, network=_small_network(1)), traj)
-    np.testing.assert_array_equal(got, want)
-    best = load_policy(tmp_path, step="best", network=_small_network(1))
-    np.testing.assert_array_equal(_policy_actions(best, traj).shape, want.shape)
-    with pytest.raises(FileNotFoundError):
-        load_policy(pathlib.Path(tmp_path) / "missing", network=_small_network(0))

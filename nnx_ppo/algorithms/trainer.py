@@ -25,6 +25,7 @@ what one iteration does. :func:`train` does the rest, in this order:
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, Unpack
@@ -53,7 +54,7 @@ from nnx_ppo.algorithms.sharding import local_devices, place, replicated
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.envs.registry import as_env
 
-__all__ = ["Algorithm", "TrainOptions", "train", "resume_state"]
+__all__ = ["Algorithm", "TrainOptions", "train", "resume_state", "CheckpointDirInUseError"]
 
 Iteration = Callable[[TrainingState], tuple[TrainingState, IterationOutput]]
 
@@ -88,7 +89,10 @@ class TrainOptions(TypedDict, total=False):
       eval_env: env for evaluation (default: the training env).
       checkpoint_dir: save the whole training state here every
         ``TrainConfig.checkpoint_every_steps`` env steps (keeping the last
-        ``TrainConfig.keep_checkpoints``) and at the end.
+        ``TrainConfig.keep_checkpoints``) and at the end. A run that does
+        not resume refuses a directory that already holds checkpoints
+        (:class:`CheckpointDirInUseError`), so that it never prunes another
+        run's.
       resume_from: a checkpoint directory (or one checkpoint in it) to
         continue from; the latest complete checkpoint is used.
       checkpoint_metadata: JSON-serializable data saved with each checkpoint
@@ -110,6 +114,26 @@ def _check_options(options: dict[str, Any]) -> None:
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; a trainer takes "
                         f"{', '.join(TrainOptions.__annotations__)} (see nnx_ppo.algorithms.trainer.TrainOptions)")
+
+
+class CheckpointDirInUseError(ValueError):
+    """A run that starts from scratch was given a ``checkpoint_dir`` that
+    already holds another run's checkpoints (which it would prune)."""
+
+
+def _check_fresh_checkpoint_dir(checkpoint_dir: str) -> None:
+    """Refuse to start a fresh run in a directory holding checkpoints:
+    keeping only the newest ``keep_checkpoints`` would delete the other
+    run's, or this run's own when the other's steps are higher."""
+    from nnx_ppo.algorithms import checkpointing
+
+    held = [step for step, _ in checkpointing.list_checkpoints(checkpoint_dir)]
+    best = checkpointing.best_policy_dir(checkpoint_dir)
+    if held or (best.is_dir() and any(best.iterdir())):
+        what = f"checkpoints at steps {held[:3]}{' ...' if len(held) > 3 else ''}" if held else "a best policy"
+        raise CheckpointDirInUseError(
+            f"checkpoint_dir {os.fspath(checkpoint_dir)!r} already holds {what} of another run; a fresh run "
+            "would prune them. Continue that run with resume_from=checkpoint_dir, or give an empty directory")
 
 
 def _per_seed(row: dict[str, Any], index: int) -> dict[str, float]:
@@ -241,6 +265,8 @@ def train(
     else:
         devices = local_devices(config.n_devices, ppo.n_envs)
         networks, graphdef = [network], NetworkFn.of(network, deterministic=False).graphdef  # training samples
+    if checkpoint_dir is not None and resume_from is None:
+        _check_fresh_checkpoint_dir(checkpoint_dir)
     if state is None:
         state = _initial_state(algorithm, env, networks, config, seeds)
     if resume_from is not None:

@@ -6,12 +6,12 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Optional
 
 import tyro
 
 from nnx_ppo.algorithms.config import TrainConfig
-from nnx_ppo.network_spec import NetworkSpec
+from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, resolve_factory_reference
 from nnx_ppo.presets import get_preset
 
 PROG = "nnx-ppo"
@@ -70,8 +70,13 @@ class TrainCommand:
         "(see `nnx-ppo envs`)."
     )
 
-    network: Literal["mlp", "lstm", "gru"] = DEFAULT_NETWORK
-    """actor-critic architecture: feed-forward MLP, or an encoder + LSTM/GRU core."""
+    network: Annotated[str, tyro.conf.arg(metavar="{mlp,lstm,gru}|MODULE:FUNCTION|FILE.py:FUNCTION")] = (
+        DEFAULT_NETWORK)
+    (
+        "actor-critic architecture: feed-forward MLP, or an encoder + LSTM/GRU core; or your own network, "
+        "FUNCTION(env, rngs) in MODULE (importable, or from the current directory) or in FILE.py, rebuilt from "
+        "config.json by eval, --resume, --seeds and distill (docs/own_network.md)."
+    )
 
     hidden_size: int = DEFAULT_HIDDEN_SIZE
     (
@@ -200,7 +205,7 @@ class DistillCommand:
     teacher_run: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="TEACHER_RUN_DIR")]
     """a run directory written by `nnx-ppo train` (its final checkpoint is the teacher)."""
 
-    network: Literal["mlp", "lstm", "gru"] = "lstm"
+    network: Annotated[str, tyro.conf.arg(metavar="{mlp,lstm,gru}|MODULE:FUNCTION|FILE.py:FUNCTION")] = "lstm"
     """the student's architecture."""
 
     hidden_size: int = 64
@@ -306,10 +311,21 @@ def run_policy_spec(run_dir: Path, saved: dict[str, Any]) -> tuple[Any, NetworkS
     env = make_env(saved["env"], saved.get("env_kwargs", {}))
     spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}), **saved["network"]},
                                  where=f"{run_dir}/config.json")
+    if is_factory_reference(spec.kind):
+        try:
+            resolve_factory_reference(spec.kind)
+        except ValueError as e:
+            raise CliError(f"{e} (the network of {run_dir})") from None
     return env, spec, ckpt_dir
 
 
 def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
     if cmd.hidden_size <= 0:
         raise CliError(f"--hidden-size must be positive, got {cmd.hidden_size}")
-    return NetworkSpec.sized(cmd.env, cmd.network, cmd.hidden_size, seed=seed, env_kwargs=env_kwargs)
+    try:
+        spec = NetworkSpec.sized(cmd.env, cmd.network, cmd.hidden_size, seed=seed, env_kwargs=env_kwargs)
+        if is_factory_reference(spec.kind):
+            resolve_factory_reference(spec.kind)
+    except ValueError as e:
+        raise CliError(f"--network: {e}") from None
+    return spec

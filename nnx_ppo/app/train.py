@@ -23,6 +23,7 @@ from nnx_ppo.app.commands import (
 )
 from nnx_ppo.app.evaluate import check_video_target
 from nnx_ppo.app.progress import Progress, StopFlag, fmt_seconds, pretty_path
+from nnx_ppo.network_spec import is_factory_reference
 from nnx_ppo.presets import find_preset
 
 
@@ -66,11 +67,14 @@ def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: 
             raise CliError(
                 f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --run-dir"
             )
+        if has_checkpoint(run_dir / rd.CHECKPOINT_DIR) or any((run_dir / rd.CHECKPOINT_DIR / "best").rglob("step_*")):
+            raise CliError(f"{run_dir / rd.CHECKPOINT_DIR} already holds checkpoints (of another run, without its "
+                           "config.json); a new run would prune them. Pick another --run-dir, or move them away")
         return run_dir
     assert saved is not None
     for what, now, before in (
         ("env", cmd.env, saved["env"]),
-        ("--network", cmd.network, saved["network"]["kind"]),
+        ("--network", _normalized_network(cmd.network), saved["network"]["kind"]),
         ("--hidden-size", cmd.hidden_size, saved["network"]["hidden_size"]),
         ("--env-kwargs", env_kwargs, saved.get("env_kwargs", {})),
         ("--ppo.n-envs", cmd.config.ppo.n_envs, saved["config"]["ppo"]["n_envs"]),
@@ -87,6 +91,21 @@ def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: 
     if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
         raise CliError(f"{run_dir} has no checkpoints to resume from")
     return run_dir
+
+
+def _normalized_network(network: str) -> str:
+    """``--network`` as config.json records it (a file reference made absolute)."""
+    from nnx_ppo.network_spec import NetworkSpec
+
+    try:
+        return NetworkSpec.sized("", network, 1).kind
+    except ValueError:
+        return network
+
+
+def _network_title(cmd: TrainCommand) -> str:
+    """``lstm (hidden 32)``, or the user's network reference."""
+    return cmd.network if is_factory_reference(cmd.network) else f"{cmd.network} (hidden {cmd.hidden_size})"
 
 
 def _envs(cmd: TrainCommand, env_kwargs: dict, train_env_kwargs: dict):
@@ -145,7 +164,7 @@ def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict, resuming: bool
     ppo = cmd.config.ppo
     total = ppo.n_iterations * ppo.steps_per_iteration
     print(f"run directory: {pretty_path(run_dir)}", flush=True)
-    print(f"{'resuming' if resuming else 'training'} {cmd.network} (hidden {cmd.hidden_size}) on {cmd.env}"
+    print(f"{'resuming' if resuming else 'training'} {_network_title(cmd)} on {cmd.env}"
           f"{' ' + json.dumps(env_kwargs) if env_kwargs else ''}: {total:,} env steps, "
           f"{ppo.n_envs} envs x {ppo.rollout_length} steps per iteration", flush=True)
     preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network)
@@ -296,7 +315,7 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     try:
         network = spec.build(env)
     except ValueError as e:
-        raise CliError(f"cannot build a {cmd.network} network for {cmd.env}: {e}") from None
+        raise CliError(f"cannot build the network {cmd.network} for {cmd.env}: {e}") from None
     wandb = _import_wandb(cmd) if primary else None
     if cmd.video_every < 0:
         raise CliError(f"--video-every must be >= 0, got {cmd.video_every}")
