@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from typing import Annotated, Union
 
 import tyro
@@ -173,10 +174,22 @@ def _join_processes(cmd: TrainCommand) -> None:
         raise CliError(str(e)) from None
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """The library's own warnings (e.g. a skipped unreadable checkpoint) as
+    one line; others as Python formats them."""
+    if category.__module__.startswith("nnx_ppo."):
+        return f"{PROG}: warning: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
+
+
+_python_format_warning = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nnx-ppo`` console script. Returns the exit code
     (0 ok, 1 failure, 2 bad usage, 130 aborted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    warnings.formatwarning = _format_warning
     try:
         cmd, saved = _parse(argv)
         if isinstance(cmd, TrainCommand):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 from typing import Any
 
 __all__ = ["NetworkSpec", "network_kwargs", "load_network", "FACTORY_KINDS", "is_factory_reference",
@@ -188,5 +189,8 @@ def load_network(directory: str | os.PathLike, network: Any = None, seed: int | 
             raise ValueError(f"{err}; build the network yourself and pass it as "
                              "load_network(directory, network=...)") from None
         network = network.build()
-    # A best policy is one seed's alone, even in a run of several seeds.
-    return checkpointing.restore_network(path, network, seed=None if step == "best" else seed)
+    # A best policy is one seed's alone, even in a run of several seeds. The
+    # latest: the newest intact checkpoint of its directory (a truncated one is skipped).
+    named = step is not None or path == pathlib.Path(directory).absolute()  # one checkpoint asked for
+    source = path if named else path.parent
+    return checkpointing.restore_network(source, network, seed=None if step == "best" else seed)

@@ -33,6 +33,7 @@ import json
 import os
 import pathlib
 import re
+import warnings
 from typing import Any
 
 import jax
@@ -54,6 +55,7 @@ from nnx_ppo.algorithms._checkpoint_write import COMMIT_MARKER, write_checkpoint
 
 __all__ = [
     "CheckpointError",
+    "CheckpointFallbackWarning",
     "COMMIT_MARKER",
     "save_training_state",
     "save_policy",
@@ -167,6 +169,34 @@ def _resolve(directory: str | os.PathLike) -> pathlib.Path:
     return found
 
 
+class CheckpointFallbackWarning(UserWarning):
+    """The newest checkpoint could not be read; an older intact one was used."""
+
+
+def _newest_intact(directory: str | os.PathLike, restore: Any) -> Any:
+    """``restore(path)`` of the newest checkpoint in ``directory`` that reads
+    back; a checkpoint that does not (truncated or corrupt files:
+    :class:`CheckpointError`) is skipped with a
+    :class:`CheckpointFallbackWarning` naming it and the one used instead.
+    ``directory`` naming one checkpoint restores exactly that one."""
+    root = pathlib.Path(directory).absolute()
+    if root.is_dir() and _is_complete(root):
+        return restore(root)
+    candidates = [path for _, path in reversed(list_checkpoints(root))] or [_resolve(root)]
+    skipped: list[tuple[pathlib.Path, CheckpointError]] = []
+    for path in candidates:
+        try:
+            result = restore(path)
+        except CheckpointError as err:
+            skipped.append((path, err))
+            continue
+        for bad, err in skipped:
+            warnings.warn(f"checkpoint {bad.name} in {str(root)!r} cannot be read ({str(err).splitlines()[0]}); "
+                          f"loaded {path.name}, the newest intact one", CheckpointFallbackWarning, stacklevel=3)
+        return result
+    raise skipped[0][1]
+
+
 # --------------------------------------------------------------------------- saving
 
 
@@ -270,13 +300,16 @@ def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
         envs, ...); the message names the first differing variable and both shapes.
       CheckpointError: the checkpoint is corrupt; the message names its path.
     """
-    path = _resolve(directory)
-    layout = read_layout(path)
-    values = {}
-    values.update(restore_sections(path, "network", sections_of(template, _NETWORK_FIELDS), layout))
-    training = [f for f in _TRAINING_FIELDS if f in layout or f not in _LATER_FIELDS]
-    values.update(restore_sections(path, "training", sections_of(template, tuple(training)), layout))
-    return dataclasses.replace(template, **values)
+
+    def restore(path: pathlib.Path) -> Any:
+        layout = read_layout(path)
+        values = {}
+        values.update(restore_sections(path, "network", sections_of(template, _NETWORK_FIELDS), layout))
+        training = [f for f in _TRAINING_FIELDS if f in layout or f not in _LATER_FIELDS]
+        values.update(restore_sections(path, "training", sections_of(template, tuple(training)), layout))
+        return dataclasses.replace(template, **values)
+
+    return _newest_intact(directory, restore)
 
 
 # --------------------------------------------------------------------------- config / metadata
@@ -340,23 +373,25 @@ def restore_network(directory: str | os.PathLike, network: Any, seed: int | None
     if network is None:
         raise ValueError("checkpointing.restore_network needs the network to load into; "
                          "nnx_ppo.load_network(directory) rebuilds it from the checkpoint's metadata")
-    path = _resolve(directory)
-    layout = read_layout(path)
     _, params, rest = nnx.split(network, nnx.Param, ...)
-    metadata = read_json(path / _METADATA_FILE)
-    seeds = metadata.get("seeds") if isinstance(metadata, dict) else None
-    if seeds is None:
-        if seed is not None:
-            raise ValueError(f"checkpoint {str(path)!r} holds one training run, not several seeds; "
-                             f"load it without seed= (got seed={seed})")
-        values = restore_sections(path, "network", {"params": params, "rest": rest}, layout)
-    else:
+
+    def restore(path: pathlib.Path) -> Any:
+        layout = read_layout(path)
+        metadata = read_json(path / _METADATA_FILE)
+        seeds = metadata.get("seeds") if isinstance(metadata, dict) else None
+        if seeds is None:
+            if seed is not None:
+                raise ValueError(f"checkpoint {str(path)!r} holds one training run, not several seeds; "
+                                 f"load it without seed= (got seed={seed})")
+            return restore_sections(path, "network", {"params": params, "rest": rest}, layout)
         if seed not in seeds:
             raise ValueError(f"checkpoint {str(path)!r} holds the seeds {seeds} trained together; "
                              f"pass seed= one of them (got {seed!r})")
         stacked = jax.tree.map(lambda x: jnp.stack([x] * len(seeds)), {"params": params, "rest": rest})
         values = restore_sections(path, "network", stacked, layout)
-        values = jax.tree.map(lambda x: x[seeds.index(seed)], values)
+        return jax.tree.map(lambda x: x[seeds.index(seed)], values)
+
+    values = _newest_intact(directory, restore)
     nnx.update(network, values["params"], values["rest"])
     network.eval()
     return network

@@ -32,7 +32,10 @@ def _teacher(run_dir: Path, saved: dict):
 
     env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     seeds = saved.get("seeds")
-    return load_network(str(ckpt_dir.resolve()), spec.build(env), seed=int(seeds[0]) if seeds else None)
+    try:
+        return load_network(str(ckpt_dir.resolve()), spec.build(env), seed=int(seeds[0]) if seeds else None)
+    except RuntimeError as e:  # no checkpoint of the teacher reads back (CheckpointError)
+        raise CliError(f"teacher {run_dir}: {str(e).splitlines()[0]}", code=1) from None
 
 
 def run_distill(cmd: DistillCommand, argv: list[str]) -> int:

@@ -46,6 +46,8 @@ def run_eval(cmd: EvalCommand) -> int:
             network = load_network(str(ckpt_dir.resolve()), spec.build(env), seed=training_seed, step=which)
         except FileNotFoundError as e:
             raise CliError(str(e)) from None
+        except RuntimeError as e:  # no checkpoint of the run reads back (CheckpointError)
+            raise CliError(str(e).splitlines()[0], code=1) from None
         first = first or network
         metrics = evaluate(env, network, n_envs=cmd.episodes, max_episode_length=max_len, seed=cmd.seed,
                            deterministic=not cmd.stochastic)

@@ -35,6 +35,8 @@ def run_export(cmd: ExportCommand) -> int:
         network = load_network(str(ckpt_dir.resolve()), spec.build(env), seed=seed, step=which)
     except FileNotFoundError as e:
         raise CliError(str(e)) from None
+    except RuntimeError as e:  # no checkpoint of the run reads back (CheckpointError)
+        raise CliError(str(e).splitlines()[0], code=1) from None
     obs = jax.eval_shape(lambda key: env.reset(key).obs, jax.random.key(0))
     obs = jax.tree.map(lambda x: jax.ShapeDtypeStruct((cmd.batch_size, *x.shape), x.dtype), obs)
     policy = Policy(network, deterministic=not cmd.stochastic)
