@@ -86,11 +86,18 @@ def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:
 
 
 def read_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The run's ``config.json`` as a dict; ``FileNotFoundError`` if ``run_dir`` is not a run directory."""
+    """The run's ``config.json`` as a dict; ``FileNotFoundError`` if ``run_dir`` is not a run directory,
+    ``ValueError`` (one line) if its config.json is broken."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not an nnx-ppo run directory (no {CONFIG_FILE})")
-    return json.loads(path.read_text())
+    try:
+        content = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); the run's config cannot be read") from None
+    if not isinstance(content, dict) or not isinstance(content.get("env"), str) or "network" not in content:
+        raise ValueError(f"{path} does not describe an nnx-ppo run (expected an object with 'env' and 'network')")
+    return content
 
 
 # --------------------------------------------------------------------------- metrics.jsonl

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from tyro.constructors import PrimitiveConstructorSpec  # tyro is light: no NumPy or JAX
 
 __all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "ScheduleNotSavedError", "config_to_dict", "config_from_dict",
-           "SEED_BATCHING", "check_seed_batching"]
+           "SEED_BATCHING", "check_seed_batching", "check_seed"]
 
 SeedBatching = Literal["vmap", "map"]  # TrainConfig.seed_batching
 SEED_BATCHING = typing.get_args(SeedBatching)  # its choices, for checks and messages
@@ -26,6 +26,17 @@ def check_seed_batching(value: Any, where: str = "seed_batching") -> None:
     """``value`` must be one of :data:`SEED_BATCHING`; the error names ``where``."""
     if value not in SEED_BATCHING:
         raise ValueError(f"{where} must be one of {', '.join(map(repr, SEED_BATCHING))}, got {value!r}")
+
+
+def check_seed(value: Any, where: str = "seed") -> int:
+    """``value`` as a seed: an int that fits JAX's 64-bit seeds
+    (``-2**63 <= seed < 2**63``); the error names ``where``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{where} must be an integer, got {value!r}")
+    if not -(2**63) <= int(value) < 2**63:
+        raise ValueError(f"{where} must be between -2**63 and 2**63 - 1 (JAX's 64-bit seeds), got {value}")
+    return int(value)
+
 
 # A learning-rate schedule: optimizer update count -> learning rate (an optax schedule).
 Schedule = Callable[[Any], Any]
@@ -244,6 +255,7 @@ class TrainConfig:
     seed_batching: SeedBatching = "vmap"
 
     def __post_init__(self):
+        check_seed(self.seed, "TrainConfig.seed")
         check_seed_batching(self.seed_batching, "TrainConfig.seed_batching")
         _require_positive_int("TrainConfig", "iterations_per_call", self.iterations_per_call)
         _require_positive_int("TrainConfig", "keep_checkpoints", self.keep_checkpoints)

@@ -36,7 +36,7 @@ import numpy as np
 from flax import errors as flax_errors
 from flax import nnx
 
-from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seed
 from nnx_ppo.algorithms.driver import (
     Driver,
     DriverResult,
@@ -170,7 +170,7 @@ def resume_state(resume_from: str, checkpoint_dir: str | None, state: TrainingSt
 
 
 def _check_seeds(seeds: Sequence[int]) -> list[int]:
-    seeds = [int(s) for s in seeds]
+    seeds = [check_seed(s, "train_seeds: each seed") for s in seeds]
     if not seeds:
         raise ValueError("train_seeds: seeds must name at least one seed")
     if len(set(seeds)) != len(seeds):

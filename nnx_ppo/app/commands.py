@@ -309,8 +309,11 @@ def run_policy_spec(run_dir: Path, saved: dict[str, Any]) -> tuple[Any, NetworkS
     if not has_checkpoint(ckpt_dir):
         raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
     env = make_env(saved["env"], saved.get("env_kwargs", {}))
-    spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}), **saved["network"]},
-                                 where=f"{run_dir}/config.json")
+    try:
+        spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}),
+                                      **saved["network"]}, where=f"{run_dir}/config.json")
+    except (TypeError, ValueError) as e:
+        raise CliError(str(e)) from None
     if is_factory_reference(spec.kind):
         try:
             resolve_factory_reference(spec.kind)

@@ -36,6 +36,8 @@ def _teacher(run_dir: Path, saved: dict):
         return load_network(str(ckpt_dir.resolve()), spec.build(env), seed=int(seeds[0]) if seeds else None)
     except RuntimeError as e:  # no checkpoint of the teacher reads back (CheckpointError)
         raise CliError(f"teacher {run_dir}: {str(e).splitlines()[0]}", code=1) from None
+    except ValueError as e:  # its checkpoint does not match the network its config.json describes
+        raise CliError(f"teacher {run_dir}: {str(e).splitlines()[0]}") from None
 
 
 def run_distill(cmd: DistillCommand, argv: list[str]) -> int:

@@ -20,7 +20,7 @@ def run_eval(cmd: EvalCommand) -> int:
         raise CliError(f"--episodes must be positive, got {cmd.episodes}")
     try:
         saved = rd.read_run_config(run_dir)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise CliError(str(e)) from None
     env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     max_len = cmd.max_episode_length or int(saved.get("config", {}).get("eval", {}).get("max_episode_length", 1000))
@@ -44,8 +44,8 @@ def run_eval(cmd: EvalCommand) -> int:
     for training_seed in training_seeds:
         try:
             network = load_network(str(ckpt_dir.resolve()), spec.build(env), seed=training_seed, step=which)
-        except FileNotFoundError as e:
-            raise CliError(str(e)) from None
+        except (FileNotFoundError, ValueError) as e:  # none there; or it does not match config.json
+            raise CliError(str(e).splitlines()[0]) from None
         except RuntimeError as e:  # no checkpoint of the run reads back (CheckpointError)
             raise CliError(str(e).splitlines()[0], code=1) from None
         first = first or network

@@ -22,7 +22,7 @@ def run_export(cmd: ExportCommand) -> int:
         raise CliError("--best and --step each pick a checkpoint; give one of them")
     try:
         saved = rd.read_run_config(run_dir)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise CliError(str(e)) from None
     env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     seeds = [int(s) for s in saved.get("seeds", [])]
@@ -33,8 +33,8 @@ def run_export(cmd: ExportCommand) -> int:
     which = "best" if cmd.best else cmd.step
     try:
         network = load_network(str(ckpt_dir.resolve()), spec.build(env), seed=seed, step=which)
-    except FileNotFoundError as e:
-        raise CliError(str(e)) from None
+    except (FileNotFoundError, ValueError) as e:  # none there; or it does not match config.json
+        raise CliError(str(e).splitlines()[0]) from None
     except RuntimeError as e:  # no checkpoint of the run reads back (CheckpointError)
         raise CliError(str(e).splitlines()[0], code=1) from None
     obs = jax.eval_shape(lambda key: env.reset(key).obs, jax.random.key(0))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
+from nnx_ppo.algorithms.config import check_seed
 from nnx_ppo.app.commands import (
     PROG,
     CliError,
@@ -61,6 +62,11 @@ def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: 
     must stay fixed changed and that there is a checkpoint to resume from."""
     if cmd.seeds and len(set(cmd.seeds)) != len(cmd.seeds):
         raise CliError(f"--seeds: give distinct seeds, got {list(cmd.seeds)}")
+    for seed in cmd.seeds:
+        try:
+            check_seed(seed, "--seeds: each seed")
+        except ValueError as e:
+            raise CliError(str(e)) from None
     if cmd.resume is None:
         run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
         if (run_dir / rd.CONFIG_FILE).exists():

@@ -1,6 +1,7 @@
 """A truncated newest checkpoint: eval, resume and distill fall back to the
 newest intact one with a one-line warning naming the skipped one."""
 
+import json
 import warnings
 
 import jax
@@ -77,3 +78,12 @@ def test_cli_eval_and_resume_skip_a_truncated_checkpoint(tmp_path, capsys):
         assert cli.main(["train", "--resume", str(run), "--ppo.total-steps", "640", "--quiet"]) == 0
     assert "Traceback" not in capsys.readouterr().err
     assert [s for s, _ in checkpointing.list_checkpoints(run / "checkpoints")][-1] == 640
+    # A checkpoint that does not match the network its config.json describes: one line, for eval and distill.
+    config = json.loads((run / "config.json").read_text())
+    config["network"]["kwargs"] = {"actor_hidden_sizes": [16, 16], "critic_hidden_sizes": [16, 16]}
+    (run / "config.json").write_text(json.dumps(config))
+    for argv in (["eval", str(run)], ["distill", str(run), "--run-dir", str(tmp_path / "student")]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "shape" in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert not (tmp_path / "student").exists()
