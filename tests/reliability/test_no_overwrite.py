@@ -34,8 +34,6 @@ def test_a_fresh_run_refuses_a_directory_holding_checkpoints(tmp_path, capsys):
     with pytest.raises(CheckpointDirInUseError, match="already holds checkpoints at steps \\[96, 128\\]"):
         train_ppo(Target(), _net(), _config(64), checkpoint_dir=str(longer))
     assert [s for s, _ in checkpointing.list_checkpoints(longer)] == before
-    train_ppo(Target(), _net(), _config(160), checkpoint_dir=str(longer), resume_from=str(longer))  # continuing is fine
-    assert [s for s, _ in checkpointing.list_checkpoints(longer)] == [128, 160]
 
     run = tmp_path / "run"
     run.mkdir()
@@ -44,4 +42,4 @@ def test_a_fresh_run_refuses_a_directory_holding_checkpoints(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "already holds checkpoints" in err and len(err.strip().splitlines()) == 1, err
     assert not (run / "config.json").exists()
-    assert [s for s, _ in checkpointing.list_checkpoints(run / "checkpoints")] == [128, 160]
+    assert [s for s, _ in checkpointing.list_checkpoints(run / "checkpoints")] == before
