@@ -7,6 +7,7 @@
     nnx-ppo eval runs/cue_memory-20250101-120000 --record-activations layers/1/components/action/layers/1 --out act.npz
     nnx-ppo distill runs/cue_memory-20250101-120000 --network gru
     nnx-ppo export runs/cue_memory-20250101-120000 --best --out policy/
+    nnx-ppo plot runs/a runs/b --out compare.png --threshold 0.9
     nnx-ppo envs
 
 Every :class:`~nnx_ppo.algorithms.config.TrainConfig` field is a flag
@@ -40,6 +41,7 @@ from nnx_ppo.app.commands import (
     EnvsCommand,
     EvalCommand,
     ExportCommand,
+    PlotCommand,
     TrainCommand,
     print_error,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "EvalCommand",
     "DistillCommand",
     "ExportCommand",
+    "PlotCommand",
     "EnvsCommand",
     "CliError",
     "DEFAULT_ENV",
@@ -129,6 +132,7 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand):
         Annotated[EvalCommand, tyro.conf.subcommand("eval", prefix_name=False)],
         Annotated[DistillCommand, tyro.conf.subcommand("distill", prefix_name=False)],
         Annotated[ExportCommand, tyro.conf.subcommand("export", prefix_name=False)],
+        Annotated[PlotCommand, tyro.conf.subcommand("plot", prefix_name=False)],
         Annotated[EnvsCommand, tyro.conf.subcommand("envs", prefix_name=False)],
     ]
     try:
@@ -205,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             from nnx_ppo.app.distill import run_distill
 
             return run_distill(cmd, argv)
+        if isinstance(cmd, PlotCommand):
+            from nnx_ppo.app.plot import run_plot
+
+            return run_plot(cmd)
         if isinstance(cmd, ExportCommand):
             from nnx_ppo.app.export import run_export
 

@@ -38,6 +38,8 @@ __all__ = [
     "read_metrics",
     "truncate_metrics",
     "plot_learning_curve",
+    "seed_curves",
+    "seed_band",
     "RunLogger",
 ]
 
@@ -141,72 +143,72 @@ def _json_float(x: float) -> float | str | None:
 # --------------------------------------------------------------------------- learning curve
 
 
-def _seed_band(rows: list[dict[str, Any]]) -> tuple[list[int], list[float], list[float], list[float]]:
-    """Eval rows of several seeds: per env step the mean return over seeds and
-    a 95% band (mean +- 1.96 standard errors)."""
-    by_step: dict[int, list[float]] = {}
+def seed_curves(rows: list[dict[str, Any]], metric: str = "eval/episode_return",
+                eval_rows: bool = True) -> dict[Any, tuple[list[int], list[float]]]:
+    """Per seed (``None`` for a run of one seed), the ``(env_steps, values)``
+    of ``metric`` in the evaluation rows (or, with ``eval_rows=False``, the
+    iteration rows), in step order."""
+    curves: dict[Any, tuple[list[int], list[float]]] = {}
     for r in rows:
-        if r.get("eval") and isinstance(r.get("eval/episode_return"), (int, float)):
-            by_step.setdefault(r["env_steps"], []).append(float(r["eval/episode_return"]))
-    xs = sorted(by_step)
-    means, lo, hi = [], [], []
-    for x in xs:
-        values = by_step[x]
-        mean = sum(values) / len(values)
-        sem = (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1) / len(values)) ** 0.5
-        means.append(mean)
-        lo.append(mean - 1.96 * sem)
-        hi.append(mean + 1.96 * sem)
-    return xs, means, lo, hi
+        if bool(r.get("eval")) == eval_rows and isinstance(r.get(metric), (int, float)):
+            xs, ys = curves.setdefault(r.get("seed"), ([], []))
+            xs.append(int(r["env_steps"]))
+            ys.append(float(r[metric]))
+    return curves
+
+
+def seed_band(rows: list[dict[str, Any]], metric: str = "eval/episode_return"
+              ) -> tuple[list[int], list[float], list[float], list[float]]:
+    """``(steps, mean, lowest, highest)`` of ``metric`` over the seeds at each
+    evaluation step: the band is the observed range, so it never leaves what
+    some seed reached."""
+    by_step: dict[int, list[float]] = {}
+    for xs, ys in seed_curves(rows, metric).values():
+        for x, y in zip(xs, ys):
+            by_step.setdefault(x, []).append(y)
+    steps = sorted(by_step)
+    return (steps, [sum(by_step[x]) / len(by_step[x]) for x in steps], [min(by_step[x]) for x in steps],
+            [max(by_step[x]) for x in steps])
 
 
 def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, title: str = "") -> None:
-    """Eval return (and its min/max band) and training episode return vs env
-    steps; for rows of several seeds, the mean eval return over seeds with a
-    95% band and each seed's training return."""
+    """Eval return and training episode return vs env steps. One seed: the
+    eval return with the min-max band of its episodes. Several seeds: the
+    mean eval return over seeds with the min-max band over seeds, and each
+    seed's training return as a thin line."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    def series(filter_fn, key):
-        xs, ys = [], []
-        for r in rows:
-            if filter_fn(r) and isinstance(r.get(key), (int, float)):
-                xs.append(r["env_steps"])
-                ys.append(r[key])
-        return xs, ys
-
-    seeds = sorted({r["seed"] for r in rows if "seed" in r})
-    first = seeds[0] if seeds else None
-    train_x, train_y = series(
-        lambda r: not r.get("eval") and r.get("train/completed_episodes", 1) > 0 and r.get("seed") == first,
-        "train/episode_return",
-    )
-    if len(seeds) > 1:
-        eval_x, eval_y, eval_lo, eval_hi = _seed_band(rows)
+    train = seed_curves([r for r in rows if r.get("train/completed_episodes", 1) > 0], "train/episode_return",
+                        eval_rows=False)
+    n_seeds = len({r["seed"] for r in rows if "seed" in r})
+    if n_seeds > 1:
+        eval_x, eval_y, eval_lo, eval_hi = seed_band(rows)
+        band_label = f"eval return, min-max over {n_seeds} seeds"
     else:
-        eval_x, eval_y = series(lambda r: r.get("eval"), "eval/episode_return")
-        _, eval_lo = series(lambda r: r.get("eval"), "eval/episode_return_min")
-        _, eval_hi = series(lambda r: r.get("eval"), "eval/episode_return_max")
-
+        (eval_x, eval_y), = seed_curves(rows).values() or [([], [])]
+        lo, hi = seed_curves(rows, "eval/episode_return_min"), seed_curves(rows, "eval/episode_return_max")
+        eval_lo, eval_hi = (next(iter(lo.values()))[1], next(iter(hi.values()))[1]) if lo and hi else ([], [])
+        band_label = "eval return, min-max over its episodes"
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
-    if train_x:
-        label = "train episode return" + (f" (seed {first})" if len(seeds) > 1 else "")
-        ax.plot(train_x, train_y, color="tab:blue", alpha=0.6, linewidth=1, label=label)
+    for i, (train_x, train_y) in enumerate(train.values()):
+        label = "train episode return" + (" (each seed)" if n_seeds > 1 else "") if i == 0 else None
+        ax.plot(train_x, train_y, color="tab:blue", alpha=0.6 if n_seeds <= 1 else 0.35,
+                linewidth=1 if n_seeds <= 1 else 0.7, label=label)
     if eval_x:
         if len(eval_lo) == len(eval_x) and len(eval_hi) == len(eval_x):
-            ax.fill_between(eval_x, eval_lo, eval_hi, color="tab:orange", alpha=0.2, linewidth=0)
-        label = (f"eval return, mean of {len(seeds)} seeds (95% band)" if len(seeds) > 1
-                 else "eval return (deterministic)")
+            ax.fill_between(eval_x, eval_lo, eval_hi, color="tab:orange", alpha=0.2, linewidth=0, label=band_label)
+        label = f"eval return, mean of {n_seeds} seeds" if n_seeds > 1 else "eval return (deterministic)"
         ax.plot(eval_x, eval_y, "o-", color="tab:orange", linewidth=2, markersize=4, label=label)
     ax.set_xlabel("env steps")
     ax.set_ylabel("episode return")
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if train_x or eval_x:
-        ax.legend(loc="best")
+    if train or eval_x:
+        ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     tmp = Path(str(path) + ".tmp.png")
     fig.savefig(tmp, format="png")

@@ -108,7 +108,7 @@ class TrainCommand:
     seeds: tuple[int, ...] = ()
     (
         "train these seeds together in one compiled program (instead of --seed): one run directory, metrics rows "
-        'carry their "seed", the curve shows the mean and a 95% band over seeds; one checkpoint holds every seed '
+        'carry their "seed", the curve shows the mean and the min-max band over seeds; one checkpoint holds every seed '
         "(resume with --resume, `nnx-ppo eval` evaluates each seed)."
     )
 
@@ -261,6 +261,25 @@ class ExportCommand:
 
     platforms: Annotated[tuple[str, ...], tyro.conf.arg(metavar="PLATFORM [PLATFORM ...]")] = ()
     """the platforms the artifact runs on, e.g. cpu cuda (default: this machine's)."""
+
+
+@dataclasses.dataclass
+class PlotCommand:
+    """Compare runs: one curve per run (the mean over its seeds with a min-max
+    band), labelled by the run's name, written to --out; prints a table of the
+    final, best and IQM values and the steps and seconds to --threshold."""
+
+    runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR [RUN_DIR ...]")]
+    """run directories written by `nnx-ppo train` (or distill)."""
+
+    out: str
+    """the PNG file to write."""
+
+    metric: str = "eval/episode_return"
+    """the evaluation metric to compare."""
+
+    threshold: Optional[float] = None
+    """also give the first env step (and seconds) at which each run's mean over seeds reached this value."""
 
 
 @dataclasses.dataclass

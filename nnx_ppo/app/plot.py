@@ -1,0 +1,136 @@
+"""``nnx-ppo plot``: runs side by side, a curve each and a table.
+
+Every run is drawn as the mean of its seeds' evaluation curves with the
+min-max band over seeds, labelled by the run directory's name. The table
+gives per run: the number of seeds, the final and best values (means over
+seeds), the interquartile mean of the final values over seeds, and, with a
+threshold, the first env step (and the seconds of training) at which the
+seeds' mean reached it. Plain Python and matplotlib: no JAX.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from nnx_ppo import run_dir as rd
+from nnx_ppo.app.commands import CliError, PlotCommand
+from nnx_ppo.app.progress import pretty_path
+
+__all__ = ["run_plot", "summarize_run", "interquartile_mean"]
+
+
+def interquartile_mean(values: list[float]) -> float:
+    """The mean of the middle half of ``values`` (a quarter cut from each end,
+    with fractional weights at the cuts, so any count works)."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return math.nan
+    lo, hi = n / 4, 3 * n / 4
+    total = 0.0
+    for i, x in enumerate(xs):  # the part of [i, i + 1) inside [lo, hi)
+        total += x * max(0.0, min(i + 1, hi) - max(i, lo))
+    return total / (hi - lo)
+
+
+def _elapsed_at(rows: list[dict[str, Any]], step: int) -> float | None:
+    times = [r["time/elapsed_seconds"] for r in rows
+             if not r.get("eval") and r.get("env_steps") == step and isinstance(r.get("time/elapsed_seconds"), float)]
+    return max(times) if times else None
+
+
+def summarize_run(rows: list[dict[str, Any]], metric: str, threshold: float | None = None) -> dict[str, Any]:
+    """One row of the table for a run's metrics rows (see the module docstring)."""
+    curves = rd.seed_curves(rows, metric)
+    finals = [ys[-1] for _, ys in curves.values() if ys]
+    bests = [max(ys) for _, ys in curves.values() if ys]
+    summary: dict[str, Any] = {
+        "seeds": len(curves),
+        "final": sum(finals) / len(finals) if finals else math.nan,
+        "best": sum(bests) / len(bests) if bests else math.nan,
+        "iqm_final": interquartile_mean(finals),
+        "steps_to_threshold": None,
+        "seconds_to_threshold": None,
+    }
+    if threshold is not None:
+        steps, means, _, _ = rd.seed_band(rows, metric)
+        reached = [x for x, m in zip(steps, means) if m >= threshold]
+        if reached:
+            summary["steps_to_threshold"] = reached[0]
+            summary["seconds_to_threshold"] = _elapsed_at(rows, reached[0])
+    return summary
+
+
+def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: float | None, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=100)
+    for i, (name, rows) in enumerate(runs):
+        steps, mean, lo, hi = rd.seed_band(rows, metric)
+        color = f"C{i % 10}"
+        n = len(rd.seed_curves(rows, metric))
+        ax.plot(steps, mean, "o-", color=color, linewidth=2, markersize=3,
+                label=f"{name} ({n} seed{'s' if n != 1 else ''}: mean, min-max band)" if n > 1 else name)
+        if n > 1:
+            ax.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
+    if threshold is not None:
+        ax.axhline(threshold, color="gray", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel(metric)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp.png")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec)
+
+
+def run_plot(cmd: PlotCommand) -> int:
+    if not cmd.runs:
+        raise CliError("give at least one run directory")
+    if not cmd.out.lower().endswith(".png"):
+        raise CliError(f"--out must end in .png, got {cmd.out!r}")
+    runs = []
+    for run in cmd.runs:
+        try:
+            rd.read_run_config(run)
+        except (FileNotFoundError, ValueError) as e:
+            raise CliError(str(e)) from None
+        rows = rd.read_metrics(run)
+        if not rd.seed_curves(rows, cmd.metric):
+            raise CliError(f"{run} has no evaluation rows with {cmd.metric!r} (is evaluation on?)")
+        runs.append((Path(run).resolve().name, rows))
+    names = [name for name, _ in runs]
+    if len(set(names)) != len(names):  # the same directory name in two places: tell them apart
+        runs = [(pretty_path(Path(run)), rows) for run, (_, rows) in zip(cmd.runs, runs)]
+    _plot(runs, cmd.metric, cmd.threshold, cmd.out)
+    header = ["run", "seeds", "final", "best", "IQM final"]
+    if cmd.threshold is not None:
+        header += [f"steps to {cmd.threshold:g}", f"seconds to {cmd.threshold:g}"]
+    table = []
+    for name, rows in runs:
+        s = summarize_run(rows, cmd.metric, cmd.threshold)
+        line = [name, str(s["seeds"]), _fmt(s["final"]), _fmt(s["best"]), _fmt(s["iqm_final"])]
+        if cmd.threshold is not None:
+            line += [_fmt(s["steps_to_threshold"], ","), _fmt(s["seconds_to_threshold"], ".1f")]
+        table.append(line)
+    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
+    print(f"{cmd.metric} (means over seeds; IQM: interquartile mean of the seeds' final values)")
+    for row in [header, *table]:
+        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+    print(f"plot: {cmd.out}")
+    return 0
