@@ -21,8 +21,11 @@ evaluate import it when they run.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import sys
 import warnings
 from typing import Annotated, Union
@@ -43,6 +46,7 @@ from nnx_ppo.app.commands import (
     ExportCommand,
     PlotCommand,
     TrainCommand,
+    parse_env_kwargs,
     print_error,
 )
 from nnx_ppo.presets import find_preset
@@ -135,12 +139,60 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand):
         Annotated[PlotCommand, tyro.conf.subcommand("plot", prefix_name=False)],
         Annotated[EnvsCommand, tyro.conf.subcommand("envs", prefix_name=False)],
     ]
+    description = (f"PPO for stateful (recurrent) networks in JAX + Flax NNX. An ENV_SPEC is {_env_spec_forms()}; "
+                   f"`{PROG} envs` lists them.")
+    out, err = io.StringIO(), io.StringIO()
     try:
-        return tyro.cli(commands, args=argv, prog=PROG,
-                        description="PPO for stateful (recurrent) networks in JAX + Flax NNX. An ENV_SPEC is "
-                                    f"{_env_spec_forms()}; `{PROG} envs` lists them.")
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # cleaned below
+            return tyro.cli(commands, args=argv, prog=PROG, description=description)
     except ValueError as e:  # a config's __post_init__ rejected a value
         raise CliError(str(e)) from None
+    finally:
+        sys.stdout.write(clean_help(out.getvalue()))
+        sys.stderr.write(clean_help(err.getvalue()) + _did_you_mean(err.getvalue(), argv, train_default))
+
+
+def _did_you_mean(error: str, argv: list[str], train_default) -> str:
+    """For an unknown flag tyro found no near match for (``--ppo.lr``), the
+    flags whose last part it abbreviates (``--ppo.learning-rate``)."""
+    match = re.search(r"Unrecognized options: (--[\w.-]+)", error)
+    if not match or "Perhaps you meant" in error:
+        return ""
+    unknown = match.group(1)
+    help_text = io.StringIO()
+    with contextlib.redirect_stdout(help_text), contextlib.suppress(SystemExit):
+        _tyro_parse([*argv[:1], "--help"], train_default)
+    flags = set(re.findall(r"(?<![\w-])--[a-z][\w.-]*", help_text.getvalue()))
+    prefix, _, short = unknown[2:].rpartition(".")
+
+    def initials(flag: str) -> str:
+        return "".join(word[0] for word in flag.rpartition(".")[2].split("-") if word)
+
+    found = sorted(f for f in flags if f[2:].startswith(prefix) and short and
+                   (initials(f) == short.replace("-", "") or f.rpartition(".")[2].startswith(short)))
+    return f"{PROG}: did you mean {' or '.join(found[:3])}?\n" if found else ""
+
+
+_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|obj):`(~?)([\w.]+)`")
+
+
+def _plain(text: str) -> str:
+    """Sphinx roles and double backquotes of docstrings as plain text."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return text.replace("``", "")
+
+
+def clean_help(text: str) -> str:
+    """``text`` (tyro's help) without docstring markup; in a boxed line the
+    right border stays where it was."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        plain = _plain(line)
+        body, end = plain.rstrip("\n"), plain[len(plain.rstrip("\n")):]
+        if plain != line and body.endswith("│"):
+            body = body[:-1] + " " * (len(line.rstrip("\n")) - len(body)) + "│"
+        lines.append(body + end)
+    return "".join(lines)
 
 
 def _parse(argv: list[str]):
@@ -161,6 +213,28 @@ def _parse(argv: list[str]):
         if preset is not None:
             cmd = _tyro_parse(argv, _preset_defaults(preset))
     return cmd, saved
+
+
+def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
+    """``train --print-config``: the settings the run would use, as JSON."""
+    from nnx_ppo import run_dir as rd
+
+    network_given = any(a == "--network" or a.startswith("--network=") for a in argv)
+    preset = None if cmd.no_preset or cmd.resume else find_preset(cmd.env, cmd.network if network_given else None)
+    settings = {
+        "env": cmd.env,
+        "network": cmd.network,
+        "hidden_size": cmd.hidden_size,
+        "env_kwargs": parse_env_kwargs(cmd.env_kwargs, cmd.env),
+        "train_env_kwargs": parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs"),
+        "reward_scale": cmd.reward_scale,
+        "seeds": list(cmd.seeds) or [cmd.config.seed],
+        "preset": None if preset is None else f"{preset.env} ({preset.network})",
+        "resume": cmd.resume,
+        "config": rd.train_config_to_dict(cmd.config),
+    }
+    print(json.dumps(settings, indent=2))
+    return 0
 
 
 def _join_processes(cmd: TrainCommand) -> None:
@@ -196,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = _format_warning
     try:
         cmd, saved = _parse(argv)
+        if isinstance(cmd, TrainCommand) and cmd.print_config:
+            return _print_config(cmd, argv)
         if isinstance(cmd, TrainCommand):
             from nnx_ppo.app.train import run_train
 

@@ -87,3 +87,55 @@ def test_help_piped_into_a_reader_that_stops_ends_quietly():
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0, stderr
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_help_is_plain_and_flags_are_clean(capsys):
+    """No docstring markup or tyro artefacts in the help; one flag for
+    --no-preset; --seeds names its default."""
+    from nnx_ppo import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = capsys.readouterr().out
+    for artefact in ("``", ":func:", ":class:", "--no-no-preset", "(default: )", "__tyro"):
+        assert artefact not in text, artefact
+    assert "--print-config" in text and "(default: one run, of --seed)" in " ".join(text.split())
+
+
+def test_unknown_abbreviated_flag_gets_a_suggestion(capsys):
+    from nnx_ppo import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "--ppo.lr", "3"])
+    assert exit_.value.code == 2
+    assert "nnx-ppo: did you mean --ppo.learning-rate?" in capsys.readouterr().err
+
+
+def test_print_config_shows_the_preset_with_the_flags_given(capsys):
+    import json
+
+    from nnx_ppo import cli
+
+    assert cli.main(["train", "gymnax:CartPole-v1", "--ppo.n-envs", "16", "--print-config"]) == 0
+    settings = json.loads(capsys.readouterr().out)
+    assert settings["preset"] == "gymnax:CartPole-v1 (mlp)" and settings["network"] == "mlp"
+    assert settings["config"]["ppo"]["n_envs"] == 16 and settings["config"]["ppo"]["rollout_length"] == 128
+    assert cli.main(["train", "--print-config", "--no-preset"]) == 0
+    assert json.loads(capsys.readouterr().out)["preset"] is None
+
+
+def test_docs_cli_lists_every_subcommand(capsys):
+    """docs/cli.md's table of subcommands is the parser's."""
+    import re
+    from pathlib import Path
+
+    from nnx_ppo import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    parser = set(re.search(r"\{([\w,]+)\}", capsys.readouterr().out).group(1).split(","))
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    table = set(re.findall(r"^\| `nnx-ppo (\w+)", doc, re.M))
+    assert table == parser, (table, parser)
+    for name in parser:
+        assert f"## `nnx-ppo {name}`" in doc, name

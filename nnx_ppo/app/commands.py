@@ -102,10 +102,11 @@ class TrainCommand:
     reward_scale: float = 1.0
     """multiply the training rewards by this (evaluation reports unscaled returns)."""
 
-    no_preset: bool = False
+    no_preset: Annotated[bool, tyro.conf.FlagCreatePairsOff] = False
     """ignore the env's tuned preset (see `nnx-ppo envs`): start from the library's defaults instead."""
 
-    seeds: tuple[int, ...] = ()
+    seeds: Annotated[tuple[int, ...], tyro.conf.arg(metavar="SEED [SEED ...]",
+                                                    help_behavior_hint="(default: one run, of --seed)")] = ()
     (
         "train these seeds together in one compiled program (instead of --seed): one run directory, metrics rows "
         'carry their "seed", the curve shows the mean and the min-max band over seeds; one checkpoint holds every seed '
@@ -123,6 +124,9 @@ class TrainCommand:
 
     quiet: bool = False
     """no progress bar; print only a few log lines (evaluations, summary)."""
+
+    print_config: Annotated[bool, tyro.conf.FlagCreatePairsOff] = False
+    """print the effective settings (the preset's or the resumed run's, with the flags given) as JSON, and exit."""
 
     video_every: int = 0
     (
