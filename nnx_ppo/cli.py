@@ -152,11 +152,14 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand):
         sys.stderr.write(clean_help(err.getvalue()) + _did_you_mean(err.getvalue(), argv, train_default))
 
 
+_SUBCOMMANDS = ("train", "eval", "distill", "export", "plot", "envs")
+
+
 def _did_you_mean(error: str, argv: list[str], train_default) -> str:
     """For an unknown flag tyro found no near match for (``--ppo.lr``), the
     flags whose last part it abbreviates (``--ppo.learning-rate``)."""
     match = re.search(r"Unrecognized options: (--[\w.-]+)", error)
-    if not match or "Perhaps you meant" in error:
+    if not match or "Perhaps you meant" in error or not argv or argv[0] not in _SUBCOMMANDS:
         return ""
     unknown = match.group(1)
     help_text = io.StringIO()
