@@ -139,3 +139,21 @@ def test_docs_cli_lists_every_subcommand(capsys):
     assert table == parser, (table, parser)
     for name in parser:
         assert f"## `nnx-ppo {name}`" in doc, name
+
+
+def test_progress_without_a_terminal_is_plain_lines_at_a_bounded_rate(capsys):
+    """Piped (pytest captures stderr: no terminal), the bar is replaced by
+    plain lines, at most one per interval (and the last)."""
+    from nnx_ppo.app.progress import Progress
+
+    progress = Progress(total_steps=1000, steps_per_iteration=10, quiet=False, interval=3600.0)
+    assert progress.plain
+    progress.start()
+    for step in range(10, 1001, 10):
+        progress.iteration({}, step)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("compiling") and lines[1].startswith("compiled in")
+    plain = lines[2:]
+    assert len(plain) == 2, plain  # the first iteration and the last, nothing in between
+    assert plain[0].startswith("[  10/1000]   1%") and plain[1].startswith("[1000/1000] 100%")
+    assert "\r" not in "".join(lines)

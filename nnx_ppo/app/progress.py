@@ -57,16 +57,31 @@ class StopFlag:
         return self.requested
 
 
-class Progress:
-    """Progress bar over env steps (tqdm), or a few plain lines with --quiet."""
+def _terminal() -> bool:
+    """Whether stderr (where the bar goes) is a terminal wide enough for a bar."""
+    import shutil
+    import sys
 
-    def __init__(self, total_steps: int, steps_per_iteration: int, quiet: bool):
+    return sys.stderr.isatty() and shutil.get_terminal_size((0, 0)).columns >= 40
+
+
+class Progress:
+    """Progress over env steps: a bar (tqdm) in a terminal; without one (output
+    piped to a file, or a terminal too narrow for a bar) a plain line at most
+    every ``interval`` seconds; with --quiet only the evaluations."""
+
+    def __init__(self, total_steps: int, steps_per_iteration: int, quiet: bool, interval: float = 30.0):
         self.total = total_steps
         self.spi = steps_per_iteration
         self.quiet = quiet
+        self.interval = interval
+        self.plain = not quiet and not _terminal()
+        self._last_line = -float("inf")
         self.bar = None
         self.t_start = time.perf_counter()
         self.compile_reported = False
+        self._first_step: int | None = None
+        self._first_time = 0.0
         self.eval_return: float | None = None
         self.train_return: float | None = None
 
@@ -84,7 +99,7 @@ class Progress:
         if not self.compile_reported:
             self.compile_reported = True
             self.write(f"compiled in {time.perf_counter() - self.t_start:.1f} s")
-            if not self.quiet:
+            if not self.quiet and not self.plain:
                 from tqdm.auto import tqdm
 
                 self.bar = tqdm(
@@ -101,6 +116,22 @@ class Progress:
         if self.bar is not None:
             self.bar.update(min(env_steps, self.total) - self.bar.n)
             self._postfix()
+        elif self.plain:
+            self._plain_line(env_steps)
+
+    def _plain_line(self, env_steps: int) -> None:
+        """``[steps/total] 45%  12,345 steps/s  elapsed 0:40  left 0:49`` (rate-limited)."""
+        now = time.perf_counter()
+        if now - self._last_line < self.interval and env_steps < self.total:
+            return
+        if self._first_step is None:
+            self._first_step, self._first_time = env_steps, now
+        self._last_line = now
+        done = min(env_steps, self.total)
+        rate = (done - self._first_step) / (now - self._first_time) if now > self._first_time else 0.0
+        left = f"  left {fmt_seconds((self.total - done) / rate)}" if rate > 0 else ""
+        self.write(f"[{done:>{len(str(self.total))}d}/{self.total}] {100 * done / self.total:3.0f}%  "
+                   f"{rate:,.0f} steps/s  elapsed {fmt_seconds(now - self.t_start)}{left}")
 
     def evaluation(self, metrics: dict[str, float], env_steps: int) -> None:
         self.eval_return = metrics.get("eval/episode_return")
