@@ -198,6 +198,21 @@ def clean_help(text: str) -> str:
     return "".join(lines)
 
 
+def _preset_of_help(argv: list[str]):
+    """For ``train ENV [--network KIND] --help``: the preset of ENV (and KIND), if any."""
+    env, network, rest = DEFAULT_ENV, None, argv[1:]
+    for i, a in enumerate(rest):
+        if a == "--network" and i + 1 < len(rest):
+            network = rest[i + 1]
+        elif a.startswith("--network="):
+            network = a.split("=", 1)[1]
+    positional = [a for i, a in enumerate(rest)
+                  if not a.startswith("-") and (i == 0 or not rest[i - 1].startswith("--"))]
+    if positional:
+        env = positional[0]
+    return find_preset(env, network)
+
+
 def _parse(argv: list[str]):
     """Parse the command line. ``train --resume`` takes its defaults from the
     run; ``train ENV`` from ENV's preset (of ``--network``, when given)."""
@@ -209,6 +224,10 @@ def _parse(argv: list[str]):
 
         train_default, saved = resume_defaults(resume)
         return _tyro_parse(argv, train_default), saved
+    if helping and argv and argv[0] == "train" and "--no-preset" not in argv:
+        preset = _preset_of_help(argv)
+        if preset is not None:  # the help shows the defaults this env starts from
+            return _tyro_parse(argv, _preset_defaults(preset)), saved
     cmd = _tyro_parse(argv, TrainCommand())
     if isinstance(cmd, TrainCommand) and not cmd.no_preset:
         network_given = any(a == "--network" or a.startswith("--network=") for a in argv)

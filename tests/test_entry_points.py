@@ -157,3 +157,19 @@ def test_progress_without_a_terminal_is_plain_lines_at_a_bounded_rate(capsys):
     assert len(plain) == 2, plain  # the first iteration and the last, nothing in between
     assert plain[0].startswith("[  10/1000]   1%") and plain[1].startswith("[1000/1000] 100%")
     assert "\r" not in "".join(lines)
+
+
+def test_train_help_shows_the_defaults_of_the_envs_preset(capsys):
+    """`train ENV --help` shows the preset's settings as the defaults (what
+    the run would start from), the library's without a preset."""
+    from nnx_ppo import cli
+
+    def n_envs_default(argv):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        return text.split("--ppo.n-envs INT")[1].split("(default: ")[1].split(")")[0]
+
+    assert n_envs_default(["train", "gymnax:CartPole-v1", "--help"]) == "8"  # the CartPole preset
+    assert n_envs_default(["train", "--help"]) == "64"  # cue_memory's preset, the default env
+    assert n_envs_default(["train", "gymnax:CartPole-v1", "--no-preset", "--help"]) == "64"  # the CLI defaults
