@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["initialize", "is_primary", "process_count", "barrier", "to_global"]
+__all__ = ["initialize", "check_port_free", "is_primary", "process_count", "barrier", "to_global"]
 
 
 def initialize(coordinator_address: str, num_processes: int, process_id: int,
@@ -38,6 +38,8 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
         raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got {process_id}")
     if ":" not in coordinator_address:
         raise ValueError(f"coordinator_address must be HOST:PORT, got {coordinator_address!r}")
+    if process_id == 0:
+        check_port_free(coordinator_address)
     if local_device_count is not None:
         import os
 
@@ -46,6 +48,25 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                                process_id=process_id)
+
+
+def check_port_free(coordinator_address: str) -> None:
+    """Process 0 listens on the coordinator's port: a ValueError in one line
+    when something else holds it (instead of a crash inside gRPC)."""
+    import socket
+
+    port = coordinator_address.rpartition(":")[2]
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise ValueError(f"coordinator_address must be HOST:PORT with a numeric port, "
+                         f"got {coordinator_address!r}") from None
+    with socket.socket(socket.AF_INET) as probe:  # the coordinator listens on every interface
+        try:
+            probe.bind(("", port_number))
+        except OSError as err:
+            raise ValueError(f"coordinator address {coordinator_address} is not free for process 0 to listen on "
+                             f"({err.strerror}); pick another port, or end the program holding it") from None
 
 
 def process_count() -> int:

@@ -31,3 +31,21 @@ def test_a_broken_config_json_is_one_line(content, tmp_path, capsys):
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert "config.json" in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_a_busy_coordinator_port_is_one_line(tmp_path, capsys):
+    """Process 0 of a multi-process run whose coordinator port is taken: one
+    line and exit 2, before JAX starts its distributed client (which crashed
+    with SIGSEGV)."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code = cli.main(["train", "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2",
+                         "--process-id", "0", "--run-dir", str(tmp_path / "run")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} is not free" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
