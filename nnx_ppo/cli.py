@@ -22,6 +22,8 @@ evaluate import it when they run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -266,10 +268,17 @@ def _join_processes(cmd: TrainCommand) -> None:
         if cmd.num_processes != 1 or cmd.process_id != 0:
             raise CliError("--num-processes and --process-id need --coordinator-address HOST:PORT")
         return
-    from nnx_ppo.algorithms.distributed import initialize
+    from nnx_ppo import run_dir as rd
+    from nnx_ppo.algorithms.distributed import check_same_everywhere, initialize
 
     try:
         initialize(cmd.coordinator_address, cmd.num_processes, cmd.process_id)
+        # Every process must train the same run: compare a hash of the settings (all but --process-id).
+        settings = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd) if f.name not in ("process_id",
+                                                                                                   "config")}
+        settings["config"] = rd.train_config_to_dict(cmd.config)
+        digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
+        check_same_everywhere(digest, "settings (flags)")
     except ValueError as e:
         raise CliError(str(e)) from None
 

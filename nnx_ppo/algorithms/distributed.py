@@ -18,7 +18,8 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["initialize", "check_port_free", "is_primary", "process_count", "barrier", "to_global"]
+__all__ = ["initialize", "check_port_free", "check_same_everywhere", "is_primary", "process_count", "barrier",
+           "to_global"]
 
 
 def initialize(coordinator_address: str, num_processes: int, process_id: int,
@@ -67,6 +68,22 @@ def check_port_free(coordinator_address: str) -> None:
         except OSError as err:
             raise ValueError(f"coordinator address {coordinator_address} is not free for process 0 to listen on "
                              f"({err.strerror}); pick another port, or end the program holding it") from None
+
+
+def check_same_everywhere(digest: bytes, what: str) -> None:
+    """Every process must pass the same ``digest`` (e.g. a hash of its
+    settings); a ValueError in every process names those that differ from
+    process 0. No-op alone."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    mine = np.frombuffer(digest[:16].ljust(16, b"\0"), dtype=np.uint32)
+    everyone = np.asarray(multihost_utils.process_allgather(mine)).reshape(jax.process_count(), -1)
+    differ = [i for i in range(len(everyone)) if not np.array_equal(everyone[i], everyone[0])]
+    if differ:
+        raise ValueError(f"processes {differ} were started with other {what} than process 0; start every process "
+                         "with the same flags (only --process-id differs)")
 
 
 def process_count() -> int:
