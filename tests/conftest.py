@@ -51,8 +51,10 @@ _FIRST = (
     "test_replay_consistency.py", # 115
     "test_distillation.py",       # 75
     "test_learning.py",           # 75
-    "test_seeds.py",              # 75
-    "test_adapters.py",           # 70
+    "test_seeds.py",              # 60
+    "test_adapters.py",           # 55
+    "test_policy.py",             # 45
+    "test_truncated_checkpoint.py",  # 25
 )
 
 

@@ -68,8 +68,10 @@ def test_replay_sequence_equals_step_by_step_replay():
         value = jnp.sum(out.loglikelihoods) + jnp.sum(out.value_estimates ** 2) + result.regularization_loss
         return value, out
 
-    (v_fast, out_fast), g_fast = jax.value_and_grad(loss, has_aux=True)(params, True)
-    (v_slow, out_slow), g_slow = jax.value_and_grad(loss, has_aux=True)(params, False)
+    # compiled, as training runs it (op-by-op dispatch of this network took most of the test's time)
+    value_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+    (v_fast, out_fast), g_fast = value_and_grad(params, True)
+    (v_slow, out_slow), g_slow = value_and_grad(params, False)
     np.testing.assert_allclose(np.asarray(out_fast.loglikelihoods), np.asarray(out_slow.loglikelihoods), atol=1e-5)
     np.testing.assert_allclose(np.asarray(out_fast.value_estimates), np.asarray(out_slow.value_estimates), atol=1e-5)
     np.testing.assert_allclose(float(v_fast), float(v_slow), rtol=1e-5)
