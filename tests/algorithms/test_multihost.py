@@ -99,5 +99,6 @@ def test_only_process_zero_writes_the_run_directory(runs):
     rows = [json.loads(line) for line in (root / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows if not r.get("eval")] == [1, 2, 3, 4]  # one writer
     assert "run directory:" in out0 and "run directory:" not in out1
-    steps = sorted(p.name for p in (root / "two" / "checkpoints").iterdir())
+    steps = sorted(p.name for p in (root / "two" / "checkpoints").iterdir() if p.name.startswith("step_"))
     assert steps == ["step_000000000256", "step_000000000512"]
+    assert [p.name for p in (root / "two" / "checkpoints" / "best").iterdir()]  # the best policy, once
