@@ -345,6 +345,21 @@ def run_policy_spec(run_dir: Path, saved: dict[str, Any]) -> tuple[Any, NetworkS
     return env, spec, ckpt_dir
 
 
+def load_run_network(ckpt_dir: Path, network: Any, seed: int | None = None, step: int | str | None = None,
+                     what: str = ""):
+    """``load_network`` for a command: a missing checkpoint or one that does
+    not match the run's config.json is a usage error (2), a run none of whose
+    checkpoints reads back a failure (1); one line each, prefixed by ``what``."""
+    from nnx_ppo.network_spec import load_network
+
+    try:
+        return load_network(str(ckpt_dir.resolve()), network, seed=seed, step=step)
+    except (FileNotFoundError, ValueError) as e:
+        raise CliError(what + str(e).splitlines()[0]) from None
+    except RuntimeError as e:  # CheckpointError
+        raise CliError(what + str(e).splitlines()[0], code=1) from None
+
+
 def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
     if cmd.hidden_size <= 0:
         raise CliError(f"--hidden-size must be positive, got {cmd.hidden_size}")

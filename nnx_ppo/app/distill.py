@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, DistillCommand, TrainCommand, run_policy_spec
+from nnx_ppo.app.commands import CliError, DistillCommand, TrainCommand, load_run_network, run_policy_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,16 +28,10 @@ class DistillSetup:
 def _teacher(run_dir: Path, saved: dict):
     """The teacher network: the final checkpoint of ``run_dir`` (of a run of
     several seeds, the first seed's policy)."""
-    from nnx_ppo.network_spec import load_network
-
     env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     seeds = saved.get("seeds")
-    try:
-        return load_network(str(ckpt_dir.resolve()), spec.build(env), seed=int(seeds[0]) if seeds else None)
-    except RuntimeError as e:  # no checkpoint of the teacher reads back (CheckpointError)
-        raise CliError(f"teacher {run_dir}: {str(e).splitlines()[0]}", code=1) from None
-    except ValueError as e:  # its checkpoint does not match the network its config.json describes
-        raise CliError(f"teacher {run_dir}: {str(e).splitlines()[0]}") from None
+    return load_run_network(ckpt_dir, spec.build(env), seed=int(seeds[0]) if seeds else None,
+                            what=f"teacher {run_dir}: ")
 
 
 def run_distill(cmd: DistillCommand, argv: list[str]) -> int:

@@ -6,14 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, EvalCommand, run_policy_spec
+from nnx_ppo.app.commands import CliError, EvalCommand, load_run_network, run_policy_spec
 from nnx_ppo.app.progress import pretty_path
 from nnx_ppo.app.record import check_record_flags, check_record_paths, print_module_paths, record_to_file
 
 
 def run_eval(cmd: EvalCommand) -> int:
     from nnx_ppo.algorithms.evaluation import evaluate
-    from nnx_ppo.network_spec import load_network
 
     run_dir = Path(cmd.run_dir)
     if cmd.episodes <= 0:
@@ -42,12 +41,7 @@ def run_eval(cmd: EvalCommand) -> int:
     training_seeds = [int(s) for s in saved.get("seeds", [])] or [None]
     first = None
     for training_seed in training_seeds:
-        try:
-            network = load_network(str(ckpt_dir.resolve()), spec.build(env), seed=training_seed, step=which)
-        except (FileNotFoundError, ValueError) as e:  # none there; or it does not match config.json
-            raise CliError(str(e).splitlines()[0]) from None
-        except RuntimeError as e:  # no checkpoint of the run reads back (CheckpointError)
-            raise CliError(str(e).splitlines()[0], code=1) from None
+        network = load_run_network(ckpt_dir, spec.build(env), seed=training_seed, step=which)
         first = first or network
         metrics = evaluate(env, network, n_envs=cmd.episodes, max_episode_length=max_len, seed=cmd.seed,
                            deterministic=not cmd.stochastic)

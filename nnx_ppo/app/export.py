@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, ExportCommand, run_policy_spec
+from nnx_ppo.app.commands import CliError, ExportCommand, load_run_network, run_policy_spec
 from nnx_ppo.app.progress import pretty_path
 
 
 def run_export(cmd: ExportCommand) -> int:
     import jax
 
-    from nnx_ppo.network_spec import load_network
     from nnx_ppo.policy import Policy
 
     run_dir = Path(cmd.run_dir)
@@ -31,12 +30,7 @@ def run_export(cmd: ExportCommand) -> int:
                        (f"seeds {seeds}" if seeds else "one seed; leave --seed out"))
     seed = cmd.seed if cmd.seed is not None else (seeds[0] if seeds else None)
     which = "best" if cmd.best else cmd.step
-    try:
-        network = load_network(str(ckpt_dir.resolve()), spec.build(env), seed=seed, step=which)
-    except (FileNotFoundError, ValueError) as e:  # none there; or it does not match config.json
-        raise CliError(str(e).splitlines()[0]) from None
-    except RuntimeError as e:  # no checkpoint of the run reads back (CheckpointError)
-        raise CliError(str(e).splitlines()[0], code=1) from None
+    network = load_run_network(ckpt_dir, spec.build(env), seed=seed, step=which)
     obs = jax.eval_shape(lambda key: env.reset(key).obs, jax.random.key(0))
     obs = jax.tree.map(lambda x: jax.ShapeDtypeStruct((cmd.batch_size, *x.shape), x.dtype), obs)
     policy = Policy(network, deterministic=not cmd.stochastic)
