@@ -71,6 +71,7 @@ def test_memory_task_needs_memory():
     assert max(mlp) <= 0.6, mlp
 
 
+@pytest.mark.slow  # about 30 s on 2 cores; memory past the rollout is measured in bench/README.md
 def test_memory_span_longer_than_the_rollout():
     """Cue at step 0, query at step 11, rollouts of 6 steps: the carry crosses
     rollout boundaries (gradients do not), and the LSTM still learns."""
