@@ -40,6 +40,7 @@ __all__ = [
     "plot_learning_curve",
     "seed_curves",
     "seed_band",
+    "save_figure",
     "RunLogger",
 ]
 
@@ -210,6 +211,13 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, tit
     if train or eval_x:
         ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | os.PathLike) -> None:
+    """Write a matplotlib figure as PNG atomically (a reader never sees half a file) and close it."""
+    import matplotlib.pyplot as plt
+
     tmp = Path(str(path) + ".tmp.png")
     fig.savefig(tmp, format="png")
     plt.close(fig)

@@ -345,6 +345,23 @@ def run_policy_spec(run_dir: Path, saved: dict[str, Any]) -> tuple[Any, NetworkS
     return env, spec, ckpt_dir
 
 
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """The run's config.json for a command; a one-line usage error if it is missing or broken."""
+    from nnx_ppo import run_dir as rd
+
+    try:
+        return rd.read_run_config(run_dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise CliError(str(e)) from None
+
+
+def checkpoint_choice(cmd) -> int | str | None:
+    """The checkpoint ``--best`` / ``--step N`` pick (None: the final one)."""
+    if cmd.best and cmd.step is not None:
+        raise CliError("--best and --step each pick a checkpoint; give one of them")
+    return "best" if cmd.best else cmd.step
+
+
 def load_run_network(ckpt_dir: Path, network: Any, seed: int | None = None, step: int | str | None = None,
                      what: str = ""):
     """``load_network`` for a command: a missing checkpoint or one that does

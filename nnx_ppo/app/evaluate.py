@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, EvalCommand, load_run_network, run_policy_spec
+from nnx_ppo.app.commands import CliError, EvalCommand, checkpoint_choice, load_run_network, read_run, run_policy_spec
 from nnx_ppo.app.progress import pretty_path
 from nnx_ppo.app.record import check_record_flags, check_record_paths, print_module_paths, record_to_file
 
@@ -17,10 +16,7 @@ def run_eval(cmd: EvalCommand) -> int:
     run_dir = Path(cmd.run_dir)
     if cmd.episodes <= 0:
         raise CliError(f"--episodes must be positive, got {cmd.episodes}")
-    try:
-        saved = rd.read_run_config(run_dir)
-    except (FileNotFoundError, ValueError) as e:
-        raise CliError(str(e)) from None
+    saved = read_run(run_dir)
     env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     max_len = cmd.max_episode_length or int(saved.get("config", {}).get("eval", {}).get("max_episode_length", 1000))
     if cmd.video is not None:
@@ -30,9 +26,7 @@ def run_eval(cmd: EvalCommand) -> int:
         return print_module_paths(spec.build(env))
     if cmd.record_activations:
         check_record_paths(spec.build(env), cmd.record_activations)
-    if cmd.best and cmd.step is not None:
-        raise CliError("--best and --step each pick a checkpoint; give one of them")
-    which = "best" if cmd.best else cmd.step
+    which = checkpoint_choice(cmd)
     policy = {None: "the final policy", "best": "the best evaluated policy"}.get(which, f"the policy at step {which}")
     kind = "stochastic" if cmd.stochastic else "deterministic"
     print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with {policy} of "

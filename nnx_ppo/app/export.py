@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, ExportCommand, load_run_network, run_policy_spec
+from nnx_ppo.app.commands import CliError, ExportCommand, checkpoint_choice, load_run_network, read_run, run_policy_spec
 from nnx_ppo.app.progress import pretty_path
 
 
@@ -17,19 +16,14 @@ def run_export(cmd: ExportCommand) -> int:
     run_dir = Path(cmd.run_dir)
     if cmd.batch_size <= 0:
         raise CliError(f"--batch-size must be positive, got {cmd.batch_size}")
-    if cmd.best and cmd.step is not None:
-        raise CliError("--best and --step each pick a checkpoint; give one of them")
-    try:
-        saved = rd.read_run_config(run_dir)
-    except (FileNotFoundError, ValueError) as e:
-        raise CliError(str(e)) from None
+    which = checkpoint_choice(cmd)
+    saved = read_run(run_dir)
     env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     seeds = [int(s) for s in saved.get("seeds", [])]
     if cmd.seed is not None and cmd.seed not in seeds:
         raise CliError(f"--seed {cmd.seed}: this run trained " +
                        (f"seeds {seeds}" if seeds else "one seed; leave --seed out"))
     seed = cmd.seed if cmd.seed is not None else (seeds[0] if seeds else None)
-    which = "best" if cmd.best else cmd.step
     network = load_run_network(ckpt_dir, spec.build(env), seed=seed, step=which)
     obs = jax.eval_shape(lambda key: env.reset(key).obs, jax.random.key(0))
     obs = jax.tree.map(lambda x: jax.ShapeDtypeStruct((cmd.batch_size, *x.shape), x.dtype), obs)

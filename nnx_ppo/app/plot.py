@@ -11,12 +11,11 @@ seeds' mean reached it. Plain Python and matplotlib: no JAX.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, PlotCommand
+from nnx_ppo.app.commands import CliError, PlotCommand, read_run
 from nnx_ppo.app.progress import pretty_path
 
 __all__ = ["run_plot", "summarize_run", "interquartile_mean"]
@@ -87,10 +86,7 @@ def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: 
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(path) + ".tmp.png")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    rd.save_figure(fig, path)
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -106,10 +102,7 @@ def run_plot(cmd: PlotCommand) -> int:
         raise CliError(f"--out must end in .png, got {cmd.out!r}")
     runs = []
     for run in cmd.runs:
-        try:
-            rd.read_run_config(run)
-        except (FileNotFoundError, ValueError) as e:
-            raise CliError(str(e)) from None
+        read_run(Path(run))
         rows = rd.read_metrics(run)
         if not rd.seed_curves(rows, cmd.metric):
             raise CliError(f"{run} has no evaluation rows with {cmd.metric!r} (is evaluation on?)")
