@@ -150,7 +150,10 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand):
     except ValueError as e:  # a config's __post_init__ rejected a value
         raise CliError(str(e)) from None
     finally:
-        sys.stdout.write(clean_help(out.getvalue()))
+        shown = clean_help(out.getvalue())
+        if argv[:1] == ["train"]:
+            shown = group_options(shown, TRAIN_FLAG_GROUPS)
+        sys.stdout.write(shown)
         sys.stderr.write(clean_help(err.getvalue()) + _did_you_mean(err.getvalue(), argv, train_default))
 
 
@@ -198,6 +201,48 @@ def clean_help(text: str) -> str:
             body = body[:-1] + " " * (len(line.rstrip("\n")) - len(body)) + "│"
         lines.append(body + end)
     return "".join(lines)
+
+
+TRAIN_FLAG_GROUPS = {
+    "env and network": ("--network", "--hidden-size", "--no-preset", "--env-kwargs", "--train-env-kwargs",
+                        "--reward-scale"),
+    "run directory and logging": ("--run-dir", "--resume", "--print-config", "--quiet", "--video-every", "--wandb",
+                                  "--wandb-project", "--checkpoint-every-steps", "--keep-checkpoints"),
+    "seeds and devices": ("--seed", "--seeds", "--n-devices", "--shard-seeds", "--seed-batching",
+                          "--iterations-per-call", "--coordinator-address", "--num-processes", "--process-id",
+                          "--distributed-timeout"),
+}
+"""How ``train --help`` splits tyro's one box of top-level flags (the
+training and evaluation hyperparameters keep their own ``ppo`` and ``eval`` boxes)."""
+
+
+def group_options(text: str, groups: dict[str, tuple[str, ...]]) -> str:
+    """Split the ``options`` section of tyro's help into titled sections, one
+    per group, in the order given; a flag in no group stays under ``options``."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines[:-1]) if line.strip() == "options"
+                  and set(lines[i + 1].strip()) == {"-"}), None)
+    if start is None:
+        return text
+    end = next((i for i in range(start + 2, len(lines)) if not lines[i].strip()), len(lines))
+    entries: list[list[str]] = []
+    for line in lines[start + 2:end]:
+        if line.startswith("  -") or not entries:
+            entries.append([line])
+        else:
+            entries[-1].append(line)
+    group_of = {flag: title for title, flags in groups.items() for flag in flags}
+    sections: dict[str, list[str]] = {"options": [], **{title: [] for title in groups}}
+    for entry in entries:
+        flag = entry[0].split()[0].rstrip(",")
+        sections[group_of.get(flag, "options")].extend(entry)
+    header, rule = lines[start], lines[start + 1]
+    width = len(header.rstrip("\n"))
+    out = []
+    for title, body in sections.items():
+        if body:
+            out += [f" {title}".ljust(width) + "\n", rule, *body, " " * width + "\n"]
+    return "".join(lines[:start] + out[:-1] + lines[end:])
 
 
 def _preset_of_help(argv: list[str]):
@@ -269,18 +314,22 @@ def _join_processes(cmd: TrainCommand) -> None:
             raise CliError("--num-processes and --process-id need --coordinator-address HOST:PORT")
         return
     from nnx_ppo import run_dir as rd
-    from nnx_ppo.algorithms.distributed import check_same_everywhere, initialize
+    from nnx_ppo.algorithms.distributed import PeerLostError, check_same_everywhere, initialize, watch_peers
 
     try:
-        initialize(cmd.coordinator_address, cmd.num_processes, cmd.process_id)
+        initialize(cmd.coordinator_address, cmd.num_processes, cmd.process_id, timeout=cmd.distributed_timeout)
         # Every process must train the same run: compare a hash of the settings (all but --process-id).
         settings = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd) if f.name not in ("process_id",
                                                                                                    "config")}
         settings["config"] = rd.train_config_to_dict(cmd.config)
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
         check_same_everywhere(digest, "settings (flags)")
+    except PeerLostError as e:
+        raise CliError(str(e), code=1) from None
     except ValueError as e:
         raise CliError(str(e)) from None
+    # A peer that dies or hangs ends every process within --distributed-timeout, in one line.
+    watch_peers(cmd.distributed_timeout)
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:

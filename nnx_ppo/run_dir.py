@@ -33,6 +33,7 @@ __all__ = [
     "default_run_dir",
     "train_config_to_dict",
     "train_config_from_dict",
+    "run_content",
     "write_run_config",
     "read_run_config",
     "read_metrics",
@@ -78,6 +79,37 @@ def train_config_from_dict(data: dict[str, Any], *, learning_rate: Any = None) -
     a warning) so older/newer run directories still load. ``learning_rate``
     replaces the saved one (required for a config saved with a schedule)."""
     return config_from_dict(data, where=CONFIG_FILE, learning_rate=learning_rate)
+
+
+def run_content(*, env: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any], network: dict[str, Any],
+                config: TrainConfig, reward_scale: float = 1.0, seeds=(), command: list[str],
+                saved: dict[str, Any] | None = None, env_rebuildable: bool = True) -> dict[str, Any]:
+    """What ``config.json`` records, for the CLI and for ``run_dir=`` from
+    Python alike: the env spec and kwargs (``train_env_kwargs``: what only
+    the training env adds), how to rebuild the network, the whole config,
+    the seeds of a batch, the command, and when the run was created and
+    resumed (a resumed run keeps ``saved``'s history)."""
+    now = _dt.datetime.now().isoformat(timespec="seconds")
+    content: dict[str, Any] = {
+        "env": env,
+        "env_kwargs": env_kwargs,
+        "train_env_kwargs": train_env_kwargs,
+        "network": network,
+        "config": train_config_to_dict(config),
+        "reward_scale": reward_scale,
+        "created": saved.get("created", now) if saved else now,
+        "command": list(command),
+    }
+    if not env_rebuildable:
+        content["env_rebuildable"] = False
+    if seeds:
+        content["seeds"] = [int(s) for s in seeds]
+    if saved:
+        content["resumed"] = [*saved.get("resumed", []), now]
+        for key in ("preset", "wandb_id"):
+            if key in saved:
+                content[key] = saved[key]
+    return content
 
 
 def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:

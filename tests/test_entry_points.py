@@ -8,6 +8,7 @@ since imported JAX. JAX alone takes about 2 s to import on this project's
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -102,6 +103,27 @@ def test_help_is_plain_and_flags_are_clean(capsys):
     assert "--print-config" in text and "(default: one run, of --seed)" in " ".join(text.split())
 
 
+def test_train_help_groups_its_flags(capsys):
+    """Every top-level train flag sits in a titled group (a new flag must be
+    given one: only --help stays under "options"), then ppo and eval."""
+    from nnx_ppo import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = capsys.readouterr().out
+    titles = [line.strip() for line, rule in zip(text.splitlines(), text.splitlines()[1:])
+              if not line.startswith("  ") and rule.strip() and set(rule.strip()) == {"-"}]
+    assert titles == ["positional arguments", "options", *cli.TRAIN_FLAG_GROUPS, "ppo options", "eval options"]
+
+    def flags_under(title: str) -> list[str]:
+        section = re.split(r"\n\s*\n", text.split(f"\n {title}")[1])[0]
+        return [line.split()[0].rstrip(",") for line in section.splitlines()[2:] if line.startswith("  -")]
+
+    assert flags_under("options") == ["-h"]
+    for title, flags in cli.TRAIN_FLAG_GROUPS.items():
+        assert sorted(flags_under(title)) == sorted(flags), title
+
+
 def test_unknown_abbreviated_flag_gets_a_suggestion(capsys):
     from nnx_ppo import cli
 
@@ -144,7 +166,7 @@ def test_docs_cli_lists_every_subcommand(capsys):
 def test_progress_without_a_terminal_is_plain_lines_at_a_bounded_rate(capsys):
     """Piped (pytest captures stderr: no terminal), the bar is replaced by
     plain lines, at most one per interval (and the last)."""
-    from nnx_ppo.app.progress import Progress
+    from nnx_ppo.progress import Progress
 
     progress = Progress(total_steps=1000, steps_per_iteration=10, quiet=False, interval=3600.0)
     assert progress.plain

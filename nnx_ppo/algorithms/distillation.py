@@ -247,7 +247,8 @@ def train_distillation(
       teacher: a trained network with a :class:`PPONetworkOutput` on the same
         action space (any architecture); it acts in eval mode (its
         deterministic action, e.g. the mean).
-      student: the network to train (any architecture).
+      student: the network to train (any architecture), or its name, as
+        for :func:`~nnx_ppo.algorithms.ppo.train_ppo`.
       config: the same :class:`TrainConfig` as for PPO: ``ppo.n_envs``,
         ``rollout_length``, ``n_epochs``, ``n_minibatches``,
         ``learning_rate`` (and its schedule/decay), ``gradient_clipping``,
@@ -291,6 +292,8 @@ def train_distillation(
         return lambda state: distillation_iteration(env, graphdef, teacher_fn, optimizer, ppo, distillation, observe,
                                                     state)
 
-    [result] = train(Algorithm(initial_state=initial_state, iteration=iteration), env, config, network=student,
-                     on_evaluation=on_evaluation, **options)
+    teacher_class = f"{type(teacher).__module__}.{type(teacher).__qualname__}"
+    record = {"distillation": {"teacher": teacher_class, **dataclasses.asdict(distillation)}}
+    [result] = train(Algorithm(initial_state=initial_state, iteration=iteration, run_record=record), env, config,
+                     network=student, on_evaluation=on_evaluation, **options)
     return result

@@ -18,12 +18,19 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["initialize", "check_port_free", "check_same_everywhere", "is_primary", "process_count", "barrier",
-           "to_global"]
+__all__ = ["initialize", "check_port_free", "check_same_everywhere", "any_process", "watch_peers", "PeerLostError",
+           "is_primary", "process_count", "barrier", "to_global", "DEFAULT_TIMEOUT"]
+
+DEFAULT_TIMEOUT = 120
+"""Seconds a process waits for the others to join, and for a silent peer, before it ends."""
+
+
+class PeerLostError(RuntimeError):
+    """Another process of the run did not join, or stopped responding."""
 
 
 def initialize(coordinator_address: str, num_processes: int, process_id: int,
-               local_device_count: int | None = None) -> None:
+               local_device_count: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
     """Join the run as process ``process_id`` of ``num_processes``
     (``jax.distributed.initialize``); call before anything touches a device.
 
@@ -34,11 +41,16 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
       local_device_count: on CPU, expose this many host devices in this
         process (``--xla_force_host_platform_device_count``); CPU processes
         exchange data through gloo.
+      timeout: seconds to wait for every process to join (then
+        :class:`PeerLostError`); JAX's own heartbeat gives up on a silent
+        peer after ``2 * timeout`` (:func:`watch_peers` ends the run sooner, in one line).
     """
     if not 0 <= process_id < num_processes:
         raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got {process_id}")
     if ":" not in coordinator_address:
         raise ValueError(f"coordinator_address must be HOST:PORT, got {coordinator_address!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if process_id == 0:
         check_port_free(coordinator_address)
     if local_device_count is not None:
@@ -47,8 +59,18 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
         flag = f"--xla_force_host_platform_device_count={int(local_device_count)}"
         os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), flag]).strip()
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id)
+    try:
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id, initialization_timeout=max(1, int(timeout)),
+                                   heartbeat_timeout_seconds=max(10, int(2 * timeout)),
+                                   shutdown_timeout_seconds=max(1, int(timeout)))
+    except Exception as err:  # the coordinator's deadline, in a C++ status
+        if "DEADLINE_EXCEEDED" not in str(err) and "UNAVAILABLE" not in str(err):
+            raise
+        waited = "the other processes" if process_id == 0 else f"process 0 at {coordinator_address}"
+        raise PeerLostError(f"process {process_id}: {waited} did not join within {timeout:g} s; start all "
+                            f"{num_processes} processes with the same --coordinator-address and --num-processes "
+                            "(or wait longer: --distributed-timeout)") from None
 
 
 def check_port_free(coordinator_address: str) -> None:
@@ -84,6 +106,80 @@ def check_same_everywhere(digest: bytes, what: str) -> None:
     if differ:
         raise ValueError(f"processes {differ} were started with other {what} than process 0; start every process "
                          "with the same flags (only --process-id differs)")
+
+
+def any_process(flag: bool) -> bool:
+    """Whether ``flag`` holds in any process: every process calls it at the
+    same point (e.g. a stop asked for in one process stops all of them at
+    the same iteration). ``flag`` itself when alone."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.asarray([int(bool(flag))], np.int32))))
+
+
+def watch_peers(timeout: float = DEFAULT_TIMEOUT, on_lost=None, interval: float = 2.0):
+    """Start a daemon thread that beats this process's heartbeat into the
+    coordinator's key-value store every ``interval`` seconds and watches the
+    others'. When a peer's heartbeat has not moved for ``timeout`` seconds,
+    or the coordinator cannot be reached, it calls ``on_lost(message)``
+    (default: print the message and end this process with exit code 1,
+    even while the main thread waits in a collective). Returns a function
+    that stops the watch. No-op alone."""
+    import threading
+    import time
+
+    if jax.process_count() == 1:
+        return lambda: None
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    me, count = jax.process_index(), jax.process_count()
+    stopped = threading.Event()
+
+    def lost(message: str) -> None:
+        if stopped.is_set():
+            return
+        if on_lost is not None:
+            on_lost(message)
+            return
+        import os
+        import sys
+
+        print(f"nnx-ppo: error: {message}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    def beat() -> None:
+        seen: dict[int, tuple[str, float]] = {}
+        beats = 0
+        while not stopped.wait(interval):
+            beats += 1
+            now = time.monotonic()
+            try:
+                client.key_value_set(f"nnx_ppo/heartbeat/{me}", str(beats), allow_overwrite=True)
+                for peer in range(count):
+                    if peer == me:
+                        continue
+                    try:
+                        value = client.key_value_try_get(f"nnx_ppo/heartbeat/{peer}")
+                    except Exception:  # not written yet
+                        value = ""
+                    if peer not in seen or seen[peer][0] != value:
+                        seen[peer] = (value, now)
+                    elif now - seen[peer][1] > timeout:
+                        lost(f"process {me}: process {peer} stopped responding (no heartbeat for {timeout:g} s), "
+                             "so this process ends too; restart every process with --resume to continue from the "
+                             "last checkpoint")
+                        return
+            except Exception as err:  # the coordinator (process 0) is gone
+                if not stopped.is_set():
+                    lost(f"process {me}: lost the coordinator, process 0 ({str(err).splitlines()[0][:160]}); "
+                         "restart every process with --resume to continue from the last checkpoint")
+                return
+
+    threading.Thread(target=beat, name="nnx-ppo-peer-watch", daemon=True).start()
+    return stopped.set
 
 
 def process_count() -> int:

@@ -169,7 +169,13 @@ def train_ppo(
       env: an env with the ``reset(key)`` / ``step(state, action)`` API
         (see :mod:`nnx_ppo.envs`), or anything :func:`~nnx_ppo.envs.as_env` accepts.
       network: a :class:`StatefulModule` whose output is a
-        :class:`PPONetworkOutput` (e.g. from :mod:`nnx_ppo.networks.factories`).
+        :class:`PPONetworkOutput` (e.g. from :mod:`nnx_ppo.networks.factories`),
+        or its name, built here from ``config.seed``: ``"mlp"``, ``"lstm"``,
+        ``"gru"`` (the default preset's width), your function as
+        ``"MODULE:FUNCTION"`` or ``"FILE.py:FUNCTION"`` (called as
+        ``function(env, rngs)``), or a :class:`~nnx_ppo.network_spec.NetworkSpec`.
+        A named network lets ``nnx-ppo eval`` and ``--resume`` rebuild a
+        ``run_dir``'s network; the trained one is ``result.network``.
       config: the :class:`TrainConfig`.
       state: continue from this training state instead of a fresh one.
       on_evaluation: called after every evaluation as
@@ -177,7 +183,7 @@ def train_ppo(
         :class:`NetworkFn` in eval mode), e.g. to record a video of it.
       **options: the :class:`~nnx_ppo.algorithms.trainer.TrainOptions`
         (``log_fn``, ``eval_env``, ``checkpoint_dir``, ``resume_from``,
-        ``checkpoint_metadata``, ``should_stop``).
+        ``checkpoint_metadata``, ``should_stop``, ``run_dir``, ``progress``).
 
     Raises:
       NonFiniteError: NaN/inf in rewards, observations or the loss, at the

@@ -30,7 +30,7 @@ __all__ = ["train_seeds"]
 
 def train_seeds(
     env,
-    make_network: Callable[[nnx.Rngs], Any],
+    make_network: Callable[[nnx.Rngs], Any] | str,
     config: TrainConfig,
     seeds: Sequence[int],
     **options: Unpack[TrainOptions],
@@ -52,7 +52,9 @@ def train_seeds(
     Args:
       env: the training env.
       make_network: ``make_network(nnx.Rngs(seed))`` builds one seed's network;
-        every seed must get the same architecture.
+        every seed must get the same architecture. Or the network's name, as
+        for :func:`~nnx_ppo.algorithms.ppo.train_ppo` (``"lstm"``,
+        ``"FILE.py:FUNCTION"``, ...), which lets the CLI rebuild a ``run_dir``'s networks.
       config: the :class:`TrainConfig`; its ``seed`` is replaced by each seed.
       seeds: the seeds (at least one).
       **options: the :class:`~nnx_ppo.algorithms.trainer.TrainOptions`:
@@ -62,7 +64,8 @@ def train_seeds(
         every seed's state on a leading axis ``[S, ...]``; its metadata
         lists the ``"seeds"``); ``resume_from`` continues it (the same
         seeds, in the same order; exact, as for one seed); ``eval_env``,
-        ``checkpoint_metadata`` and ``should_stop`` as for ``train_ppo``.
+        ``checkpoint_metadata``, ``should_stop``, ``run_dir`` and
+        ``progress`` as for ``train_ppo``.
 
     A seed's network loads from such a checkpoint with
     ``nnx_ppo.load_network(directory, seed=s)``.
@@ -70,8 +73,7 @@ def train_seeds(
     Returns one :class:`TrainResult` per seed, in order; the result for seed
     ``s`` matches ``train_ppo(env, make_network(nnx.Rngs(s)),
     dataclasses.replace(config, seed=s))`` up to float rounding (vmapped
-    matrix products may round differently). The networks built by
-    ``make_network`` are trained in place but not returned; take a seed's
-    parameters from its result's ``state``.
+    matrix products may round differently); its trained network is its
+    result's ``network``.
     """
     return train(PPO, env, config, make_network=make_network, seeds=seeds, **options)

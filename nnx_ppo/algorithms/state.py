@@ -68,6 +68,9 @@ class TrainResult:
       failure: for a seed of a batch whose health failed (non-finite values or a
         replay mismatch), where and why (a :class:`~nnx_ppo.algorithms.driver.Failure`);
         None when it trained to the end.
+      network: the trained network (the one given, updated in place; or the
+        one the trainer built: a seed's from ``make_network``, or from a
+        network named by a string).
     """
 
     state: TrainingState
@@ -77,3 +80,4 @@ class TrainResult:
     total_iterations: int
     compile_seconds: float
     failure: Failure | None = None
+    network: Any = None

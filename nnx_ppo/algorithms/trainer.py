@@ -28,6 +28,7 @@ import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
 import jax
@@ -37,6 +38,7 @@ from flax import errors as flax_errors
 from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seed
+from nnx_ppo.algorithms.distributed import any_process, process_count
 from nnx_ppo.algorithms.driver import (
     Driver,
     DriverResult,
@@ -50,6 +52,7 @@ from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
 from nnx_ppo.algorithms.hooks import best_policy_hook, checkpoint_hook, evaluation_hook
 from nnx_ppo.algorithms.program import compile_iterations, seed_slice, stack_trees
 from nnx_ppo.algorithms.rollout import all_finite
+from nnx_ppo.algorithms.run_output import RunOutput, network_from_description
 from nnx_ppo.algorithms.sharding import local_devices, place, replicated
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.envs.registry import as_env
@@ -70,10 +73,13 @@ class Algorithm:
         IterationOutput)``: the pure iteration for the network structure
         ``graphdef`` (training mode) and the :class:`PPOConfig` to compile
         with (per device when sharded).
+      run_record: what a run directory's ``config.json`` records about the
+        algorithm besides the config (e.g. ``{"distillation": {...}}``).
     """
 
     initial_state: Callable[[Any, Any, TrainConfig], TrainingState]
     iteration: Callable[[Any, Any, PPOConfig], Iteration]
+    run_record: dict[str, Any] | None = None
 
 
 class TrainOptions(TypedDict, total=False):
@@ -99,6 +105,14 @@ class TrainOptions(TypedDict, total=False):
         (e.g. how to rebuild the network for inference).
       should_stop: polled between compiled calls; returning True ends
         training early (the state so far is saved and returned).
+      run_dir: write a run directory as ``nnx-ppo train`` does (config.json,
+        metrics.jsonl, TensorBoard, learning_curve.png, ``checkpoints/``
+        with the best policy; see :mod:`nnx_ppo.algorithms.run_output`), read by
+        ``nnx-ppo eval``/``plot``/``train --resume`` and ``load_policy``. A
+        fresh run refuses a directory holding a run; continue one with
+        ``resume_from=run_dir``. Replaces ``checkpoint_dir``.
+      progress: show the command line's progress bar (plain lines at most
+        every 30 s when stderr is not a terminal).
     """
 
     log_fn: Callable[..., None] | None
@@ -107,6 +121,8 @@ class TrainOptions(TypedDict, total=False):
     resume_from: str | None
     checkpoint_metadata: dict | None
     should_stop: Callable[[], bool] | None
+    run_dir: str | os.PathLike | None
+    progress: bool
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -253,9 +269,16 @@ def train(
     log_fn, eval_env = options.get("log_fn"), options.get("eval_env")
     checkpoint_dir, resume_from = options.get("checkpoint_dir"), options.get("resume_from")
     checkpoint_metadata = options.get("checkpoint_metadata")
+    run_dir = options.get("run_dir")
+    if run_dir is not None and checkpoint_dir is not None:
+        raise ValueError("give run_dir or checkpoint_dir, not both (a run directory keeps its checkpoints in "
+                         "run_dir/checkpoints)")
+    if resume_from is not None:
+        resume_from = _checkpoints_of(resume_from)
     batched = seeds is not None
     env = as_env(env)
     eval_env = env if eval_env is None else as_env(eval_env)
+    network, make_network, network_spec = _named_network(network, make_network, env, eval_env, config)
     ppo = config.ppo
     if batched:
         seeds = _check_seeds(seeds)
@@ -265,12 +288,79 @@ def train(
     else:
         devices = local_devices(config.n_devices, ppo.n_envs)
         networks, graphdef = [network], NetworkFn.of(network, deterministic=False).graphdef  # training samples
+    if run_dir is not None:
+        checkpoint_dir = str((Path(run_dir) / "checkpoints").resolve())
     if checkpoint_dir is not None and resume_from is None:
         _check_fresh_checkpoint_dir(checkpoint_dir)
     if state is None:
         state = _initial_state(algorithm, env, networks, config, seeds)
     if resume_from is not None:
         state = _resumed(state, seeds, resume_from, checkpoint_dir, ppo)
+    output = None
+    if run_dir is not None or options.get("progress"):
+        output = RunOutput.open(run_dir, progress=bool(options.get("progress")), train_env=env, eval_env=eval_env,
+                                network_spec=network_spec, network=networks[0], config=config, seeds=seeds,
+                                resuming=resume_from is not None, record=algorithm.run_record)
+        log_fn = _both(output.log, log_fn, batched)
+        if run_dir is not None:
+            checkpoint_metadata = {**output.metadata(network_spec), **(checkpoint_metadata or {})}
+    try:
+        results = _run(algorithm, env, eval_env, config, networks, graphdef, devices, state, seeds, log_fn,
+                       checkpoint_dir, checkpoint_metadata, on_evaluation, options.get("should_stop"))
+    finally:
+        if output is not None:
+            output.close()
+    for result, net in zip(results, networks):
+        result.network = net
+    return results
+
+
+def _checkpoints_of(resume_from):
+    """``resume_from``, or the checkpoint directory of the run directory it names."""
+    path = Path(resume_from)
+    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+        return str(path / "checkpoints")
+    return resume_from
+
+
+def _named_network(network, make_network, env, eval_env, config: TrainConfig):
+    """``(network, make_network, spec)``: a network named by a string
+    (``"mlp"``, ``"lstm"``, ``"gru"``, ``"MODULE:FUNCTION"``,
+    ``"FILE.py:FUNCTION"``) or a :class:`~nnx_ppo.network_spec.NetworkSpec`
+    is built here for ``env`` (one run: from ``config.seed``) and its spec
+    returned; a network object or factory function is passed through with spec None."""
+    from nnx_ppo.envs.registry import spec_of
+    from nnx_ppo.network_spec import NetworkSpec
+
+    named = network if network is not None else make_network
+    if not isinstance(named, (str, NetworkSpec)):
+        return network, make_network, None
+    env_spec, env_kwargs = spec_of(eval_env) or spec_of(env) or (None, {})
+    factory, spec = network_from_description(named, env, env_spec, env_kwargs, config.seed)
+    if network is not None:
+        spec = dataclasses.replace(spec, seed=config.seed)
+        return factory(nnx.Rngs(config.seed)), None, spec
+    return None, factory, spec
+
+
+def _both(first, second, batched: bool):
+    """One ``log_fn`` calling ``first`` then ``second`` (if any)."""
+    if second is None:
+        return first
+    if batched:
+        return lambda metrics, env_steps, seed: (first(metrics, env_steps, seed), second(metrics, env_steps, seed))
+    return lambda metrics, env_steps: (first(metrics, env_steps), second(metrics, env_steps))
+
+
+def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: list, graphdef, devices,
+         state: TrainingState, seeds: list[int] | None, log_fn, checkpoint_dir, checkpoint_metadata, on_evaluation,
+         should_stop) -> list[TrainResult]:
+    """Place and compile, then drive the iterations with their hooks (steps 2-5 above)."""
+    batched = seeds is not None
+    ppo = config.ppo
+    if process_count() > 1:  # a stop asked for in one process stops every process at the same iteration
+        asked = should_stop
+        should_stop = lambda: any_process(asked is not None and asked())  # noqa: E731
     state = donatable(state)
     iterations = np.asarray(state.iteration)  # read before the state spans other processes
     start_iteration = int(np.max(iterations))
@@ -305,7 +395,7 @@ def train(
             eval_every_steps=config.eval.every_steps,
             checkpoint=checkpoint_hook(config, checkpoint_dir, checkpoint_metadata) if checkpoint_dir else None,
             checkpoint_every_steps=config.checkpoint_every_steps,
-            should_stop=options.get("should_stop"),
+            should_stop=should_stop,
             # One run raises on failure and keeps the parameters from before the failing call.
             snapshot=None if batched else lambda state: jax.tree.map(copy_leaf, (state.params, state.rest)),
         ),

@@ -38,6 +38,7 @@ DEFAULT_ENV_KWARGS: dict[str, Any] = dict(DEFAULT_PRESET.env_kwargs)
 
 DEFAULT_NETWORK = DEFAULT_PRESET.network
 DEFAULT_HIDDEN_SIZE = DEFAULT_PRESET.hidden_size
+DISTRIBUTED_TIMEOUT = 120.0  # = nnx_ppo.algorithms.distributed.DEFAULT_TIMEOUT (importing it would load JAX for --help)
 DEFAULT_TRAIN_CONFIG = DEFAULT_PRESET.config
 
 
@@ -151,6 +152,10 @@ class TrainCommand:
 
     process_id: int = 0
     """this process's index, 0 .. num_processes - 1 (process 0 writes the run directory and logs)."""
+
+    distributed_timeout: float = DISTRIBUTED_TIMEOUT
+    """seconds to wait for every process to join, and for a peer that stopped responding, before every process
+    ends with one line naming it (with --coordinator-address)."""
 
 
 @dataclasses.dataclass
@@ -345,14 +350,25 @@ def run_policy_spec(run_dir: Path, saved: dict[str, Any]) -> tuple[Any, NetworkS
     return env, spec, ckpt_dir
 
 
-def read_run(run_dir: Path) -> dict[str, Any]:
-    """The run's config.json for a command; a one-line usage error if it is missing or broken."""
+def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
+    """The run's config.json for a command; a one-line usage error if it is
+    missing or broken, or (with ``rebuild``, what the command would do) if
+    it was trained from Python on an env or network the command line cannot rebuild."""
     from nnx_ppo import run_dir as rd
+    from nnx_ppo.algorithms.run_output import PYTHON_NETWORK
 
     try:
-        return rd.read_run_config(run_dir)
+        saved = rd.read_run_config(run_dir)
     except (FileNotFoundError, ValueError) as e:
         raise CliError(str(e)) from None
+    network = saved["network"] if isinstance(saved["network"], dict) else {}
+    if rebuild and (PYTHON_NETWORK in network or saved.get("env_rebuildable") is False):
+        what = (f"a network object ({network[PYTHON_NETWORK]})" if PYTHON_NETWORK in network
+                else f"an env object ({saved['env'].removeprefix('python:')})")
+        raise CliError(f"{run_dir} was trained from Python on {what}, which the command line cannot rebuild to "
+                       f"{rebuild}; do it from Python (load_policy(run, network=...)), or name the env and network "
+                       "when training (train_ppo('ENV', 'FILE.py:FUNCTION', config, run_dir=...))")
+    return saved
 
 
 def checkpoint_choice(cmd) -> int | str | None:

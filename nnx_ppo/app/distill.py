@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, DistillCommand, TrainCommand, load_run_network, run_policy_spec
+from nnx_ppo.app.commands import CliError, DistillCommand, TrainCommand, load_run_network, read_run, run_policy_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +40,9 @@ def run_distill(cmd: DistillCommand, argv: list[str]) -> int:
     from nnx_ppo.app.train import run_train
 
     teacher_run = Path(cmd.teacher_run)
+    saved = read_run(teacher_run, rebuild="use it as a teacher")
     try:
-        saved = rd.read_run_config(teacher_run)
         config = rd.train_config_from_dict(saved["config"])
-    except FileNotFoundError as e:
-        raise CliError(str(e)) from None
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         raise CliError(f"cannot read {teacher_run / rd.CONFIG_FILE}: {e}") from None
     try:

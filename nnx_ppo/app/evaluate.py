@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from nnx_ppo.app.commands import CliError, EvalCommand, checkpoint_choice, load_run_network, read_run, run_policy_spec
-from nnx_ppo.app.progress import pretty_path
 from nnx_ppo.app.record import check_record_flags, check_record_paths, print_module_paths, record_to_file
+from nnx_ppo.progress import pretty_path
 
 
 def run_eval(cmd: EvalCommand) -> int:
@@ -16,7 +16,7 @@ def run_eval(cmd: EvalCommand) -> int:
     run_dir = Path(cmd.run_dir)
     if cmd.episodes <= 0:
         raise CliError(f"--episodes must be positive, got {cmd.episodes}")
-    saved = read_run(run_dir)
+    saved = read_run(run_dir, rebuild="evaluate it")
     env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     max_len = cmd.max_episode_length or int(saved.get("config", {}).get("eval", {}).get("max_episode_length", 1000))
     if cmd.video is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nnx_ppo.app.commands import CliError, ExportCommand, checkpoint_choice, load_run_network, read_run, run_policy_spec
-from nnx_ppo.app.progress import pretty_path
+from nnx_ppo.progress import pretty_path
 
 
 def run_export(cmd: ExportCommand) -> int:
@@ -17,7 +17,7 @@ def run_export(cmd: ExportCommand) -> int:
     if cmd.batch_size <= 0:
         raise CliError(f"--batch-size must be positive, got {cmd.batch_size}")
     which = checkpoint_choice(cmd)
-    saved = read_run(run_dir)
+    saved = read_run(run_dir, rebuild="export it")
     env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     seeds = [int(s) for s in saved.get("seeds", [])]
     if cmd.seed is not None and cmd.seed not in seeds:

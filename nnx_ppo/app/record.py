@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nnx_ppo.app.commands import CliError, EvalCommand
-from nnx_ppo.app.progress import pretty_path
+from nnx_ppo.progress import pretty_path
 
 __all__ = ["check_record_flags", "print_module_paths", "check_record_paths", "record_to_file"]
 

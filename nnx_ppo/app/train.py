@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import time
 import uuid
@@ -13,6 +12,7 @@ from typing import Any
 from nnx_ppo import run_dir as rd
 from nnx_ppo.algorithms.config import check_seed
 from nnx_ppo.app.commands import (
+    DEFAULT_HIDDEN_SIZE,
     PROG,
     CliError,
     TrainCommand,
@@ -21,18 +21,19 @@ from nnx_ppo.app.commands import (
     network_spec_of,
     parse_env_kwargs,
     print_error,
+    read_run,
 )
 from nnx_ppo.app.evaluate import check_video_target
-from nnx_ppo.app.progress import Progress, StopFlag, fmt_seconds, pretty_path
 from nnx_ppo.network_spec import is_factory_reference
 from nnx_ppo.presets import find_preset
+from nnx_ppo.progress import Progress, StopFlag, fmt_seconds, pretty_path
 
 
 def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
     """A TrainCommand holding a run's saved settings (used as the parser's
     defaults for --resume, so only flags given explicitly change anything)."""
+    saved = read_run(Path(run_dir), rebuild="resume it")
     try:
-        saved = rd.read_run_config(run_dir)
         if "distillation" in saved:
             raise CliError(f"{run_dir} is a distillation run (nnx-ppo distill); it cannot be resumed with "
                            "`train --resume` yet: distill again with a larger --total-steps")
@@ -41,7 +42,7 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
         cmd = TrainCommand(
             env=saved["env"],
             network=net["kind"],
-            hidden_size=int(net["hidden_size"]),
+            hidden_size=int(net.get("hidden_size") or DEFAULT_HIDDEN_SIZE),
             env_kwargs=json.dumps(saved.get("env_kwargs", {})),
             train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
             config=config,
@@ -50,9 +51,7 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
             seeds=tuple(int(s) for s in saved.get("seeds", ())),
             resume=run_dir,
         )
-    except FileNotFoundError as e:
-        raise CliError(str(e)) from None
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise CliError(f"cannot read {Path(run_dir) / rd.CONFIG_FILE}: {e}") from None
     return cmd, saved
 
@@ -142,27 +141,12 @@ def _import_wandb(cmd: TrainCommand):
 def _run_config(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, spec, env_kwargs: dict,
                 train_env_kwargs: dict) -> dict[str, Any]:
     """What ``config.json`` records (a resumed run keeps its history)."""
-    now = _dt.datetime.now().isoformat(timespec="seconds")
-    content = {
-        "env": cmd.env,
-        "env_kwargs": env_kwargs,
-        "train_env_kwargs": train_env_kwargs,
-        "network": spec.to_dict(),
-        "config": rd.train_config_to_dict(cmd.config),
-        "reward_scale": cmd.reward_scale,
-        "created": saved.get("created", now) if saved else now,
-        "command": [PROG, *argv],
-    }
-    if cmd.seeds:
-        content["seeds"] = list(cmd.seeds)
+    content = rd.run_content(env=cmd.env, env_kwargs=env_kwargs, train_env_kwargs=train_env_kwargs,
+                             network=spec.to_dict(), config=cmd.config, reward_scale=cmd.reward_scale, seeds=cmd.seeds,
+                             command=[PROG, *argv], saved=saved)
     preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network)
-    if preset is not None:
+    if preset is not None and "preset" not in content:
         content["preset"] = {"env": preset.env, "network": preset.network}
-    if saved:
-        content["resumed"] = [*saved.get("resumed", []), now]
-        for key in ("preset", "wandb_id"):
-            if key in saved:
-                content[key] = saved[key]
     return content
 
 

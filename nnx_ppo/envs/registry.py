@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nnx_ppo.envs.types import RLEnv
 
-__all__ = ["make", "as_env", "list_envs", "register", "register_source", "unregister_source", "list_sources",
+__all__ = ["make", "as_env", "spec_of", "list_envs", "register", "register_source", "unregister_source", "list_sources",
            "EnvSource"]
 
 
@@ -176,6 +176,34 @@ def make(spec: str, **kwargs) -> RLEnv:
     """
     if not isinstance(spec, str):
         raise TypeError(f"make expects a string spec, got {spec!r}")
+    env = _make(spec, dict(kwargs))
+    _remember_spec(env, spec, kwargs)
+    return env
+
+
+_SPECS: dict[int, tuple[str, dict[str, Any]]] = {}
+
+
+def _remember_spec(env, spec: str, kwargs: dict[str, Any]) -> None:
+    """Note which ``make`` call built ``env`` (while it lives), for :func:`spec_of`."""
+    import weakref
+
+    key = id(env)
+    try:
+        weakref.finalize(env, _SPECS.pop, key, None)
+    except TypeError:  # not weakly referenceable: not remembered
+        return
+    _SPECS[key] = (spec, dict(kwargs))
+
+
+def spec_of(env) -> tuple[str, dict[str, Any]] | None:
+    """``(spec, kwargs)`` of the :func:`make` call that built ``env`` (so a
+    run directory can record how to rebuild it), or None for an env built
+    another way."""
+    return _SPECS.get(id(env))
+
+
+def _make(spec: str, kwargs: dict[str, Any]) -> RLEnv:
     reset_options = {k: kwargs.pop(k) for k in ("random_initial_steps", "random_reset_steps") if k in kwargs}
     random_initial_steps = bool(reset_options.get("random_initial_steps", False))
     random_reset_steps = int(reset_options.get("random_reset_steps", 0))
@@ -309,6 +337,7 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
     """``env`` in this library's env API, wrapping a third-party env as it ships.
 
     * an :class:`~nnx_ppo.envs.types.RLEnv` is returned unchanged;
+    * a string is an env spec, built by :func:`make`;
     * a raw MuJoCo Playground env (``mujoco_playground.registry.load(...)``)
       gets :class:`~nnx_ppo.envs.adapters.PlaygroundEnv` and a
       :class:`~nnx_ppo.envs.wrappers.TimeLimit` at ``episode_length`` (default:
@@ -327,6 +356,8 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
 
     if isinstance(env, RLEnv):
         return env
+    if isinstance(env, str):
+        return make(env)
     module = type(env).__module__.split(".")[0]
     name = type(env).__name__
     if module == "mujoco_playground":

@@ -1,4 +1,4 @@
-"""What the command line shows and how it stops: progress bar, Ctrl-C handling, formatting."""
+"""Progress on long work and how it stops: a bar (plain lines without a terminal), Ctrl-C handling, formatting."""
 
 from __future__ import annotations
 
