@@ -314,7 +314,7 @@ def _join_processes(cmd: TrainCommand) -> None:
             raise CliError("--num-processes and --process-id need --coordinator-address HOST:PORT")
         return
     from nnx_ppo import run_dir as rd
-    from nnx_ppo.algorithms.distributed import PeerLostError, check_same_everywhere, initialize, watch_peers
+    from nnx_ppo.algorithms.distributed import check_same_everywhere, initialize, watch_peers
 
     try:
         initialize(cmd.coordinator_address, cmd.num_processes, cmd.process_id, timeout=cmd.distributed_timeout)
@@ -324,8 +324,6 @@ def _join_processes(cmd: TrainCommand) -> None:
         settings["config"] = rd.train_config_to_dict(cmd.config)
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
         check_same_everywhere(digest, "settings (flags)")
-    except PeerLostError as e:
-        raise CliError(str(e), code=1) from None
     except ValueError as e:
         raise CliError(str(e)) from None
     # A peer that dies or hangs ends every process within --distributed-timeout, in one line.

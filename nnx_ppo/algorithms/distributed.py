@@ -18,15 +18,11 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["initialize", "check_port_free", "check_same_everywhere", "any_process", "watch_peers", "PeerLostError",
-           "is_primary", "process_count", "barrier", "to_global", "DEFAULT_TIMEOUT"]
+__all__ = ["initialize", "check_port_free", "check_same_everywhere", "any_process", "watch_peers", "is_primary",
+           "process_count", "barrier", "to_global", "await_lost_peer", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 120
 """Seconds a process waits for the others to join, and for a silent peer, before it ends."""
-
-
-class PeerLostError(RuntimeError):
-    """Another process of the run did not join, or stopped responding."""
 
 
 def initialize(coordinator_address: str, num_processes: int, process_id: int,
@@ -41,9 +37,10 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
       local_device_count: on CPU, expose this many host devices in this
         process (``--xla_force_host_platform_device_count``); CPU processes
         exchange data through gloo.
-      timeout: seconds to wait for every process to join (then
-        :class:`PeerLostError`); JAX's own heartbeat gives up on a silent
-        peer after ``2 * timeout`` (:func:`watch_peers` ends the run sooner, in one line).
+      timeout: seconds to wait for every process to join; then the process
+        prints one line saying what it waited for and ends (exit code 1).
+        JAX's own heartbeat gives up on a silent peer after ``2 * timeout``
+        (:func:`watch_peers` ends the run sooner, in one line).
     """
     if not 0 <= process_id < num_processes:
         raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got {process_id}")
@@ -59,18 +56,42 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
         flag = f"--xla_force_host_platform_device_count={int(local_device_count)}"
         os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), flag]).strip()
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    try:
-        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                                   process_id=process_id, initialization_timeout=max(1, int(timeout)),
-                                   heartbeat_timeout_seconds=max(10, int(2 * timeout)),
-                                   shutdown_timeout_seconds=max(1, int(timeout)))
-    except Exception as err:  # the coordinator's deadline, in a C++ status
-        if "DEADLINE_EXCEEDED" not in str(err) and "UNAVAILABLE" not in str(err):
-            raise
-        waited = "the other processes" if process_id == 0 else f"process 0 at {coordinator_address}"
-        raise PeerLostError(f"process {process_id}: {waited} did not join within {timeout:g} s; start all "
-                            f"{num_processes} processes with the same --coordinator-address and --num-processes "
-                            "(or wait longer: --distributed-timeout)") from None
+    waited = "the other processes" if process_id == 0 else f"process 0 at {coordinator_address}"
+    message = (f"process {process_id}: {waited} did not join within {timeout:g} s; start all {num_processes} "
+               "processes with the same --coordinator-address and --num-processes (or wait longer: "
+               "--distributed-timeout)")
+    # JAX ends a process whose peers do not join with a C++ abort; this ends it first, in one line.
+    joined = _end_unless(message, timeout)
+    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                               process_id=process_id, initialization_timeout=int(timeout) + 60,
+                               heartbeat_timeout_seconds=max(10, int(2 * timeout)),
+                               shutdown_timeout_seconds=max(1, int(timeout)))
+    joined.set()
+
+
+def _end_unless(message: str, timeout: float):
+    """An event; unless it is set within ``timeout`` seconds, print
+    ``message`` as an error and end the process with exit code 1."""
+    import threading
+
+    done = threading.Event()
+
+    def expire() -> None:
+        if not done.wait(timeout):
+            _end(message)
+
+    threading.Thread(target=expire, name="nnx-ppo-join-timeout", daemon=True).start()
+    return done
+
+
+def _end(message: str) -> None:
+    """Print ``message`` as one error line and end this process now (exit
+    code 1), even while its main thread waits inside JAX."""
+    import os
+    import sys
+
+    print(f"nnx-ppo: error: {message}", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def check_port_free(coordinator_address: str) -> None:
@@ -141,14 +162,7 @@ def watch_peers(timeout: float = DEFAULT_TIMEOUT, on_lost=None, interval: float 
     def lost(message: str) -> None:
         if stopped.is_set():
             return
-        if on_lost is not None:
-            on_lost(message)
-            return
-        import os
-        import sys
-
-        print(f"nnx-ppo: error: {message}", file=sys.stderr, flush=True)
-        os._exit(1)
+        (on_lost or _end)(message)
 
     def beat() -> None:
         seen: dict[int, tuple[str, float]] = {}
@@ -179,7 +193,30 @@ def watch_peers(timeout: float = DEFAULT_TIMEOUT, on_lost=None, interval: float 
                 return
 
     threading.Thread(target=beat, name="nnx-ppo-peer-watch", daemon=True).start()
+    import atexit
+
+    atexit.register(stopped.set)  # before JAX's own shutdown (registered earlier, run later) ends the coordinator
+    _WATCH.update(timeout=timeout + 2 * interval, stopped=stopped)
     return stopped.set
+
+
+_WATCH: dict[str, Any] = {}
+
+
+def await_lost_peer(error: BaseException) -> None:
+    """Called with an error training raised in a run of several processes:
+    when it is a collective that failed (a peer's connection closed) and
+    :func:`watch_peers` runs, wait until the watch has named the lost peer
+    and ended this process. Returns at once otherwise (or, if no peer is
+    lost within the watch's timeout, after it)."""
+    import time
+
+    text = str(error)
+    collective = any(word in text for word in ("Gloo", "gloo", "Connection closed", "Connection reset",
+                                               "UNAVAILABLE", "DEADLINE_EXCEEDED", "NCCL"))
+    if not collective or not _WATCH or _WATCH["stopped"].is_set():
+        return
+    time.sleep(_WATCH["timeout"])
 
 
 def process_count() -> int:

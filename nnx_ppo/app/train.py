@@ -388,7 +388,11 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
         code = 1
     except (ValueError, FileNotFoundError, RuntimeError) as e:  # env checks, checkpoints, shapes
         progress.close()
-        print_error(f"{type(e).__name__}: {e}")
+        if process_count() > 1:  # a collective that failed because a peer is gone: the watch names the peer
+            from nnx_ppo.algorithms.distributed import await_lost_peer
+
+            await_lost_peer(e)
+        print_error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         code = 1
     finally:
         progress.close()
