@@ -2,9 +2,11 @@
 
 Every ```python block runs on its own, in a fresh namespace and a temporary
 working directory, so each one must carry its own imports and setup. A block
-whose first line is `# sketch` is shown, not run. Test ids name the file and
-the block's position among the file's ```python blocks, counting from 1
-(`networks.md[3]` is the third); tracebacks point at the line in the file.
+whose first line is `# sketch` is shown, not run; one that includes a script
+of examples/ (`--8<-- "examples/NAME.py"`) is run by tests/test_examples.py.
+Test ids name the file and the block's position among the file's ```python
+blocks, counting from 1 (`networks.md[3]` is the third); tracebacks point at
+the line in the file.
 Pages under docs/api/ hold mkdocstrings directives, not Python, and are not
 collected.
 """
@@ -35,7 +37,7 @@ def _blocks(path):
 def _cases():
     for path in DOCS:
         for number, first_line, code in _blocks(path):
-            if code.lstrip().startswith("# sketch"):
+            if code.lstrip().startswith(("# sketch", "--8<--")):
                 continue
             yield pytest.param(path, first_line, code, id=f"{path.name}[{number}]")
 

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 
 def _command(run_dir: Path, devices: int, *extra: str) -> tuple[list[str], dict]:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env = {**os.environ, "XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])}
     code = "import sys; from nnx_ppo.cli import main; sys.exit(main(sys.argv[1:]))"
     return [sys.executable, "-c", code, "train", *ARGS, "--run-dir", str(run_dir), *extra], env
 

@@ -11,7 +11,7 @@ import pytest
 
 SCRIPT = textwrap.dedent('''
     import dataclasses, json, os, sys, tempfile
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     import jax
     import numpy as np
     from flax import nnx
@@ -103,7 +103,8 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def measured():
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]  # the script sets it
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags)}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -62,7 +62,8 @@ def test_ctrl_c_on_one_process_stops_every_process_with_a_checkpoint(tmp_path):
         assert code == 0, out[-3000:]
     assert "stopped early" in ended[0][1]
     steps = max(r["env_steps"] for r in rd.read_metrics(run))
-    assert (run / "checkpoints" / f"step_{steps:012d}").is_dir(), sorted(p.name for p in (run / "checkpoints").iterdir())
+    saved = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert f"step_{steps:012d}" in saved, saved
     assert not list((run / "checkpoints").glob(".tmp*")) and not list((run / "checkpoints").glob("*.tmp*"))
 
 
