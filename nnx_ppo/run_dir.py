@@ -42,7 +42,10 @@ __all__ = [
     "seed_curves",
     "seed_band",
     "save_figure",
+    "check_writable",
+    "clear_run",
     "RunLogger",
+    "RunOutputWarning",
 ]
 
 CONFIG_FILE = "config.json"
@@ -110,6 +113,40 @@ def run_content(*, env: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[
             if key in saved:
                 content[key] = saved[key]
     return content
+
+
+def check_writable(run_dir: str | os.PathLike) -> None:
+    """Before anything is written or compiled (and without writing anything):
+    ``run_dir`` can be created and written, and none of its parts (``tb/``,
+    ``checkpoints/``, ``videos/``, ``config.json``, ...) is of the wrong
+    kind. A ValueError in one line names what is in the way."""
+    path = Path(run_dir).absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"cannot create the run directory {os.fspath(path)}: {os.fspath(existing)} is a file "
+                         "(Not a directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write the run directory {os.fspath(path)}: {os.fspath(existing)} is not writable")
+    for name in (TB_DIR, CHECKPOINT_DIR, "videos", CONFIG_FILE, METRICS_FILE, CURVE_FILE):
+        part = path / name
+        wrong = part.exists() and (part.is_dir() != (name in (TB_DIR, CHECKPOINT_DIR, "videos")))
+        if wrong:
+            kind = "directory" if part.is_dir() else "file"
+            raise ValueError(f"{os.fspath(part)} is a {kind} in the way of the run's own {name}; move it away or "
+                             "pick another run directory")
+
+
+def clear_run(run_dir: str | os.PathLike) -> None:
+    """Remove what a run that saved no checkpoint left (config.json, metrics,
+    TensorBoard events, the curve), so that it can start again from scratch."""
+    import shutil
+
+    path = Path(run_dir)
+    for name in (METRICS_FILE, CURVE_FILE, CONFIG_FILE):
+        (path / name).unlink(missing_ok=True)
+    shutil.rmtree(path / TB_DIR, ignore_errors=True)
 
 
 def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:
@@ -247,16 +284,26 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, tit
 
 
 def save_figure(fig: Any, path: str | os.PathLike) -> None:
-    """Write a matplotlib figure as PNG atomically (a reader never sees half a file) and close it."""
+    """Write a matplotlib figure as PNG atomically (a reader never sees half a
+    file) and close it; on failure (disk full, ...) no temporary file stays."""
     import matplotlib.pyplot as plt
 
     tmp = Path(str(path) + ".tmp.png")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
 
 
 # --------------------------------------------------------------------------- the logger
+
+
+class RunOutputWarning(UserWarning):
+    """Part of a run directory (the learning curve) could not be written; training goes on."""
 
 
 class RunLogger:
@@ -368,7 +415,17 @@ class RunLogger:
                             step=int(env_steps))
 
     def refresh_curve(self) -> None:
-        plot_learning_curve(self.rows, self.run_dir / CURVE_FILE, self.title)
+        """Redraw ``learning_curve.png``. A curve that cannot be written (disk
+        full, ...) is a warning, once, never the end of training."""
+        try:
+            plot_learning_curve(self.rows, self.run_dir / CURVE_FILE, self.title)
+        except OSError as err:
+            if not getattr(self, "_curve_warned", False):
+                self._curve_warned = True
+                import warnings
+
+                warnings.warn(f"cannot write {self.run_dir / CURVE_FILE} ({err.strerror or err}); training goes on, "
+                              f"and {METRICS_FILE} keeps every row", RunOutputWarning, stacklevel=2)
 
     def close(self) -> None:
         try:

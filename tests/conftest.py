@@ -58,7 +58,7 @@ _FIRST = (
     "test_sharding.py",           # 150 (one subprocess)
     "test_cli.py",                # 140
     "test_replay_consistency.py", # 115
-    "test_examples.py",           # 75 (at LLVM level 0, like the figures below it)
+    "test_examples.py",           # 75 (measured at LLVM level 0; the older figures at the default)
     "test_python_run_dir.py",     # 50
     "test_distillation.py",       # 75
     "test_learning.py",           # 75

@@ -64,3 +64,27 @@ def test_public_names_have_docstrings():
             if not doc or _is_auto_doc(obj, doc):
                 missing.append(f"{module.__name__}.{name}")
     assert not missing, "public names without a docstring:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_api_reference_has_one_entry_per_module():
+    """Every public module of the library (the command line's own modules
+    aside: docs/cli.md documents the commands) has exactly one
+    ``::: module`` entry in docs/api, and no entry appears twice."""
+    import collections
+    import re
+
+    entries = collections.Counter(
+        match for page in (ROOT / "docs" / "api").rglob("*.md")
+        for match in re.findall(r"^::: ([\w.]+)", page.read_text(), re.M))
+    assert not [name for name, n in entries.items() if n > 1], entries
+    package = ROOT / "nnx_ppo"
+    modules = set()
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if any(p.startswith("_") for p in parts) or parts[1:2] in (("app",), ("cli",)):
+            continue
+        modules.add(".".join(parts))
+    assert sorted(modules - set(entries)) == [], "modules without an API page"
+    assert sorted(set(entries) - modules) == [], "API entries of no module"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import numbers
 import typing
 import warnings
@@ -50,6 +51,9 @@ _LEARNING_RATE_FLAG = PrimitiveConstructorSpec(
     is_instance=lambda value: callable(value) or (isinstance(value, numbers.Real) and not isinstance(value, bool)),
     str_from_instance=lambda value: [_describe_schedule(value) if callable(value) else str(value)],
 )
+
+
+_OPTIONAL = ("value_clip_range", "gradient_clipping", "weight_decay", "replay_tolerance", "target_kl")
 
 
 def _require_positive_int(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
@@ -152,6 +156,13 @@ class PPOConfig:
                 f"PPOConfig: n_envs ({self.n_envs}) must be divisible by n_minibatches x shuffle_blocks "
                 f"({self.n_minibatches} x {self.shuffle_blocks}); every minibatch takes an equal share of every block"
             )
+        for name in ("discounting_factor", "gae_lambda", "clip_range", "critic_loss_weight", "value_clip_range",
+                     "gradient_clipping", "weight_decay", "replay_tolerance", "target_kl") + (
+                ("learning_rate",) if not callable(self.learning_rate) else ()):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isfinite(value):
+                allowed = " (or None)" if name in _OPTIONAL else ""
+                raise ValueError(f"PPOConfig.{name} must be a finite number{allowed}, got {value}")
         if not 0.0 <= self.discounting_factor <= 1.0:
             raise ValueError(f"PPOConfig.discounting_factor must be in [0, 1], got {self.discounting_factor}")
         if not 0.0 <= self.gae_lambda <= 1.0:

@@ -41,19 +41,31 @@ class ReplayMismatchError(RuntimeError):
     first update: a module breaks the rules of docs/custom_modules.md."""
 
 
-def rule_breaking_module_error(err: BaseException) -> ReplayMismatchError:
+def rule_breaking_module_error(err: BaseException, network: Any = None) -> ReplayMismatchError:
     """A :class:`ReplayMismatchError` for Flax's ``TraceContextError`` (a module
     mutated an NNX variable, e.g. drew from a class-level ``nnx.Rngs``,
-    inside ``__call__`` under a JAX transform), naming the innermost module
-    whose ``__call__`` was running."""
+    inside ``__call__`` under a JAX transform), naming the innermost
+    :class:`~nnx_ppo.networks.types.StatefulModule` whose ``__call__`` was
+    running and, given the ``network``, its path in it
+    (``layers/1 (MyNoisyNeuron)``)."""
+    from flax import nnx
+
+    from nnx_ppo.networks.types import StatefulModule
+
     culprit = None
     tb = err.__traceback__
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
-        if tb.tb_frame.f_code.co_name == "__call__" and hasattr(owner, "initialize_state"):
-            culprit = type(owner).__name__
+        if tb.tb_frame.f_code.co_name == "__call__" and isinstance(owner, StatefulModule):
+            culprit = type(owner)
         tb = tb.tb_next
-    where = f"module {culprit}" if culprit else "a module"
+    where = "a module"
+    if culprit is not None:
+        paths = []
+        if network is not None:
+            paths = ["/".join(str(p) for p in path) or "(the network itself)"
+                     for path, module in nnx.iter_modules(network) if type(module) is culprit]
+        where = (f"module {', '.join(paths)} ({culprit.__name__})" if paths else f"module {culprit.__name__}")
     return ReplayMismatchError(
         f"{where} mutates an NNX variable inside __call__ (Flax: {str(err).splitlines()[0]}). The randomness rule "
         "of docs/custom_modules.md: keep one key per env in the carry (seeded in initialize_state, split in "
@@ -278,12 +290,30 @@ class Driver:
             if error is not None:
                 self.failures[index] = Failure(iteration=own, env_steps=own * self.steps_per_iteration, error=error)
 
+    def _last_scheduled_evaluation(self) -> int | None:
+        """The env step of the last evaluation a run that started from scratch
+        made before ``start_iteration`` (None for a fresh run), so that a
+        resumed run evaluates where the uninterrupted one does: after the first
+        call, then whenever ``eval_every_steps`` have passed since the last one."""
+        if self.start_iteration == 0:
+            return None
+        if self.hooks.eval_every_steps is None:  # only after the first call and at the end
+            return self.steps
+        iteration, last = 0, None
+        while iteration < self.start_iteration:
+            iteration += min(self.iterations_per_call, self.start_iteration - iteration)
+            steps = iteration * self.steps_per_iteration
+            if last is None or steps - last >= self.hooks.eval_every_steps:
+                last = steps
+        return last
+
     def run(self) -> DriverResult:
         """The loop. Raises :class:`NonFiniteError` or :class:`ReplayMismatchError`
         when a health flag fails without ``seed_iterations`` (``self.state`` is then
         the state after the failing call)."""
         hooks = self.hooks
-        last_checkpoint, last_eval = self.steps, None
+        last_checkpoint = self.steps
+        last_eval = self._last_scheduled_evaluation()
         eval_history: list[tuple[int, dict[str, float]]] = []
         last_metrics: dict[str, float] = {}
         compile_seconds = 0.0

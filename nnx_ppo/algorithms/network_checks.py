@@ -6,7 +6,9 @@ import jax
 
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.functional import NetworkFn
+from nnx_ppo.envs.spaces import Discrete
 from nnx_ppo.envs.validation import check_actions, check_env_structure
+from nnx_ppo.networks.sampling_layers import categorical_choices
 
 __all__ = ["check_network_matches_env"]
 
@@ -41,9 +43,16 @@ def check_network_matches_env(env, network, config: PPOConfig) -> None:
         reset, _ = net.reset(step.next_state)
         return carry, step.next_state, reset, step.output
 
-    carry, next_carry, reset_carry, out = jax.eval_shape(forward, NetworkFn.of(network), env_state.obs)
+    with categorical_choices() as choices:
+        carry, next_carry, reset_carry, out = jax.eval_shape(forward, NetworkFn.of(network), env_state.obs)
     _check_carry("__call__'s next_state", carry, next_carry)
     _check_carry("reset_state's carry", carry, reset_carry)
+    check_actions(env, out.actions, B)  # before the env steps with them
+    space = getattr(env, "action_space", None)
+    wrong = sorted({n for n in choices if isinstance(space, Discrete) and n != space.n})
+    if wrong:
+        raise ValueError(f"the network's CategoricalSampler chooses among {wrong[0]} actions, but the env's action "
+                         f"space is {space}; give the policy head {space.n} outputs")
     check_env_structure(env, B, actions=out.actions)
     reward_tree = jax.tree.structure(env_state.reward)
     value_tree = jax.tree.structure(out.value_estimates)
@@ -56,4 +65,3 @@ def check_network_matches_env(env, network, config: PPOConfig) -> None:
         for leaf in jax.tree.leaves(tree):
             if leaf.shape != (B,):
                 raise ValueError(f"the network's {name} have shape {leaf.shape}, expected ({B},) = (n_envs,)")
-    check_actions(env, out.actions, B)

@@ -70,16 +70,13 @@ def _env_description(train_env, eval_env) -> dict[str, Any]:
 def _restart(path: Path) -> None:
     """Clear a run directory that holds no checkpoint (its start failed, or it
     stopped before saving anything), so that running again starts afresh."""
-    import shutil
     import warnings
 
     from nnx_ppo import run_dir as rd
 
     warnings.warn(f"run_dir {os.fspath(path)!r} holds a run without checkpoints (its start failed, or it ended "
-                  "before saving); starting it again from scratch", stacklevel=5)
-    for name in (rd.METRICS_FILE, rd.CURVE_FILE, rd.CONFIG_FILE):
-        (path / name).unlink(missing_ok=True)
-    shutil.rmtree(path / rd.TB_DIR, ignore_errors=True)
+                  "before saving); starting it again from scratch", rd.RunOutputWarning, stacklevel=5)
+    rd.clear_run(path)
 
 
 class RunOutput:
@@ -109,6 +106,7 @@ class RunOutput:
         logger = None
         if path is not None:
             path = Path(path)
+            rd.check_writable(path)
             saved = None
             if (path / rd.CONFIG_FILE).exists():
                 if resuming:

@@ -403,7 +403,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: lis
     try:
         result = driver.run()
     except flax_errors.TraceContextError as err:
-        raise rule_breaking_module_error(err) from None
+        raise rule_breaking_module_error(err, networks[0]) from None
     except NonFiniteError as err:
         nnx.update(networks[0], *driver.last_finite)  # the last finite parameters, not the NaNs
         steps = driver.last_finite_iteration * ppo.steps_per_iteration

@@ -303,6 +303,10 @@ def print_error(msg: str) -> None:
     print(f"{PROG}: error: {msg}", file=sys.stderr)
 
 
+def print_warning(msg: str) -> None:
+    print(f"{PROG}: warning: {msg}", file=sys.stderr)
+
+
 def parse_env_kwargs(text: str | None, env: str, flag: str = "--env-kwargs") -> dict[str, Any]:
     if text is None:
         return dict(DEFAULT_ENV_KWARGS) if env == DEFAULT_ENV and flag == "--env-kwargs" else {}

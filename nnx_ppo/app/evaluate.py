@@ -16,6 +16,8 @@ def run_eval(cmd: EvalCommand) -> int:
     run_dir = Path(cmd.run_dir)
     if cmd.episodes <= 0:
         raise CliError(f"--episodes must be positive, got {cmd.episodes}")
+    if cmd.max_episode_length is not None and cmd.max_episode_length <= 0:
+        raise CliError(f"--max-episode-length must be positive, got {cmd.max_episode_length}")
     saved = read_run(run_dir, rebuild="evaluate it")
     env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
     max_len = cmd.max_episode_length or int(saved.get("config", {}).get("eval", {}).get("max_episode_length", 1000))

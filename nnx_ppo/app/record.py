@@ -13,13 +13,22 @@ __all__ = ["check_record_flags", "print_module_paths", "check_record_paths", "re
 
 def check_record_flags(cmd: EvalCommand) -> None:
     """Named errors, before anything runs, for ``--record-activations``
-    without ``--out`` (or the reverse) and an ``--out`` that is not .npz."""
+    without ``--out`` (or the reverse) and an ``--out`` that is not .npz or
+    cannot be written."""
     if cmd.record_activations and cmd.out is None:
         raise CliError("--record-activations needs --out FILE.npz")
     if cmd.out is not None and not cmd.record_activations:
         raise CliError("--out needs --record-activations PATH [PATH ...] (see --list-modules for the paths)")
     if cmd.out is not None and not cmd.out.endswith(".npz"):
         raise CliError(f"--out must end in .npz, got {cmd.out!r}")
+    if cmd.out is not None:  # before the recording, not after it
+        import os
+
+        folder = Path(cmd.out).resolve().parent
+        if not folder.is_dir():
+            raise CliError(f"--out: the folder {folder} does not exist")
+        if not os.access(folder, os.W_OK) or Path(cmd.out).is_dir():
+            raise CliError(f"--out: cannot write {cmd.out} (the folder is not writable, or it is a directory)")
 
 
 def print_module_paths(network) -> int:

@@ -21,6 +21,7 @@ from nnx_ppo.app.commands import (
     network_spec_of,
     parse_env_kwargs,
     print_error,
+    print_warning,
     read_run,
 )
 from nnx_ppo.app.evaluate import check_video_target
@@ -68,13 +69,23 @@ def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: 
             raise CliError(str(e)) from None
     if cmd.resume is None:
         run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
-        if (run_dir / rd.CONFIG_FILE).exists():
+        checkpoints = run_dir / rd.CHECKPOINT_DIR
+        held = checkpoints.is_dir() and (has_checkpoint(checkpoints) or any((checkpoints / "best").rglob("step_*")))
+        if (run_dir / rd.CONFIG_FILE).exists() and held:
             raise CliError(
                 f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --run-dir"
             )
-        if has_checkpoint(run_dir / rd.CHECKPOINT_DIR) or any((run_dir / rd.CHECKPOINT_DIR / "best").rglob("step_*")):
+        if held:
             raise CliError(f"{run_dir / rd.CHECKPOINT_DIR} already holds checkpoints (of another run, without its "
                            "config.json); a new run would prune them. Pick another --run-dir, or move them away")
+        try:
+            rd.check_writable(run_dir)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        if (run_dir / rd.CONFIG_FILE).exists():  # a start that failed, or a run stopped before its first checkpoint
+            print_warning(f"{pretty_path(run_dir)} holds a run that saved no checkpoint; starting it again from "
+                          "scratch")
+            rd.clear_run(run_dir)
         return run_dir
     assert saved is not None
     for what, now, before in (
@@ -96,6 +107,21 @@ def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: 
     if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
         raise CliError(f"{run_dir} has no checkpoints to resume from")
     return run_dir
+
+
+def _already_trained(cmd: TrainCommand, run_dir: Path) -> bool:
+    """For ``--resume``: whether the run's latest checkpoint already holds the
+    steps asked for (then nothing is trained, and nothing is rewritten)."""
+    from nnx_ppo.algorithms import checkpointing
+
+    latest = checkpointing.latest_checkpoint(run_dir / rd.CHECKPOINT_DIR)
+    done = int(latest.name.removeprefix("step_")) if latest is not None else 0
+    wanted = cmd.config.ppo.n_iterations * cmd.config.ppo.steps_per_iteration
+    if done < wanted:
+        return False
+    print(f"{pretty_path(run_dir)} already trained {done:,} env steps (--ppo.total-steps {wanted:,}); nothing to "
+          f"do. Train longer with: {PROG} train --resume {pretty_path(run_dir)} --ppo.total-steps N")
+    return True
 
 
 def _normalized_network(network: str) -> str:
@@ -138,6 +164,37 @@ def _import_wandb(cmd: TrainCommand):
     return wandb
 
 
+def _wandb_has_key() -> bool:
+    """Whether W&B can log in without asking: a key in WANDB_API_KEY or in ~/.netrc (where `wandb login` puts it)."""
+    import netrc
+    import os
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _wandb_init(wandb, **kwargs):
+    """``wandb.init``, falling back to offline mode (with a warning, never a
+    traceback or a hang) without an API key, or when W&B cannot be reached
+    within 30 s; ``wandb sync`` uploads an offline run later."""
+    import os
+
+    if not os.environ.get("WANDB_MODE") and not _wandb_has_key():
+        print_warning("--wandb: no W&B API key (WANDB_API_KEY or `wandb login`); logging offline into the run "
+                      "directory, upload it later with `wandb sync`")
+        return wandb.init(mode="offline", **kwargs)
+    try:
+        return wandb.init(settings=wandb.Settings(init_timeout=30), **kwargs)
+    except Exception as err:  # no network, a bad key, the service down: W&B raises its own errors
+        print_warning(f"--wandb: W&B could not be reached ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+                      "logging offline into the run directory, upload it later with `wandb sync`")
+        return wandb.init(mode="offline", **kwargs)
+
+
 def _run_config(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, spec, env_kwargs: dict,
                 train_env_kwargs: dict) -> dict[str, Any]:
     """What ``config.json`` records (a resumed run keeps its history)."""
@@ -163,12 +220,16 @@ def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict, resuming: bool
               "--no-preset starts from the library defaults", flush=True)
 
 
-def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int = 1) -> None:
+def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int = 1, distill=None) -> None:
     import numpy as np
 
-    if stopped:
+    if stopped and distill is None:
         print(f"stopped early at {result.total_steps:,} env steps; continue with: "
               f"{PROG} train --resume {pretty_path(run_dir)}")
+    elif stopped:  # (a distillation run cannot be resumed yet)
+        print(f"stopped early at {result.total_steps:,} env steps; the student is saved (evaluate it with: {PROG} "
+              f"eval {pretty_path(run_dir)}). A distillation run is not resumable: to train longer, distill again: "
+              f"{PROG} distill {pretty_path(Path(distill.teacher_run))} --total-steps N")
     line = f"trained {result.total_steps:,} env steps{' per seed' if n_seeds > 1 else ''} in {fmt_seconds(elapsed)} " \
            f"(compile {result.compile_seconds:.1f} s)"
     if result.eval_history and n_seeds == 1:
@@ -299,6 +360,8 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     if process_count() > 1 and cmd.run_dir is None and cmd.resume is None:
         raise CliError("--run-dir is required with several processes (every process must name the same directory)")
     run_dir = _run_directory(cmd, saved, env_kwargs, train_env_kwargs) if primary else Path(cmd.resume or cmd.run_dir)
+    if resuming and process_count() == 1 and _already_trained(cmd, run_dir):
+        return 0
     train_env, env = _envs(cmd, env_kwargs, train_env_kwargs)
     config = cmd.config
     spec = network_spec_of(cmd, env_kwargs, config.seed)
@@ -323,8 +386,8 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
         wandb_run = None
         if wandb is not None:
             content.setdefault("wandb_id", uuid.uuid4().hex[:8])  # wandb >= 0.31 has no util.generate_id
-            wandb_run = wandb.init(project=cmd.wandb_project, name=run_dir.name, id=content["wandb_id"],
-                                   dir=str(run_dir), config=content, resume="allow")
+            wandb_run = _wandb_init(wandb, project=cmd.wandb_project, name=run_dir.name, id=content["wandb_id"],
+                                    dir=str(run_dir), config=content, resume="allow")
         rd.write_run_config(run_dir, content)
         _announce(cmd, run_dir, env_kwargs, resuming)
         logger = rd.RunLogger(run_dir, steps_per_iteration=ppo.steps_per_iteration,
@@ -398,7 +461,7 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
         progress.close()
         logger.close()
     if result is not None and primary:
-        _summary(result, time.perf_counter() - t0, stop.requested, run_dir, n_runs)
+        _summary(result, time.perf_counter() - t0, stop.requested, run_dir, n_runs, distill)
     if primary:
         print(f"run directory: {pretty_path(run_dir)}", flush=True)
     return code

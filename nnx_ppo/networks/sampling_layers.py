@@ -17,6 +17,7 @@ The entropy bonus is returned as ``regularization_loss = -entropy_weight * mean 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import jax
@@ -25,7 +26,24 @@ from flax import nnx
 
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["ActionSampler", "NormalTanhSampler", "NormalSampler", "CategoricalSampler"]
+__all__ = ["ActionSampler", "NormalTanhSampler", "NormalSampler", "CategoricalSampler", "categorical_choices"]
+
+_CHOICES: list[int] | None = None
+
+
+@contextlib.contextmanager
+def categorical_choices():
+    """``with categorical_choices() as seen:`` collects, in ``seen``, how many
+    actions each :class:`CategoricalSampler` called inside chooses among (the
+    width of its logits), e.g. under ``jax.eval_shape``, so that a trainer can
+    check them against the env's ``Discrete(n)``."""
+    global _CHOICES
+    outer, _CHOICES = _CHOICES, []
+    try:
+        yield _CHOICES
+    finally:
+        _CHOICES = outer
+
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -175,6 +193,8 @@ class CategoricalSampler(ActionSampler):
                 f"CategoricalSampler: x has shape {tuple(jnp.shape(x))}, expected (B, n_actions) logits "
                 "with n_actions >= 2"
             )
+        if _CHOICES is not None:
+            _CHOICES.append(int(x.shape[-1]))
 
     def raw_from_action(self, action):
         """The action index as ``int32``."""

@@ -132,7 +132,7 @@ def check_replay_consistency(
     try:
         traj, replay = run(state)
     except flax_errors.TraceContextError as err:
-        raise rule_breaking_module_error(err) from None
+        raise rule_breaking_module_error(err, network) from None
     log_ratio = _max_abs_diff(replay.output.loglikelihoods, traj.loglikelihoods)
     value_diff = _max_abs_diff(replay.output.value_estimates, traj.values)
     divergence = None

@@ -143,11 +143,28 @@ def test_trainer_stops_a_rule_breaking_module_with_a_carry():
         train_ppo(Target(max_steps=5), _rule_breaking_net(ClassLevelNoise), _TINY)
 
 
+class DefaultStreamNoise(ClassLevelNoiseNoCarry):
+    """The same, drawing from the Rngs' default stream (``rngs()``)."""
+
+    def __call__(self, state, x, rollout_extras=None):
+        return StatefulModuleOutput(next_state=state, output=x + jax.random.normal(self.rngs(), x.shape))
+
+
 def test_rule_breaking_module_without_carry_is_named_by_trainer_and_checker():
-    with pytest.raises(ReplayMismatchError, match="module ClassLevelNoiseNoCarry mutates an NNX variable"):
+    """The error names the user's module class and its path in the network
+    (not Flax's Rngs, whose __call__ runs innermost)."""
+    named = r"module layers/1 \(ClassLevelNoiseNoCarry\) mutates an NNX variable"
+    with pytest.raises(ReplayMismatchError, match=named):
         train_ppo(Target(max_steps=5), _rule_breaking_net(ClassLevelNoiseNoCarry), _TINY)
-    with pytest.raises(ReplayMismatchError, match="module ClassLevelNoiseNoCarry mutates an NNX variable"):
+    with pytest.raises(ReplayMismatchError, match=named):
         check_replay_consistency(_rule_breaking_net(ClassLevelNoiseNoCarry), Target(max_steps=5))
+    rngs = nnx.Rngs(0)
+    deep = Sequential([Dense(3, 8, rngs), PPOAdapter(
+        action=Sequential([Dense(8, 4, rngs), DefaultStreamNoise(rngs), NormalTanhSampler(rngs)]),
+        value=Dense(8, 1, rngs))])
+    with pytest.raises(ReplayMismatchError,
+                       match=r"module layers/1/components/action/layers/1 \(DefaultStreamNoise\) mutates"):
+        check_replay_consistency(deep, Target(max_steps=5))
 
 
 def test_trainer_logs_the_replay_measurement():
