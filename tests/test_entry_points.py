@@ -195,3 +195,28 @@ def test_train_help_shows_the_defaults_of_the_envs_preset(capsys):
     assert n_envs_default(["train", "gymnax:CartPole-v1", "--help"]) == "8"  # the CartPole preset
     assert n_envs_default(["train", "--help"]) == "64"  # cue_memory's preset, the default env
     assert n_envs_default(["train", "gymnax:CartPole-v1", "--no-preset", "--help"]) == "64"  # the CLI defaults
+
+
+def test_docs_cli_default_settings_are_the_parsers(capsys):
+    """docs/cli.md's table of the default agent's settings is what
+    `nnx-ppo train --print-config` gives."""
+    from nnx_ppo import cli
+
+    assert cli.main(["train", "--print-config"]) == 0
+    settings = json.loads(capsys.readouterr().out)
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    table = doc.split("The default settings are:")[1].split("\n\n")[1]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        flags, values = [cell.strip() for cell in line.strip("|").split("|")]
+        for flag, value in zip(re.findall(r"`--([\w.-]+)`", flags), values.split(" / ")):
+            rows[flag] = float(re.match(r"[\d,.e-]+", value.strip().strip("`")).group(0).replace(",", ""))
+    assert len(rows) == 9, rows
+    for flag, value in rows.items():
+        *sections, name = flag.replace("-", "_").split(".")
+        where = settings["config"]
+        for section in sections:
+            where = where[section]
+        assert float(where[name]) == value, flag
+    network = table.splitlines()[2]
+    assert f"`{settings['network']}`, hidden size {settings['hidden_size']}" in network
