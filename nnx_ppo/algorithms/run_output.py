@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunOutput", "network_from_description", "PYTHON_NETWORK"]
+__all__ = ["RunOutput", "network_from_description", "NAMED_NETWORK_WIDTH", "PYTHON_NETWORK"]
 
 NAMED_NETWORK_WIDTH = 32
 """The width of a network named ``"mlp"``, ``"lstm"`` or ``"gru"`` (for
@@ -51,11 +51,12 @@ def network_from_description(network, env, env_spec: str | None, env_kwargs: dic
 def _env_description(train_env, eval_env) -> dict[str, Any]:
     """What ``config.json`` says about the envs: as the CLI writes it when both
     come from one ``make`` spec (the training env's extra options as
-    ``train_env_kwargs``), else the class names only."""
+    ``train_env_kwargs``), else the class name, marked as not rebuildable."""
     from nnx_ppo.envs.registry import spec_of
 
     train, evaluation = spec_of(train_env), spec_of(eval_env)
-    if train is None or evaluation is None or train[0] != evaluation[0]:
+    # (The command line builds the training env from the evaluation env's kwargs plus train_env_kwargs.)
+    if train is None or evaluation is None or train[0] != evaluation[0] or set(evaluation[1]) - set(train[1]):
         return {"env": f"python:{type(train_env).__name__}", "env_kwargs": {}, "train_env_kwargs": {},
                 "env_rebuildable": False}
     extra = {k: v for k, v in train[1].items() if evaluation[1].get(k) != v}
