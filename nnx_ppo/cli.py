@@ -341,11 +341,38 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
 _python_format_warning = warnings.formatwarning
 
 
+def _quiet_library_logs() -> None:
+    """Failures are reported in one line by the command itself: the logs that
+    orbax's background threads write when a checkpoint fails (absl errors,
+    asyncio callbacks after the loop closed) are not shown as well."""
+    import logging
+
+    for name in ("absl", "concurrent.futures", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    shown = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if kind is RuntimeError and str(value) == "Event loop is closed":  # tensorstore callbacks, after a failure
+            return
+        shown(kind, value, traceback)
+
+    sys.excepthook = hook
+    unraisable = sys.unraisablehook
+
+    def unraisable_hook(info) -> None:
+        if isinstance(info.exc_value, RuntimeError) and str(info.exc_value) == "Event loop is closed":
+            return
+        unraisable(info)
+
+    sys.unraisablehook = unraisable_hook
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nnx-ppo`` console script. Returns the exit code
     (0 ok, 1 failure, 2 bad usage, 130 aborted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     warnings.formatwarning = _format_warning
+    _quiet_library_logs()
     try:
         cmd, saved = _parse(argv)
         if isinstance(cmd, TrainCommand) and cmd.print_config:

@@ -95,12 +95,22 @@ def best_policy_hook(evaluate: Callable[[TrainingState, int], dict], config: Tra
 def checkpoint_hook(
     config: TrainConfig, directory: str, metadata: dict | None
 ) -> Callable[[TrainingState, int], None]:
-    """Save the whole training state into ``directory``."""
+    """Save the whole training state into ``directory`` (a ``RuntimeError``
+    in one line if something replaced the directory during the run)."""
 
     def save(state: TrainingState, steps: int) -> None:
+        import os
+
         from nnx_ppo.algorithms import checkpointing
 
-        checkpointing.save_training_state(directory, state, config, step=steps, keep=config.keep_checkpoints,
-                                          metadata=metadata)
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise RuntimeError(f"cannot save the checkpoint at {steps} env steps: {directory} is no longer a directory "
+                               "(something replaced it during the run); the metrics so far are kept")
+        try:
+            checkpointing.save_training_state(directory, state, config, step=steps, keep=config.keep_checkpoints,
+                                              metadata=metadata)
+        except (OSError, ValueError) as err:  # the disk, or the directory changed under the run (orbax's errors)
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise RuntimeError(f"cannot save the checkpoint at {steps} env steps into {directory}: {first}") from err
 
     return save

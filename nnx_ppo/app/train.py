@@ -449,7 +449,7 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
         progress.close()
         print_error(str(e))
         code = 1
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # env checks, checkpoints, shapes
+    except (ValueError, OSError, RuntimeError) as e:  # env checks, checkpoints, shapes, the disk
         progress.close()
         if process_count() > 1:  # a collective that failed because a peer is gone: the watch names the peer
             from nnx_ppo.algorithms.distributed import await_lost_peer

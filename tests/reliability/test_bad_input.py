@@ -126,3 +126,14 @@ def test_a_stopped_distillation_suggests_what_works(tmp_path, capsys):
     _summary(result, 2.0, True, tmp_path / "student", distill=SimpleNamespace(teacher_run=str(tmp_path / "teacher")))
     out = capsys.readouterr().out
     assert "train --resume" not in out and "nnx-ppo distill" in out and "nnx-ppo eval" in out
+
+
+def test_a_checkpoint_directory_replaced_during_the_run_is_one_error(tmp_path):
+    """Probed through the CLI (checkpoints/ replaced by a file while training):
+    exit 1 with this one line; here the hook alone."""
+    from nnx_ppo.algorithms.hooks import checkpoint_hook
+
+    replaced = tmp_path / "checkpoints"
+    replaced.write_text("not a directory")
+    with pytest.raises(RuntimeError, match="checkpoints is no longer a directory"):
+        checkpoint_hook(TrainConfig(), str(replaced), None)(None, 8)
