@@ -192,7 +192,13 @@ def _wandb_init(wandb, **kwargs):
     except Exception as err:  # no network, a bad key, the service down: W&B raises its own errors
         print_warning(f"--wandb: W&B could not be reached ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
                       "logging offline into the run directory, upload it later with `wandb sync`")
+    try:
+        wandb.teardown()  # the failed attempt holds the run id in W&B's service
         return wandb.init(mode="offline", **kwargs)
+    except Exception as err:
+        print_warning(f"--wandb: offline logging failed too ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+                      "training without W&B")
+        return None
 
 
 def _run_config(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, spec, env_kwargs: dict,

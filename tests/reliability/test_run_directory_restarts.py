@@ -84,3 +84,18 @@ def test_a_resumed_run_evaluates_where_an_uninterrupted_run_does(tmp_path):
     resumed = train_ppo(env, network, config, checkpoint_dir=str(tmp_path), resume_from=str(tmp_path))
     assert [s for s, _ in resumed.eval_history] == [384, 512]
     assert resumed.eval_history[-1][1] == pytest.approx(whole.eval_history[-1][1])
+
+
+@pytest.mark.slow  # W&B waits 30 s for its server; `make test ARGS="-m slow"`
+def test_wandb_that_cannot_be_reached_logs_offline_with_a_warning(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--ppo.total-steps", "128", "--wandb", "--run-dir", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "W&B could not be reached" in err and "Traceback" not in err, err
+    run_id = json.loads((run / "config.json").read_text())["wandb_id"]
+    assert list((run / "wandb").glob(f"offline-run-*-{run_id}"))
