@@ -157,8 +157,7 @@ class PPOConfig:
                 f"({self.n_minibatches} x {self.shuffle_blocks}); every minibatch takes an equal share of every block"
             )
         for name in ("discounting_factor", "gae_lambda", "clip_range", "critic_loss_weight", "value_clip_range",
-                     "gradient_clipping", "weight_decay", "replay_tolerance", "target_kl") + (
-                ("learning_rate",) if not callable(self.learning_rate) else ()):
+                     "gradient_clipping", "weight_decay", "replay_tolerance", "target_kl"):
             value = getattr(self, name)
             if isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isfinite(value):
                 allowed = " (or None)" if name in _OPTIONAL else ""
@@ -176,9 +175,9 @@ class PPOConfig:
                     "build the decay into the schedule (e.g. optax.linear_schedule) and leave learning_rate_decay off"
                 )
         elif (isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, numbers.Real)
-              or not self.learning_rate > 0):  # also rejects NaN
+              or not 0 < self.learning_rate < math.inf):  # also rejects NaN
             raise ValueError(
-                "PPOConfig.learning_rate must be a positive number or a schedule (a callable from the "
+                "PPOConfig.learning_rate must be a positive finite number or a schedule (a callable from the "
                 f"optimizer update count to the learning rate, e.g. from optax), got {self.learning_rate!r}"
             )
         if not self.critic_loss_weight >= 0:

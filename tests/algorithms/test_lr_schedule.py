@@ -71,9 +71,9 @@ def test_schedule_reaches_training_and_counts_minibatch_updates():
     assert counts and all(c == 2 * 2 * 2 for c in counts), counts  # iterations x epochs x minibatches
 
 
-@pytest.mark.parametrize("bad", [0.0, -1e-3, float("nan"), True, "3e-4", None])
+@pytest.mark.parametrize("bad", [0.0, -1e-3, float("nan"), float("inf"), True, "3e-4", None])
 def test_learning_rate_must_be_a_positive_number_or_a_schedule(bad):
-    with pytest.raises(ValueError, match="PPOConfig.learning_rate must be a positive number or a schedule"):
+    with pytest.raises(ValueError, match="PPOConfig.learning_rate must be a positive finite number or a schedule"):
         PPOConfig(learning_rate=bad)
 
 

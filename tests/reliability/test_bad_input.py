@@ -57,7 +57,7 @@ def test_a_busy_coordinator_port_is_one_line(tmp_path, capsys):
 def test_a_non_finite_hyperparameter_is_refused_by_name(field, value):
     from nnx_ppo.algorithms.config import PPOConfig
 
-    with pytest.raises(ValueError, match=f"PPOConfig.{field} must be a finite number"):
+    with pytest.raises(ValueError, match=f"PPOConfig.{field} must be a (positive )?finite number"):
         PPOConfig(**{field: value})
 
 
@@ -71,6 +71,18 @@ def test_a_run_directory_that_cannot_be_written_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert why in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["tb"]  # nothing written
+
+
+def test_an_unwritable_run_directory_is_one_line(tmp_path, capsys, monkeypatch):
+    """(This machine runs the tests as root, who may write anywhere: the
+    permission is taken away by monkeypatching os.access.)"""
+    import os
+
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    assert cli.main(["train", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "is not writable" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
 
 
 def test_action_spaces_are_checked_before_the_env_steps():
