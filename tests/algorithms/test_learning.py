@@ -79,10 +79,14 @@ def test_memory_span_longer_than_the_rollout():
     assert sorted(lstm)[1] >= 0.9, lstm
 
 
-@pytest.mark.slow  # about 40 s on 2 cores; `make test ARGS="-m slow"`
+@pytest.mark.slow  # about a minute on 2 cores; `make test ARGS="-m slow"`
 def test_cartpole_preset_reaches_475():
-    """Measured: 500 on each of 5 seeds at 205k steps (first reached at 52k-129k)."""
-    returns = preset_returns("gymnax:CartPole-v1", "mlp", 200_000, seeds=(0, 1, 2, 3))
+    """The preset's own budget, 300k steps. Measured (bench/final_policy.py,
+    128 episodes): final >= 475 on 20 of 20 seeds. With value clipping (since
+    2026-12-03) the first 475 comes later (median 150k steps, was 100k): at
+    200k steps, 14 of 20 seeds' evaluations were at 475 (was 19 of 20)."""
+    returns = preset_returns("gymnax:CartPole-v1", "mlp", get_preset("gymnax:CartPole-v1").config.ppo.total_steps,
+                             seeds=(0, 1, 2, 3))
     assert sum(r >= 475 for r in returns) >= 3, returns
 
 
