@@ -132,3 +132,27 @@ def test_a_network_object_is_recorded_and_loaded_from_python(cli_run: Path, tmp_
     action, _ = policy(carry, obs)
     assert np.shape(action)[0] == 3
     assert all(r.network is not None for r in results)
+
+
+def test_an_env_object_and_a_failed_start(tmp_path, capsys):
+    """A directory whose start failed (config.json, no checkpoint) is started
+    again with a warning; an env not made by ``make`` is recorded as not
+    rebuildable, and the command line says so in one line."""
+    from nnx_ppo.envs.tasks import CueMemory
+    from nnx_ppo.run_dir import RunOutputWarning
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"env": "cue_memory", "network": {}}')
+    env = CueMemory(n_cues=2, delay=2)
+    network = make_actor_critic_for_env(env, "mlp", nnx.Rngs(0), actor_hidden_sizes=[8], critic_hidden_sizes=[8])
+    config = rd.train_config_from_dict({"ppo": {"n_envs": 8, "rollout_length": 8, "n_minibatches": 2,
+                                                "total_steps": 128}, "eval": {"n_envs": 4, "max_episode_length": 6}})
+    with pytest.warns(RunOutputWarning, match="starting it again from scratch"):
+        train_ppo(env, network, config, run_dir=run)
+    saved = rd.read_run_config(run)
+    assert saved["env_rebuildable"] is False and saved["env"] == "python:CueMemory"
+    capsys.readouterr()
+    assert cli.main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "was trained from Python on a network object" in err

@@ -88,7 +88,6 @@ class RunOutput:
 
     def __init__(self, path: Path | None, logger, bar, n_seeds: int):
         self.path = path
-        self.checkpoint_dir = None if path is None else str((path / "checkpoints").resolve())
         self._logger = logger
         self._bar = bar
         self._n_seeds = n_seeds

@@ -56,6 +56,7 @@ from nnx_ppo.algorithms.run_output import RunOutput, network_from_description
 from nnx_ppo.algorithms.sharding import local_devices, place, replicated
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.envs.registry import as_env
+from nnx_ppo.run_dir import CHECKPOINT_DIR, CONFIG_FILE
 
 __all__ = ["Algorithm", "TrainOptions", "train", "resume_state", "CheckpointDirInUseError"]
 
@@ -109,8 +110,9 @@ class TrainOptions(TypedDict, total=False):
         metrics.jsonl, TensorBoard, learning_curve.png, ``checkpoints/``
         with the best policy; see :mod:`nnx_ppo.algorithms.run_output`), read by
         ``nnx-ppo eval``/``plot``/``train --resume`` and ``load_policy``. A
-        fresh run refuses a directory holding a run; continue one with
-        ``resume_from=run_dir``. Replaces ``checkpoint_dir``.
+        fresh run refuses a directory holding checkpoints (continue that run
+        with ``resume_from=run_dir``) and starts again, with a warning, one
+        whose run saved none. Replaces ``checkpoint_dir``.
       progress: show the command line's progress bar (plain lines at most
         every 30 s when stderr is not a terminal).
     """
@@ -289,7 +291,7 @@ def train(
         devices = local_devices(config.n_devices, ppo.n_envs)
         networks, graphdef = [network], NetworkFn.of(network, deterministic=False).graphdef  # training samples
     if run_dir is not None:
-        checkpoint_dir = str((Path(run_dir) / "checkpoints").resolve())
+        checkpoint_dir = str((Path(run_dir) / CHECKPOINT_DIR).resolve())
     if checkpoint_dir is not None and resume_from is None:
         _check_fresh_checkpoint_dir(checkpoint_dir)
     if state is None:
@@ -318,8 +320,8 @@ def train(
 def _checkpoints_of(resume_from):
     """``resume_from``, or the checkpoint directory of the run directory it names."""
     path = Path(resume_from)
-    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
-        return str(path / "checkpoints")
+    if (path / CONFIG_FILE).is_file() and (path / CHECKPOINT_DIR).is_dir():
+        return str(path / CHECKPOINT_DIR)
     return resume_from
 
 
