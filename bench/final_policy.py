@@ -1,7 +1,7 @@
 """The policy a user gets: final and best evaluated policies of a preset over seeds.
 
 Usage: python bench/final_policy.py ENV [NETWORK] [--seeds 0 1 ...] [--episodes 128] [--set KEY=JSON ...]
-                                    [--env-kwargs JSON] [--target T] [--label NAME] [--out FILE]
+                                    [--env-kwargs JSON] [--hidden-size H] [--target T] [--label NAME] [--out FILE]
 
 Trains ENV's preset (as ``nnx-ppo train ENV --seeds ...`` does: the preset's
 envs, network and config; all seeds in one program with ``train_seeds``)
@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=128)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--env-kwargs", default=None, help="JSON: replaces the preset's env keyword arguments")
+    parser.add_argument("--hidden-size", type=int, default=None, help="replaces the preset's network width")
     parser.add_argument("--label", default="preset")
     parser.add_argument("--target", type=float, default=None, help="the bar (default: the preset's target)")
     parser.add_argument("--out", default=str(HERE / "results" / "final_policy.jsonl"))
@@ -65,6 +66,8 @@ def main() -> None:
         raise SystemExit(f"no preset for {args.env} {args.network or ''}")
     if args.env_kwargs is not None:
         preset = dataclasses.replace(preset, env_kwargs=json.loads(args.env_kwargs))
+    if args.hidden_size is not None:
+        preset = dataclasses.replace(preset, hidden_size=args.hidden_size)
     config = with_overrides(preset.config, args.overrides)
     target = preset.target if args.target is None else args.target
     train_env, eval_env = preset.make_envs()
@@ -79,7 +82,7 @@ def main() -> None:
             row = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
                    "label": args.label, "seed": seed,
                    "target": target, "episodes": args.episodes, "wall_s": round(wall, 1),
-                   "overrides": args.overrides, "failed": result.failure is not None}
+                   "hidden_size": preset.hidden_size, "overrides": args.overrides, "failed": result.failure is not None}
             for which in (None, "best"):
                 net = load_network(directory, preset.network_spec().build(eval_env), seed=seed, step=which)
                 metrics = evaluate(eval_env, net, n_envs=args.episodes, max_episode_length=max_len, seed=1000 + seed)

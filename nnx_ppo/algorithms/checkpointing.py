@@ -80,9 +80,15 @@ _CONFIG_FILE = "config.json"
 _METADATA_FILE = "metadata.json"
 # Which TrainingState fields go into which orbax item.
 _NETWORK_FIELDS = ("params", "rest")
-_TRAINING_FIELDS = ("opt_state", "rollout", "key", "iteration", "return_stats")
+_TRAINING_FIELDS = ("opt_state", "rollout", "key", "iteration", "return_stats", "hyperparameters")
 # Fields added after format 1: a checkpoint written before them restores them from the template.
-_LATER_FIELDS = ("return_stats",)
+_LATER_FIELDS = ("return_stats", "hyperparameters")
+
+
+def _training_fields(state: Any) -> tuple[str, ...]:
+    """The training fields ``state`` has values for (a population member's
+    ``hyperparameters`` are None outside a population)."""
+    return tuple(f for f in _TRAINING_FIELDS if getattr(state, f) is not None)
 
 
 # --------------------------------------------------------------------------- finding checkpoints
@@ -263,7 +269,7 @@ def save_training_state(
     checkpoint only appears under its final name once complete. Saving an
     existing step replaces it.
     """
-    items = {"network": sections_of(state, _NETWORK_FIELDS), "training": sections_of(state, _TRAINING_FIELDS)}
+    items = {"network": sections_of(state, _NETWORK_FIELDS), "training": sections_of(state, _training_fields(state))}
     return _write(directory, items, config, step=step, keep=keep, metadata=metadata, who="save_training_state")
 
 
@@ -305,7 +311,7 @@ def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
         layout = read_layout(path)
         values = {}
         values.update(restore_sections(path, "network", sections_of(template, _NETWORK_FIELDS), layout))
-        training = [f for f in _TRAINING_FIELDS if f in layout or f not in _LATER_FIELDS]
+        training = [f for f in _training_fields(template) if f in layout or f not in _LATER_FIELDS]
         values.update(restore_sections(path, "training", sections_of(template, tuple(training)), layout))
         return dataclasses.replace(template, **values)
 

@@ -118,6 +118,13 @@ class PPOConfig:
         ``1.5 * target_kl``: that minibatch and the rest of the iteration's
         updates are skipped (logged as ``optimizer/updates_skipped``, the
         fraction skipped). None: every update runs.
+      regularization_weight: multiplies the modules' regularization losses
+        (a sampler's entropy bonus, a bottleneck's KL) in the total loss;
+        with the samplers' entropy bonus the effective entropy weight is
+        ``regularization_weight * entropy_weight``.
+      reward_scale: multiplies the rewards the learner sees (GAE, value
+        targets; before ``normalize_rewards``); logged returns stay in the
+        env's units.
     """
 
     n_envs: int = 256
@@ -142,6 +149,8 @@ class PPOConfig:
     normalize_rewards: bool = False
     replay_tolerance: float | None = 1e-3
     target_kl: float | None = None
+    regularization_weight: float = 1.0
+    reward_scale: float = 1.0
 
     def __post_init__(self):
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches", "shuffle_blocks"):
@@ -157,7 +166,8 @@ class PPOConfig:
                 f"({self.n_minibatches} x {self.shuffle_blocks}); every minibatch takes an equal share of every block"
             )
         for name in ("discounting_factor", "gae_lambda", "clip_range", "critic_loss_weight", "value_clip_range",
-                     "gradient_clipping", "weight_decay", "replay_tolerance", "target_kl"):
+                     "gradient_clipping", "weight_decay", "replay_tolerance", "target_kl", "regularization_weight",
+                     "reward_scale"):
             value = getattr(self, name)
             if isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isfinite(value):
                 allowed = " (or None)" if name in _OPTIONAL else ""
@@ -180,8 +190,11 @@ class PPOConfig:
                 "PPOConfig.learning_rate must be a positive finite number or a schedule (a callable from the "
                 f"optimizer update count to the learning rate, e.g. from optax), got {self.learning_rate!r}"
             )
-        if not self.critic_loss_weight >= 0:
-            raise ValueError(f"PPOConfig.critic_loss_weight must be >= 0, got {self.critic_loss_weight}")
+        for name in ("critic_loss_weight", "regularization_weight"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"PPOConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.reward_scale > 0:
+            raise ValueError(f"PPOConfig.reward_scale must be positive, got {self.reward_scale}")
         for name in ("value_clip_range", "gradient_clipping", "replay_tolerance", "target_kl"):
             value = getattr(self, name)
             if value is not None and not value > 0:

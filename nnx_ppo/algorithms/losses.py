@@ -123,8 +123,8 @@ def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
     ``params`` (:meth:`NetworkFn.replay`: from the stored start carry, with the
     stored extras and resets; updates to other variables are discarded).
 
-    ``total = policy_loss + critic_loss_weight * value_loss + regularization``
-    where regularization is the sum of the modules' ``regularization_loss``
+    ``total = policy_loss + critic_loss_weight * value_loss +
+    regularization_weight * regularization`` where regularization is the sum of the modules' ``regularization_loss``
     (entropy bonus, KL, ...), averaged over steps. With
     ``config.recompute_advantages`` the advantages and value targets are
     recomputed by GAE from the replayed (current) values of this minibatch
@@ -169,7 +169,7 @@ def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
         return 0.5 * jnp.mean(error)
 
     value_loss = sum_leaves(jax.tree.map(value_error, new.value_estimates, traj.values, returns))
-    total = policy_loss + config.critic_loss_weight * value_loss + replay.regularization_loss
+    total = policy_loss + config.critic_loss_weight * value_loss + config.regularization_weight * replay.regularization_loss
     metrics = {
         "replay/max_error": replay_error(new, traj),
         "loss/total": total,

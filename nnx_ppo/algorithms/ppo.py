@@ -21,6 +21,7 @@ from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Health, IterationOutput
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
 from nnx_ppo.algorithms.gae import trajectory_gae
+from nnx_ppo.algorithms.hyperparameters import with_hyperparameters
 from nnx_ppo.algorithms.losses import Minibatch
 from nnx_ppo.algorithms.network_checks import check_network_matches_env
 from nnx_ppo.algorithms.optimization import make_optimizer, update_epochs
@@ -83,9 +84,13 @@ def _explained_variance(values, returns):
     return 1.0 - jnp.var(returns - values) / (jnp.var(returns) + 1e-8)
 
 
-def _normalized_rewards(traj, stats: ReturnStatistics, config: PPOConfig):
-    """With ``config.normalize_rewards``: fold the rollout into the return
-    statistics and scale its rewards; otherwise both unchanged."""
+def _learner_rewards(traj, stats: ReturnStatistics, config: PPOConfig):
+    """The rewards GAE sees: times ``config.reward_scale``, then, with
+    ``config.normalize_rewards``, divided by the running return deviation
+    (the rollout folded into the return statistics first); returns the
+    trajectory with them and the statistics."""
+    if isinstance(config.reward_scale, jax.Array) or config.reward_scale != 1:  # (traced: a member's own)
+        traj = dataclasses.replace(traj, rewards=jax.tree.map(lambda r: r * config.reward_scale, traj.rewards))
     if not config.normalize_rewards:
         return traj, stats
     done = jnp.maximum(traj.terminated, traj.truncated)
@@ -98,7 +103,7 @@ def train_iteration(env, graphdef, optimizer: optax.GradientTransformation, conf
     """One PPO iteration (pure; traced inside :func:`make_train_fn`).
 
     1. rollout ``[T, B]`` from the carried env states and network carries;
-    2. GAE advantages and value targets ``[T, B]`` (rewards optionally scaled);
+    2. GAE advantages and value targets ``[T, B]`` (rewards scaled as ``_learner_rewards`` says);
     3. ``n_epochs x n_minibatches`` replays of whole env sequences and updates;
     4. ``update_statistics`` with the rollout's ``[T, B, ...]`` extras.
 
@@ -110,7 +115,7 @@ def train_iteration(env, graphdef, optimizer: optax.GradientTransformation, conf
                               config.bootstrap_on_truncation)
     traj, stats = rollout.trajectory, rollout.stats
     reward_mean = jnp.mean(sum_leaves(traj.rewards))  # in the env's units
-    traj, return_stats = _normalized_rewards(traj, state.return_stats, config)
+    traj, return_stats = _learner_rewards(traj, state.return_stats, config)
     advantages, returns = trajectory_gae(traj, traj.values, rollout.last_values, config)
     data = Minibatch(trajectory=traj, advantages=advantages, returns=returns,
                      last_values=jax.tree.map(lambda v: v[None], rollout.last_values))
@@ -144,9 +149,15 @@ def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int, batched
 
 
 def _iteration(env, graphdef, config: PPOConfig) -> Callable:
-    """``fn(state) -> (state, IterationOutput)``: :func:`train_iteration` with its optimizer."""
-    optimizer = make_optimizer(config)
-    return lambda state: train_iteration(env, graphdef, optimizer, config, state)
+    """``fn(state) -> (state, IterationOutput)``: :func:`train_iteration` with
+    its optimizer, for the state's own hyperparameters when it carries them
+    (a member of a population, see :mod:`nnx_ppo.algorithms.hyperparameters`)."""
+
+    def iteration(state: TrainingState):
+        ppo = with_hyperparameters(config, state.hyperparameters)
+        return train_iteration(env, graphdef, make_optimizer(ppo), ppo, state)
+
+    return iteration
 
 
 PPO = Algorithm(initial_state=new_training_state, iteration=_iteration)

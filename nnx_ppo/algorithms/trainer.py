@@ -50,6 +50,7 @@ from nnx_ppo.algorithms.driver import (
 )
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
 from nnx_ppo.algorithms.hooks import best_policy_hook, checkpoint_hook, evaluation_hook
+from nnx_ppo.algorithms.hyperparameters import check_population, hyperparameters_of, member_entry
 from nnx_ppo.algorithms.program import compile_iterations, seed_slice, stack_trees
 from nnx_ppo.algorithms.rollout import all_finite
 from nnx_ppo.algorithms.run_output import RunOutput, network_from_description
@@ -197,7 +198,8 @@ def _check_seeds(seeds: Sequence[int]) -> list[int]:
 
 
 def _build_networks(make_network: Callable[[nnx.Rngs], Any], seeds: list[int]) -> tuple[list, Any]:
-    """One network per seed, all of one structure; returns them and the training graphdef."""
+    """One network per seed (``make_network(nnx.Rngs(seed))``), all of one
+    structure; returns them and the training graphdef."""
     networks = [make_network(nnx.Rngs(s)) for s in seeds]
     graphdef = NetworkFn.of(networks[0], deterministic=False).graphdef
     for s, net in zip(seeds[1:], networks[1:]):
@@ -208,21 +210,32 @@ def _build_networks(make_network: Callable[[nnx.Rngs], Any], seeds: list[int]) -
 
 
 def _initial_state(algorithm: Algorithm, env, networks: list, config: TrainConfig,
-                   seeds: list[int] | None) -> TrainingState:
-    """The fresh state of one run, or a seed batch's stacked."""
+                   seeds: list[int] | None, members: list[TrainConfig] | None) -> TrainingState:
+    """The fresh state of one run, or a seed batch's stacked, or a
+    population's (each member's from its own config, with its own
+    hyperparameters in the state)."""
     if seeds is None:
         return algorithm.initial_state(env, networks[0], config)
-    return stack_trees([algorithm.initial_state(env, net, dataclasses.replace(config, seed=s))
-                        for s, net in zip(seeds, networks)])
+    if members is None:
+        return stack_trees([algorithm.initial_state(env, net, dataclasses.replace(config, seed=s))
+                            for s, net in zip(seeds, networks)])
+    return stack_trees([dataclasses.replace(algorithm.initial_state(env, net, member),
+                                            hyperparameters=hyperparameters_of(member.ppo))
+                        for member, net in zip(members, networks)])
 
 
 def _resumed(state: TrainingState, seeds: list[int] | None, resume_from: str, checkpoint_dir: str | None,
-             ppo: PPOConfig) -> TrainingState:
-    """``state`` restored from ``resume_from`` (a seed batch only from a checkpoint of the same seeds)."""
+             ppo: PPOConfig, members: list[dict] | None = None) -> TrainingState:
+    """``state`` restored from ``resume_from`` (a seed batch only from a
+    checkpoint of the same seeds, a population only from one of the same members)."""
     if seeds is not None:
         from nnx_ppo.algorithms import checkpointing
 
-        saved = (checkpointing.load_metadata(resume_from) or {}).get("seeds")
+        metadata = checkpointing.load_metadata(resume_from) or {}
+        saved = metadata.get("seeds")
+        if members is not None and metadata.get("members") != members:
+            raise ValueError(f"train_population: cannot resume these members from {str(resume_from)!r}, which "
+                             f"holds {metadata.get('members') or 'no population'}; resume with its configs and seeds")
         if saved != seeds:
             raise ValueError(f"train_seeds: cannot resume seeds {seeds} from {str(resume_from)!r}, which holds "
                              f"{'seeds ' + str(saved) if saved else 'a single-seed run'}; resume with its seeds")
@@ -252,6 +265,7 @@ def train(
     network=None,
     make_network: Callable[[nnx.Rngs], Any] | None = None,
     seeds: Sequence[int] | None = None,
+    members: Sequence[TrainConfig] | None = None,
     state: TrainingState | None = None,
     on_evaluation: Callable[[NetworkFn, int], None] | None = None,
     **options: Unpack[TrainOptions],
@@ -260,6 +274,13 @@ def train(
     network per seed from ``make_network(nnx.Rngs(seed))`` for ``seeds``,
     all in one compiled program. Returns one :class:`TrainResult` per seed
     (one for a single run).
+
+    ``members`` (a population, see
+    :func:`~nnx_ppo.algorithms.population.train_population`): one config per
+    entry of ``seeds`` (which then only name the members: ``0 .. N-1``); a
+    member's network is built from, and its state starts at, its config's
+    ``seed``, and its :data:`~nnx_ppo.algorithms.hyperparameters.PER_MEMBER`
+    numbers ride in its state; ``config`` gives everything the members share.
 
     ``state`` (continue from it) and ``on_evaluation`` (see
     :func:`~nnx_ppo.algorithms.ppo.train_ppo`) are for a single run;
@@ -282,11 +303,21 @@ def train(
     eval_env = env if eval_env is None else as_env(eval_env)
     network, make_network, network_spec = _named_network(network, make_network, env, eval_env, config)
     ppo = config.ppo
+    member_record = None
     if batched:
         seeds = _check_seeds(seeds)
         devices = local_devices(config.n_devices, ppo.n_envs, len(seeds) if config.shard_seeds else None)
-        networks, graphdef = _build_networks(make_network, seeds)
+        if members is not None:
+            members = list(members)
+            check_population([config, *members])
+            if len(members) != len(seeds):
+                raise ValueError(f"train: {len(members)} member configs for {len(seeds)} members")
+            member_record = [member_entry(m) for m in members]
+        training_seeds = seeds if members is None else [m.seed for m in members]
+        networks, graphdef = _build_networks(make_network, training_seeds)
         checkpoint_metadata = {**(checkpoint_metadata or {}), "seeds": seeds}
+        if member_record is not None:
+            checkpoint_metadata["members"] = member_record
     else:
         devices = local_devices(config.n_devices, ppo.n_envs)
         networks, graphdef = [network], NetworkFn.of(network, deterministic=False).graphdef  # training samples
@@ -295,9 +326,9 @@ def train(
     if checkpoint_dir is not None and resume_from is None:
         _check_fresh_checkpoint_dir(checkpoint_dir)
     if state is None:
-        state = _initial_state(algorithm, env, networks, config, seeds)
+        state = _initial_state(algorithm, env, networks, config, seeds, members)
     if resume_from is not None:
-        state = _resumed(state, seeds, resume_from, checkpoint_dir, ppo)
+        state = _resumed(state, seeds, resume_from, checkpoint_dir, ppo, member_record)
     output = None
     if run_dir is not None or options.get("progress"):
         output = RunOutput.open(run_dir, progress=bool(options.get("progress")), train_env=env, eval_env=eval_env,
@@ -308,7 +339,8 @@ def train(
             checkpoint_metadata = {**output.metadata(network_spec), **(checkpoint_metadata or {})}
     try:
         results = _run(algorithm, env, eval_env, config, networks, graphdef, devices, state, seeds, log_fn,
-                       checkpoint_dir, checkpoint_metadata, on_evaluation, options.get("should_stop"))
+                       checkpoint_dir, checkpoint_metadata, on_evaluation, options.get("should_stop"),
+                       training_seeds if batched else None)
     finally:
         if output is not None:
             output.close()
@@ -356,8 +388,10 @@ def _both(first, second, batched: bool):
 
 def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: list, graphdef, devices,
          state: TrainingState, seeds: list[int] | None, log_fn, checkpoint_dir, checkpoint_metadata, on_evaluation,
-         should_stop) -> list[TrainResult]:
-    """Place and compile, then drive the iterations with their hooks (steps 2-5 above)."""
+         should_stop, training_seeds: list[int] | None) -> list[TrainResult]:
+    """Place and compile, then drive the iterations with their hooks (steps 2-5 above).
+    ``seeds`` name a batch's members (in logs and checkpoints), ``training_seeds``
+    are the seeds they train from (the same, but for a population)."""
     batched = seeds is not None
     ppo = config.ppo
     if process_count() > 1:  # a stop asked for in one process stops every process at the same iteration
@@ -381,7 +415,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: lis
                 if log_fn is not None:
                     log_fn(seed_row, steps, s)
 
-    evaluate = evaluation_hook(config, networks[0], eval_env, seeds, mesh, on_evaluation) if (
+    evaluate = evaluation_hook(config, networks[0], eval_env, training_seeds, mesh, on_evaluation) if (
         config.eval.enabled) else None
     if evaluate is not None and checkpoint_dir:
         evaluate = best_policy_hook(evaluate, config, checkpoint_dir, checkpoint_metadata, seeds, mesh,

@@ -1,0 +1,96 @@
+"""Sweeps: many configs and seeds trained in one compiled program.
+
+:func:`train_population` trains every (config, seed) pair, a *member*, the
+way :func:`~nnx_ppo.algorithms.seeds.train_seeds` trains seeds: one network
+and one training state per member, stacked on a leading axis ``[N, ...]``,
+the PPO iteration run over it (vmapped, or in turn with
+``TrainConfig.seed_batching="map"``; sharded by member with
+``TrainConfig.shard_seeds``) on the one trainer. The members' configs may
+differ only in the numbers of
+:data:`~nnx_ppo.algorithms.hyperparameters.PER_MEMBER` (learning rate, clip
+range, discount, GAE lambda, critic weight, regularization (entropy) weight,
+reward scale, gradient-clip norm, value clip range, target KL); each member
+carries its own in its state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Unpack
+
+from flax import nnx
+
+from nnx_ppo.algorithms.config import TrainConfig, check_seed
+from nnx_ppo.algorithms.hyperparameters import check_population
+from nnx_ppo.algorithms.ppo import PPO
+from nnx_ppo.algorithms.state import TrainResult
+from nnx_ppo.algorithms.trainer import TrainOptions, train
+
+__all__ = ["Member", "population_members", "train_population"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One member of a population: which config (its index in ``configs``),
+    which seed, and the config it trains with (``seed`` set)."""
+
+    index: int
+    config_index: int
+    seed: int
+    config: TrainConfig
+
+
+def population_members(configs: Sequence[TrainConfig], seeds: Sequence[int]) -> list[Member]:
+    """Every (config, seed) pair, config-major: member ``i * len(seeds) + j``
+    trains ``configs[i]`` with ``seeds[j]``.
+
+    Raises:
+      PopulationConfigError: the configs differ in a field that changes the
+        program (see :func:`~nnx_ppo.algorithms.hyperparameters.check_population`).
+      ValueError: no config or no seed, or a seed repeated.
+    """
+    configs, seeds = list(configs), [check_seed(s, "train_population: each seed") for s in seeds]
+    if not seeds:
+        raise ValueError("train_population: seeds must name at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"train_population: seeds must be distinct, got {seeds}")
+    check_population(configs)
+    return [Member(index=i * len(seeds) + j, config_index=i, seed=s, config=dataclasses.replace(c, seed=s))
+            for i, c in enumerate(configs) for j, s in enumerate(seeds)]
+
+
+def train_population(
+    env,
+    make_network: Callable[[nnx.Rngs], Any] | str,
+    configs: Sequence[TrainConfig],
+    seeds: Sequence[int],
+    **options: Unpack[TrainOptions],
+) -> list[TrainResult]:
+    """Train one network per (config, seed) member, all in one compiled program.
+
+    Args:
+      env: the training env.
+      make_network: ``make_network(nnx.Rngs(seed))`` builds a member's
+        network from its seed (every member the same architecture), or a
+        network's name as for :func:`~nnx_ppo.algorithms.ppo.train_ppo`.
+      configs: the :class:`TrainConfig` of each variant; they may differ only
+        in :data:`~nnx_ppo.algorithms.hyperparameters.PER_MEMBER` numbers
+        (a difference elsewhere raises ``PopulationConfigError`` naming the
+        fields). Their ``seed`` is replaced by each seed.
+      seeds: the seeds every config is trained with.
+      **options: the :class:`~nnx_ppo.algorithms.trainer.TrainOptions`, as for
+        :func:`~nnx_ppo.algorithms.seeds.train_seeds`, with members in place
+        of seeds: ``log_fn(metrics, env_steps, member)`` gets the member's
+        index; a checkpoint holds every member (its metadata lists each
+        member's seed and hyperparameters under ``"members"``), and
+        ``nnx_ppo.load_network(directory, seed=i)`` loads member ``i``.
+
+    Returns one :class:`TrainResult` per member, in the order of
+    :func:`population_members` (config-major); a member's result matches
+    ``train_ppo(env, make_network(nnx.Rngs(seed)), dataclasses.replace(config, seed=seed))``
+    up to float rounding, and a member fails alone, as a seed of a batch does.
+    """
+    members = population_members(configs, seeds)
+    return train(PPO, env, members[0].config, make_network=make_network, seeds=[m.index for m in members],
+                 members=[m.config for m in members], **options)

@@ -1,0 +1,127 @@
+"""A population: many (config, seed) members in one program, each equal to its own run."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.hyperparameters import PER_MEMBER, PopulationConfigError
+from nnx_ppo.algorithms.population import population_members, train_population
+from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.envs import make
+from nnx_ppo.envs.wrappers import RewardScale
+from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+ENV = make("cue_memory", n_cues=2, delay=3)
+BASE = TrainConfig(
+    ppo=PPOConfig(n_envs=8, rollout_length=6, n_minibatches=2, total_steps=8 * 6 * 4, learning_rate_decay=True,
+                  value_clip_range=0.2, target_kl=0.05),
+    eval=EvalConfig(every_steps=8 * 6 * 2, n_envs=8, max_episode_length=5),
+    iterations_per_call=2,
+)
+# Every field that may differ per member differs from BASE.
+OTHER = dataclasses.replace(BASE, ppo=dataclasses.replace(
+    BASE.ppo, learning_rate=1e-3, clip_range=0.1, discounting_factor=0.9, gae_lambda=0.8, critic_loss_weight=1.0,
+    regularization_weight=2.0, reward_scale=0.5, gradient_clipping=1.0, value_clip_range=0.5, target_kl=0.1))
+
+
+def make_network(rngs):
+    return make_actor_critic_for_env(ENV, "lstm", rngs, hidden_size=8, encoder_sizes=(8,))
+
+
+def _max_difference(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_other_covers_every_per_member_field():
+    differing = {f.name for f in dataclasses.fields(PPOConfig) if getattr(BASE.ppo, f.name) != getattr(OTHER.ppo, f.name)}
+    assert differing == set(PER_MEMBER)
+
+
+def test_each_member_matches_its_own_run():
+    """Members 1 (BASE, seed 5) and 2 (OTHER, seed 3) of a 2 configs x 2 seeds
+    population against their own train_ppo runs: parameters, evaluations, loss."""
+    logged = []
+    results = train_population(ENV, make_network, [BASE, OTHER], [3, 5],
+                               log_fn=lambda m, steps, member: logged.append(member))
+    assert set(logged) == {0, 1, 2, 3}
+    assert [(m.config_index, m.seed) for m in population_members([BASE, OTHER], [3, 5])] == [
+        (0, 3), (0, 5), (1, 3), (1, 5)]
+    for index, config, seed in ((1, BASE, 5), (2, OTHER, 3)):
+        solo = train_ppo(ENV, make_network(nnx.Rngs(seed)), dataclasses.replace(config, seed=seed))
+        member = results[index]
+        assert _max_difference(member.state.params, solo.state.params) < 1e-5
+        assert [s for s, _ in member.eval_history] == [s for s, _ in solo.eval_history]
+        for (_, a), (_, b) in zip(member.eval_history, solo.eval_history):
+            assert a["eval/episode_return"] == pytest.approx(b["eval/episode_return"], abs=1e-4)
+        assert member.metrics["loss/total"] == pytest.approx(solo.metrics["loss/total"], rel=1e-3, abs=1e-5)
+    # the two configs really train differently from the same seed
+    assert _max_difference(results[0].state.params, results[2].state.params) > 1e-3
+
+
+def test_configs_that_change_the_program_are_refused_by_name():
+    wider = dataclasses.replace(BASE, ppo=dataclasses.replace(BASE.ppo, n_envs=16, rollout_length=8))
+    with pytest.raises(PopulationConfigError, match=r"ppo\.n_envs, ppo\.rollout_length") as err:
+        train_population(ENV, make_network, [BASE, wider], [0])
+    assert "ppo.learning_rate" in str(err.value)  # says what may differ
+    unclipped = dataclasses.replace(BASE, ppo=dataclasses.replace(BASE.ppo, value_clip_range=None))
+    with pytest.raises(PopulationConfigError, match=r"ppo\.value_clip_range"):
+        population_members([BASE, unclipped], [0])
+    flags = dataclasses.replace(BASE, ppo=dataclasses.replace(BASE.ppo, normalize_advantages=False),
+                                eval=dataclasses.replace(BASE.eval, n_envs=4))
+    with pytest.raises(PopulationConfigError, match=r"ppo\.normalize_advantages, eval\.n_envs"):
+        population_members([BASE, flags], [0])
+    with pytest.raises(ValueError, match="seeds must be distinct"):
+        population_members([BASE], [1, 1])
+
+
+def test_population_checkpoints_resume_exactly_and_load_per_member(tmp_path):
+    from nnx_ppo.algorithms import checkpointing
+    from nnx_ppo.network_spec import load_network
+
+    config = dataclasses.replace(BASE, eval=EvalConfig(enabled=False), checkpoint_every_steps=8 * 6 * 2)
+    other = dataclasses.replace(OTHER, eval=config.eval, checkpoint_every_steps=config.checkpoint_every_steps)
+    whole = train_population(ENV, make_network, [config, other], [3], checkpoint_dir=str(tmp_path))
+    halfway = str(tmp_path / "step_000000000096")
+    members = checkpointing.load_metadata(halfway)["members"]
+    assert [m["seed"] for m in members] == [3, 3]
+    assert members[1]["hyperparameters"]["learning_rate"] == 1e-3
+    with pytest.raises(ValueError, match="resume with its configs and seeds"):
+        train_population(ENV, make_network, [other, config], [3], resume_from=halfway)
+    resumed = train_population(ENV, make_network, [config, other], [3], resume_from=halfway)
+    for a, b in zip(whole, resumed):
+        assert b.total_steps == 8 * 6 * 4
+        jax.tree.map(np.testing.assert_array_equal, a.state.params, b.state.params)  # exact
+    net = load_network(str(tmp_path), make_network(nnx.Rngs(0)), seed=1)
+    assert _max_difference(nnx.state(net, nnx.Param), whole[1].state.params) == 0.0
+
+
+def test_reward_scale_is_a_reward_scaling_env():
+    """PPOConfig.reward_scale trains exactly as the rewards scaled by the env
+    (only the logged returns differ: ours stay in the env's units)."""
+    config = dataclasses.replace(BASE, ppo=dataclasses.replace(BASE.ppo, reward_scale=0.5),
+                                 eval=EvalConfig(enabled=False))
+    ours = train_ppo(ENV, make_network(nnx.Rngs(0)), config)
+    wrapped = train_ppo(RewardScale(ENV, 0.5), make_network(nnx.Rngs(0)),
+                        dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, reward_scale=1.0)))
+    assert _max_difference(ours.state.params, wrapped.state.params) < 1e-6
+
+
+def test_regularization_weight_scales_the_entropy_bonus():
+    """regularization_weight w with a sampler's entropy weight e trains exactly
+    as weight 1 with entropy weight w * e (0 as no entropy bonus at all)."""
+    def run(weight, entropy_weight):
+        config = dataclasses.replace(BASE, ppo=dataclasses.replace(BASE.ppo, regularization_weight=weight),
+                                     eval=EvalConfig(enabled=False))
+        network = make_actor_critic_for_env(ENV, "lstm", nnx.Rngs(0), hidden_size=8, encoder_sizes=(8,),
+                                            entropy_weight=entropy_weight)
+        return train_ppo(ENV, network, config).state.params
+
+    doubled = run(2.0, 0.25)
+    assert _max_difference(doubled, run(1.0, 0.5)) < 1e-7  # (exact on this machine)
+    assert _max_difference(run(0.0, 0.5), run(1.0, 0.0)) < 1e-7
+    # the bonus moves the parameters (~1e-5: near-uniform policies have a flat entropy)
+    assert _max_difference(doubled, run(1.0, 0.0)) > 1e-6
