@@ -80,14 +80,13 @@ _CONFIG_FILE = "config.json"
 _METADATA_FILE = "metadata.json"
 # Which TrainingState fields go into which orbax item.
 _NETWORK_FIELDS = ("params", "rest")
-_TRAINING_FIELDS = ("opt_state", "rollout", "key", "iteration", "return_stats", "hyperparameters")
+_TRAINING_FIELDS = ("opt_state", "rollout", "key", "iteration", "return_stats", "member")
 # Fields added after format 1: a checkpoint written before them restores them from the template.
-_LATER_FIELDS = ("return_stats", "hyperparameters")
+_LATER_FIELDS = ("return_stats", "member")
 
 
 def _training_fields(state: Any) -> tuple[str, ...]:
-    """The training fields ``state`` has values for (a population member's
-    ``hyperparameters`` are None outside a population)."""
+    """The training fields ``state`` has values for (``member`` is None outside a population)."""
     return tuple(f for f in _TRAINING_FIELDS if getattr(state, f) is not None)
 
 

@@ -5,10 +5,11 @@ trains members whose :class:`~nnx_ppo.algorithms.config.PPOConfig` differ
 only in numbers that change no array shape and no part of the program
 (:data:`PER_MEMBER`). Each member's numbers ride in its
 :class:`~nnx_ppo.algorithms.state.TrainingState` as float32 scalars
-(``state.hyperparameters``, ``{field: []}``; ``[S]`` stacked over the
+(``state.member``, a :class:`MemberState`; ``[N]`` stacked over the
 members), and the iteration reads them from there
 (:func:`with_hyperparameters`), so that one trace serves every member and
-population-based training can change them on device.
+population-based training (:mod:`nnx_ppo.algorithms.pbt`) can change them
+on device.
 
 Anything else (``n_envs``, ``rollout_length``, the minibatches, flags such
 as ``normalize_advantages``, a field being ``None`` for one member and a
@@ -23,12 +24,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 
-__all__ = ["PER_MEMBER", "PopulationConfigError", "check_population", "hyperparameters_of", "with_hyperparameters",
-           "member_entry"]
+__all__ = ["PER_MEMBER", "PopulationConfigError", "MemberState", "check_population", "hyperparameters_of",
+           "initial_member_state", "with_hyperparameters", "member_entry"]
 
 PER_MEMBER: tuple[str, ...] = (
     "learning_rate",
@@ -45,6 +47,30 @@ PER_MEMBER: tuple[str, ...] = (
 """The :class:`PPOConfig` fields that may differ between members (numbers
 only: a learning-rate schedule, a callable, must be the same object for all;
 an optional field must be ``None`` for all members or a number for all)."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MemberState:
+    """A population member's own part of its training state.
+
+    Attributes:
+      hyperparameters: ``{PPOConfig field: float32 []}``, its :data:`PER_MEMBER` numbers.
+      score: float32 ``[]``, a running mean of its training episode returns
+        (what population-based training ranks by; NaN before an episode ended).
+      parent: int32 ``[]``, the member whose state it last took over in
+        population-based training (its own index until then).
+    """
+
+    hyperparameters: dict[str, jax.Array]
+    score: jax.Array
+    parent: jax.Array
+
+
+def initial_member_state(config: TrainConfig, index: int) -> MemberState:
+    """Member ``index``'s state at the start: its config's numbers, no score, its own parent."""
+    return MemberState(hyperparameters=hyperparameters_of(config.ppo), score=jnp.asarray(jnp.nan, jnp.float32),
+                       parent=jnp.asarray(index, jnp.int32))
 
 
 class PopulationConfigError(ValueError):

@@ -22,12 +22,13 @@ from typing import Any, Unpack
 from flax import nnx
 
 from nnx_ppo.algorithms.config import TrainConfig, check_seed
-from nnx_ppo.algorithms.hyperparameters import check_population
+from nnx_ppo.algorithms.hyperparameters import PER_MEMBER, check_population
+from nnx_ppo.algorithms.pbt import PBTConfig, population_step
 from nnx_ppo.algorithms.ppo import PPO
 from nnx_ppo.algorithms.state import TrainResult
 from nnx_ppo.algorithms.trainer import TrainOptions, train
 
-__all__ = ["Member", "population_members", "train_population"]
+__all__ = ["Member", "population_members", "train_population", "pbt_fields"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,8 @@ def train_population(
     make_network: Callable[[nnx.Rngs], Any] | str,
     configs: Sequence[TrainConfig],
     seeds: Sequence[int],
+    *,
+    pbt: PBTConfig | None = None,
     **options: Unpack[TrainOptions],
 ) -> list[TrainResult]:
     """Train one network per (config, seed) member, all in one compiled program.
@@ -79,6 +82,10 @@ def train_population(
         (a difference elsewhere raises ``PopulationConfigError`` naming the
         fields). Their ``seed`` is replaced by each seed.
       seeds: the seeds every config is trained with.
+      pbt: population-based training (see :mod:`nnx_ppo.algorithms.pbt`):
+        every ``pbt.every_iterations`` iterations the worst members take over
+        the states of the best and perturb their hyperparameters. None: the
+        members train independently.
       **options: the :class:`~nnx_ppo.algorithms.trainer.TrainOptions`, as for
         :func:`~nnx_ppo.algorithms.seeds.train_seeds`, with members in place
         of seeds: ``log_fn(metrics, env_steps, member)`` gets the member's
@@ -89,8 +96,29 @@ def train_population(
     Returns one :class:`TrainResult` per member, in the order of
     :func:`population_members` (config-major); a member's result matches
     ``train_ppo(env, make_network(nnx.Rngs(seed)), dataclasses.replace(config, seed=seed))``
-    up to float rounding, and a member fails alone, as a seed of a batch does.
+    up to float rounding (without ``pbt``), and a member fails alone, as a
+    seed of a batch does. Each member's iteration metrics include
+    ``population/score``, ``population/parent`` and ``hyperparameters/<field>``.
     """
     members = population_members(configs, seeds)
-    return train(PPO, env, members[0].config, make_network=make_network, seeds=[m.index for m in members],
+    fields = () if pbt is None else pbt_fields(pbt, configs)
+    algorithm = dataclasses.replace(PPO, population_step=population_step(pbt, fields),
+                                    run_record={"population": {"configs": len(configs), "seeds": [int(s) for s in seeds],
+                                                               "pbt": None if pbt is None else dataclasses.asdict(pbt)}})
+    return train(algorithm, env, members[0].config, make_network=make_network, seeds=[m.index for m in members],
                  members=[m.config for m in members], **options)
+
+
+def pbt_fields(pbt: PBTConfig, configs: Sequence[TrainConfig]) -> tuple[str, ...]:
+    """The hyperparameters PBT perturbs: ``pbt.fields``, or those that differ
+    between ``configs`` (the learning rate if none does); each must be a
+    number for every member."""
+    if pbt.fields is not None:
+        fields = tuple(pbt.fields)
+    else:
+        fields = tuple(f for f in PER_MEMBER if len({getattr(c.ppo, f) for c in configs}) > 1) or ("learning_rate",)
+    unset = [f for f in fields if any(getattr(c.ppo, f) is None or callable(getattr(c.ppo, f)) for c in configs)]
+    if unset:
+        raise ValueError(f"PBT cannot perturb {unset}: not a number in every config (set them, or choose "
+                         "PBTConfig.fields)")
+    return fields

@@ -154,7 +154,7 @@ def _iteration(env, graphdef, config: PPOConfig) -> Callable:
     (a member of a population, see :mod:`nnx_ppo.algorithms.hyperparameters`)."""
 
     def iteration(state: TrainingState):
-        ppo = with_hyperparameters(config, state.hyperparameters)
+        ppo = config if state.member is None else with_hyperparameters(config, state.member.hyperparameters)
         return train_iteration(env, graphdef, make_optimizer(ppo), ppo, state)
 
     return iteration

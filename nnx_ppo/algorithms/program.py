@@ -75,7 +75,8 @@ def over_seeds(iteration: Callable, seed_batching: str = "vmap", shardings: Any 
 
 
 def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: bool = False,
-                       shardings: Any = None, seed_batching: str = "vmap") -> Callable:
+                       shardings: Any = None, seed_batching: str = "vmap",
+                       population_step: Callable | None = None) -> Callable:
     """Jit ``iteration(state) -> (state, IterationOutput)`` into
     ``fn(state, n) -> (state, IterationOutput)`` running ``n <=
     max_iterations`` iterations in one call (``n`` is a runtime value, so a
@@ -89,9 +90,16 @@ def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: 
     (outputs ``[max_iterations, S, ...]``). With ``shardings`` (see
     :func:`~nnx_ppo.algorithms.sharding.place`) the state keeps that
     sharding in and out, and the outputs are replicated.
+
+    ``population_step(state, output) -> (state, output)`` (a population, see
+    :func:`~nnx_ppo.algorithms.pbt.population_step`) runs on the whole batch
+    after every batched iteration: what crosses members (scores, PBT).
     """
     if batched_seeds:
         iteration = over_seeds(keep_last_healthy(iteration), seed_batching, shardings)
+        if population_step is not None:
+            batched = iteration
+            iteration = lambda state: population_step(*batched(state))  # noqa: E731
 
     if max_iterations == 1:
         def run(state, n):

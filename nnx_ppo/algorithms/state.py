@@ -29,10 +29,9 @@ class TrainingState:
       iteration: completed iterations (int32 scalar).
       return_stats: running discounted-return statistics (used with
         ``PPOConfig.normalize_rewards``).
-      hyperparameters: a population member's own numeric hyperparameters
-        (``{PPOConfig field: float32 scalar}``, see
-        :mod:`nnx_ppo.algorithms.hyperparameters`); None when they are the
-        config's (one run, a seed batch).
+      member: a population member's own hyperparameters, score and parent
+        (a :class:`~nnx_ppo.algorithms.hyperparameters.MemberState`); None
+        outside a population (one run, a seed batch: the config's numbers).
     """
 
     params: Any
@@ -42,7 +41,7 @@ class TrainingState:
     key: jax.Array
     iteration: jax.Array
     return_stats: ReturnStatistics
-    hyperparameters: dict[str, jax.Array] | None = None
+    member: Any = None
 
     def next(self, *, network: Any, opt_state: Any, rollout: RolloutState, key: jax.Array,
              return_stats: ReturnStatistics | None = None) -> "TrainingState":

@@ -50,7 +50,7 @@ from nnx_ppo.algorithms.driver import (
 )
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
 from nnx_ppo.algorithms.hooks import best_policy_hook, checkpoint_hook, evaluation_hook
-from nnx_ppo.algorithms.hyperparameters import check_population, hyperparameters_of, member_entry
+from nnx_ppo.algorithms.hyperparameters import check_population, initial_member_state, member_entry
 from nnx_ppo.algorithms.program import compile_iterations, seed_slice, stack_trees
 from nnx_ppo.algorithms.rollout import all_finite
 from nnx_ppo.algorithms.run_output import RunOutput, network_from_description
@@ -77,11 +77,15 @@ class Algorithm:
         with (per device when sharded).
       run_record: what a run directory's ``config.json`` records about the
         algorithm besides the config (e.g. ``{"distillation": {...}}``).
+      population_step: for a population, ``step(state, output) -> (state,
+        output)`` on all members after every iteration (see
+        :func:`~nnx_ppo.algorithms.pbt.population_step`).
     """
 
     initial_state: Callable[[Any, Any, TrainConfig], TrainingState]
     iteration: Callable[[Any, Any, PPOConfig], Iteration]
     run_record: dict[str, Any] | None = None
+    population_step: Callable | None = None
 
 
 class TrainOptions(TypedDict, total=False):
@@ -220,8 +224,8 @@ def _initial_state(algorithm: Algorithm, env, networks: list, config: TrainConfi
         return stack_trees([algorithm.initial_state(env, net, dataclasses.replace(config, seed=s))
                             for s, net in zip(seeds, networks)])
     return stack_trees([dataclasses.replace(algorithm.initial_state(env, net, member),
-                                            hyperparameters=hyperparameters_of(member.ppo))
-                        for member, net in zip(members, networks)])
+                                            member=initial_member_state(member, i))
+                        for i, (member, net) in enumerate(zip(members, networks))])
 
 
 def _resumed(state: TrainingState, seeds: list[int] | None, resume_from: str, checkpoint_dir: str | None,
@@ -331,9 +335,10 @@ def train(
         state = _resumed(state, seeds, resume_from, checkpoint_dir, ppo, member_record)
     output = None
     if run_dir is not None or options.get("progress"):
+        record = {**(algorithm.run_record or {}), **({} if member_record is None else {"members": member_record})}
         output = RunOutput.open(run_dir, progress=bool(options.get("progress")), train_env=env, eval_env=eval_env,
                                 network_spec=network_spec, network=networks[0], config=config, seeds=seeds,
-                                resuming=resume_from is not None, record=algorithm.run_record)
+                                resuming=resume_from is not None, record=record)
         log_fn = _both(output.log, log_fn, batched)
         if run_dir is not None:
             checkpoint_metadata = {**output.metadata(network_spec), **(checkpoint_metadata or {})}
@@ -402,7 +407,8 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: lis
     start_iteration = int(np.max(iterations))
     state, ppo, shardings, mesh = place(state, ppo, devices, seed_batch=batched, by_seed=batched and config.shard_seeds)
     train_fn = compile_iterations(algorithm.iteration(env, graphdef, ppo), config.iterations_per_call,
-                                  batched_seeds=batched, shardings=shardings, seed_batching=config.seed_batching)
+                                  batched_seeds=batched, shardings=shardings, seed_batching=config.seed_batching,
+                                  population_step=algorithm.population_step if batched else None)
 
     last_rows: dict[int, dict[str, float]] = {}
 

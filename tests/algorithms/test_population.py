@@ -125,3 +125,71 @@ def test_regularization_weight_scales_the_entropy_bonus():
     assert _max_difference(run(0.0, 0.5), run(1.0, 0.0)) < 1e-7
     # the bonus moves the parameters (~1e-5: near-uniform policies have a flat entropy)
     assert _max_difference(doubled, run(1.0, 0.0)) > 1e-6
+
+
+def _fake_population(scores):
+    """A stacked state of len(scores) members whose every field tells the members apart."""
+    import jax.numpy as jnp
+
+    from nnx_ppo.algorithms.hyperparameters import MemberState
+    from nnx_ppo.algorithms.state import TrainingState
+
+    n = len(scores)
+    index = jnp.arange(n, dtype=jnp.float32)
+    return TrainingState(
+        params={"w": index[:, None] * jnp.ones((n, 3))}, rest={}, opt_state={"mu": index * 10}, rollout={"carry": -index},
+        key=jax.random.split(jax.random.key(0), n), iteration=jnp.full((n,), 4, jnp.int32), return_stats={},
+        member=MemberState(hyperparameters={"learning_rate": jnp.full((n,), 1e-3), "discounting_factor": jnp.full((n,), 0.99)},
+                           score=jnp.asarray(scores, jnp.float32), parent=jnp.arange(n, dtype=jnp.int32)))
+
+
+def test_pbt_worst_members_take_over_the_best_and_perturb():
+    import jax.numpy as jnp
+
+    from nnx_ppo.algorithms.driver import IterationOutput
+    from nnx_ppo.algorithms.pbt import PBTConfig, population_step
+
+    scores = [5.0, 1.0, 7.0, float("nan"), 3.0, 8.0, 2.0, 6.0]  # worst: 3 (no score yet), 1; best: 7, 5 ... 5 and 2
+    state = _fake_population(scores)
+    n = len(scores)
+    output = IterationOutput(health=None, metrics={"train/episode_return": jnp.asarray(scores), "train/completed_episodes": jnp.zeros((n,))})
+    step = population_step(PBTConfig(every_iterations=2, seed=3), ("learning_rate", "discounting_factor"))
+    new, out = jax.jit(step)(state, output)
+    parent = np.asarray(new.member.parent)
+    assert set(np.flatnonzero(parent != np.arange(n))) == {1, 3}  # the two worst (NaN counts as worst)
+    for i in (1, 3):
+        src = parent[i]
+        assert src in (2, 5)  # the two best
+        np.testing.assert_array_equal(new.params["w"][i], state.params["w"][src])
+        assert new.opt_state["mu"][i] == state.opt_state["mu"][src] and new.rollout["carry"][i] == -src
+        assert new.member.score[i] == scores[src]
+        assert float(new.member.hyperparameters["learning_rate"][i]) in (pytest.approx(8e-4), pytest.approx(1.25e-3))
+        assert float(1 - new.member.hyperparameters["discounting_factor"][i]) in (pytest.approx(0.008, rel=1e-4),
+                                                                                pytest.approx(0.0125, rel=1e-4))
+    keep = np.asarray([i for i in range(n) if i not in (1, 3)])
+    np.testing.assert_array_equal(new.params["w"][keep], state.params["w"][keep])
+    np.testing.assert_array_equal(jax.random.key_data(new.key), jax.random.key_data(state.key))  # own keys kept
+    np.testing.assert_array_equal(out.metrics["population/parent"], parent)
+    assert "hyperparameters/learning_rate" in out.metrics
+    # not due (iteration 4 is not a multiple of 3): nothing but the scores changes
+    quiet, _ = jax.jit(population_step(PBTConfig(every_iterations=3), ("learning_rate",)))(state, output)
+    np.testing.assert_array_equal(quiet.member.parent, np.arange(n))
+
+
+def test_pbt_population_resumes_exactly(tmp_path):
+    from nnx_ppo.algorithms.pbt import PBTConfig
+
+    config = dataclasses.replace(BASE, ppo=dataclasses.replace(BASE.ppo, total_steps=8 * 6 * 8),
+                                 eval=EvalConfig(enabled=False), checkpoint_every_steps=8 * 6 * 4)
+    configs = [dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, learning_rate=lr))
+               for lr in (3e-4, 1e-3, 3e-3, 1e-2)]
+    pbt = PBTConfig(every_iterations=3)  # after iterations 3 and 6; resumed from iteration 4
+    parents = []
+    whole = train_population(ENV, make_network, configs, [0], pbt=pbt, checkpoint_dir=str(tmp_path),
+                             log_fn=lambda m, s, k: parents.append(m["population/parent"]))
+    assert any(p != k for k, p in zip(range(4), parents[-4:]))  # some member took over another
+    resumed = train_population(ENV, make_network, configs, [0], pbt=pbt,
+                               resume_from=str(tmp_path / "step_000000000192"))
+    for a, b in zip(whole, resumed):
+        jax.tree.map(np.testing.assert_array_equal, a.state.params, b.state.params)
+        jax.tree.map(np.testing.assert_array_equal, a.state.member, b.state.member)
