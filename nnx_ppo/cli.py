@@ -8,6 +8,7 @@
     nnx-ppo distill runs/cue_memory-20250101-120000 --network gru
     nnx-ppo export runs/cue_memory-20250101-120000 --best --out policy/
     nnx-ppo plot runs/a runs/b --out compare.png --threshold 0.9
+    nnx-ppo sweep gymnax:CartPole-v1 --grid ppo.learning-rate=1e-3,3e-4 --seeds 0 1 2
     nnx-ppo envs
 
 Every :class:`~nnx_ppo.algorithms.config.TrainConfig` field is a flag
@@ -47,6 +48,7 @@ from nnx_ppo.app.commands import (
     EvalCommand,
     ExportCommand,
     PlotCommand,
+    SweepCommand,
     TrainCommand,
     parse_env_kwargs,
     print_error,
@@ -60,6 +62,7 @@ __all__ = [
     "DistillCommand",
     "ExportCommand",
     "PlotCommand",
+    "SweepCommand",
     "EnvsCommand",
     "CliError",
     "DEFAULT_ENV",
@@ -107,7 +110,8 @@ def _run_envs() -> int:
 
 
 def _find_resume(argv: list[str]) -> str | None:
-    """The value of ``--resume`` in a ``train`` command line, if any."""
+    """The value of ``--resume`` in a ``train`` command line, if any (a
+    sweep's ``--resume`` is read by the sweep itself)."""
     if not argv or argv[0] != "train":
         return None
     for i, a in enumerate(argv[1:], start=1):
@@ -118,10 +122,11 @@ def _find_resume(argv: list[str]) -> str | None:
     return None
 
 
-def _preset_defaults(preset) -> TrainCommand:
-    """A TrainCommand holding a preset's settings (the parser's defaults for
-    an env with a preset, so that flags given explicitly override them)."""
-    return TrainCommand(
+def _preset_defaults(preset, command: type = TrainCommand) -> TrainCommand:
+    """A TrainCommand (or ``command``, a SweepCommand) holding a preset's
+    settings (the parser's defaults for an env with a preset, so that flags
+    given explicitly override them)."""
+    return command(
         env=preset.env,
         network=preset.network,
         hidden_size=preset.hidden_size,
@@ -132,9 +137,11 @@ def _preset_defaults(preset) -> TrainCommand:
     )
 
 
-def _tyro_parse(argv: list[str], train_default: TrainCommand):
+def _tyro_parse(argv: list[str], train_default: TrainCommand, sweep_default: SweepCommand | None = None):
     commands = Union[
         Annotated[TrainCommand, tyro.conf.subcommand("train", default=train_default, prefix_name=False)],
+        Annotated[SweepCommand, tyro.conf.subcommand("sweep", default=sweep_default or SweepCommand(),
+                                                     prefix_name=False)],
         Annotated[EvalCommand, tyro.conf.subcommand("eval", prefix_name=False)],
         Annotated[DistillCommand, tyro.conf.subcommand("distill", prefix_name=False)],
         Annotated[ExportCommand, tyro.conf.subcommand("export", prefix_name=False)],
@@ -153,11 +160,13 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand):
         shown = clean_help(out.getvalue())
         if argv[:1] == ["train"]:
             shown = group_options(shown, TRAIN_FLAG_GROUPS)
+        elif argv[:1] == ["sweep"]:
+            shown = group_options(shown, {"sweep": ("--grid", "--pbt-every", "--threshold"), **TRAIN_FLAG_GROUPS})
         sys.stdout.write(shown)
         sys.stderr.write(clean_help(err.getvalue()) + _did_you_mean(err.getvalue(), argv, train_default))
 
 
-_SUBCOMMANDS = ("train", "eval", "distill", "export", "plot", "envs")
+_SUBCOMMANDS = ("train", "sweep", "eval", "distill", "export", "plot", "envs")
 
 
 def _did_you_mean(error: str, argv: list[str], train_default) -> str:
@@ -246,7 +255,7 @@ def group_options(text: str, groups: dict[str, tuple[str, ...]]) -> str:
 
 
 def _preset_of_help(argv: list[str]):
-    """For ``train ENV [--network KIND] --help``: the preset of ENV (and KIND), if any."""
+    """For ``train|sweep ENV [--network KIND] --help``: the preset of ENV (and KIND), if any."""
     env, network, rest = DEFAULT_ENV, None, argv[1:]
     for i, a in enumerate(rest):
         if a == "--network" and i + 1 < len(rest):
@@ -271,17 +280,24 @@ def _parse(argv: list[str]):
 
         train_default, saved = resume_defaults(resume)
         return _tyro_parse(argv, train_default), saved
-    if helping and argv and argv[0] == "train" and "--no-preset" not in argv:
+    if helping and argv and argv[0] in ("train", "sweep") and "--no-preset" not in argv:
         preset = _preset_of_help(argv)
         if preset is not None:  # the help shows the defaults this env starts from
-            return _tyro_parse(argv, _preset_defaults(preset)), saved
+            return _with_preset(argv, preset), saved
     cmd = _tyro_parse(argv, TrainCommand())
-    if isinstance(cmd, TrainCommand) and not cmd.no_preset:
+    if isinstance(cmd, TrainCommand) and not cmd.no_preset:  # (a SweepCommand is one too)
         network_given = any(a == "--network" or a.startswith("--network=") for a in argv)
         preset = find_preset(cmd.env, cmd.network if network_given else None)
         if preset is not None:
-            cmd = _tyro_parse(argv, _preset_defaults(preset))
+            cmd = _with_preset(argv, preset)
     return cmd, saved
+
+
+def _with_preset(argv: list[str], preset):
+    """Parse ``argv`` (``train`` or ``sweep``) with ``preset``'s settings as the defaults."""
+    if argv[:1] == ["sweep"]:
+        return _tyro_parse(argv, TrainCommand(), _preset_defaults(preset, SweepCommand))
+    return _tyro_parse(argv, _preset_defaults(preset))
 
 
 def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
@@ -377,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd, saved = _parse(argv)
         if isinstance(cmd, TrainCommand) and cmd.print_config:
             return _print_config(cmd, argv)
+        if isinstance(cmd, SweepCommand):
+            from nnx_ppo.app.sweep import run_sweep
+
+            return run_sweep(cmd, argv)
         if isinstance(cmd, TrainCommand):
             from nnx_ppo.app.train import run_train
 

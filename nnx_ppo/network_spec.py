@@ -163,7 +163,7 @@ class NetworkSpec:
 
 
 def load_network(directory: str | os.PathLike, network: Any = None, seed: int | None = None,
-                 step: int | str | None = None):
+                 step: int | str | None = None, *, member: int | None = None):
     """Load a trained network for inference from ``directory`` (a run
     directory of ``nnx-ppo train``, its checkpoint directory, or one
     checkpoint in it).
@@ -174,10 +174,22 @@ def load_network(directory: str | os.PathLike, network: Any = None, seed: int | 
     from the checkpoint's ``metadata["network"]`` (a :class:`NetworkSpec`,
     written by ``nnx-ppo train``); with it, its variables are replaced (same
     architecture). Returns the network in deterministic mode. For a run of
-    several seeds trained together, ``seed`` picks one. See
+    several seeds trained together, ``seed`` picks one; for a population
+    (:func:`~nnx_ppo.algorithms.population.train_population`, ``nnx-ppo
+    sweep``), ``member`` (its index, ``0 .. N-1``). See
     :func:`nnx_ppo.algorithms.checkpointing.restore_network` for the errors.
     """
     from nnx_ppo.algorithms import checkpointing
+
+    if member is not None:
+        if seed is not None:
+            raise ValueError(f"load_network: give seed= (a seed batch) or member= (a population), not both "
+                             f"(got seed={seed}, member={member})")
+        latest = checkpointing.find_checkpoint(directory, None, None)
+        if "members" not in (checkpointing.load_metadata(latest) or {}):
+            raise ValueError(f"{os.fspath(directory)!r} is not a population (nnx-ppo sweep, train_population); "
+                             "load a seed of a seed batch with seed=")
+        seed = member  # a population's members are its batch entries 0 .. N-1
 
     path = checkpointing.find_checkpoint(directory, step, seed if step == "best" else None)
     if network is None:

@@ -181,7 +181,7 @@ def _batch_size(obs: Any) -> int:
 
 
 def load_policy(run_or_checkpoint: str | os.PathLike, step: int | str | None = None, seed: int | None = None,
-                *, network: Any = None, deterministic: bool = True) -> Policy:
+                *, member: int | None = None, network: Any = None, deterministic: bool = True) -> Policy:
     """The :class:`Policy` of a trained run.
 
     Args:
@@ -190,6 +190,8 @@ def load_policy(run_or_checkpoint: str | os.PathLike, step: int | str | None = N
       step: the latest checkpoint (None), the best evaluated policy
         (``"best"``), or the one saved at env step N.
       seed: for a run of several seeds trained together, which one.
+      member: for a population (``nnx-ppo sweep``, ``train_population``),
+        which member (``0 .. N-1``; the run's ``sweep.md`` lists them).
       network: a network of the same architecture to load into, for a run
         whose checkpoints do not say how to rebuild it (default: rebuilt
         from the checkpoint's metadata).
@@ -197,7 +199,7 @@ def load_policy(run_or_checkpoint: str | os.PathLike, step: int | str | None = N
     """
     from nnx_ppo.network_spec import load_network
 
-    return Policy(load_network(run_or_checkpoint, network, seed=seed, step=step), deterministic)
+    return Policy(load_network(run_or_checkpoint, network, seed=seed, step=step, member=member), deterministic)
 
 
 @dataclasses.dataclass(frozen=True)

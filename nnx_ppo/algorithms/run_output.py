@@ -86,8 +86,9 @@ class RunOutput:
     ``checkpoints/``) and/or a progress bar. Its :meth:`log` is (part of)
     the ``log_fn``; :meth:`close` ends both."""
 
-    def __init__(self, path: Path | None, logger, bar, n_seeds: int):
+    def __init__(self, path: Path | None, logger, bar, n_seeds: int, unit: str = "seed"):
         self.path = path
+        self._unit = unit  # what a batch entry is called in the progress lines: a seed, or a member of a sweep
         self._logger = logger
         self._bar = bar
         self._n_seeds = n_seeds
@@ -133,7 +134,7 @@ class RunOutput:
             bar = Progress(ppo.n_iterations * ppo.steps_per_iteration * n_seeds, ppo.steps_per_iteration * n_seeds,
                            quiet=False)
             bar.start()
-        return cls(path, logger, bar, n_seeds)
+        return cls(path, logger, bar, n_seeds, "member" if (record or {}).get("members") else "seed")
 
     def metadata(self, network_spec) -> dict[str, Any]:
         """What each checkpoint records, as the CLI writes it."""
@@ -155,7 +156,7 @@ class RunOutput:
             if seed is None:
                 self._bar.evaluation(metrics, env_steps)
             else:
-                self._bar.write(f"[{env_steps:,} env steps] seed {seed}: eval return "
+                self._bar.write(f"[{env_steps:,} env steps] {self._unit} {seed}: eval return "
                                 f"{metrics.get('eval/episode_return', float('nan')):.3f}")
         elif self._shown_step != env_steps:
             self._shown_step = env_steps

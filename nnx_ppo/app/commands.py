@@ -159,6 +159,37 @@ class TrainCommand:
 
 
 @dataclasses.dataclass
+class SweepCommand(TrainCommand):
+    """Train a grid of hyperparameters, each with every seed, in one compiled
+    program (a population; docs/sweeps.md). Every `train` flag sets what the
+    members share (an env with a preset starts from it); --grid gives the
+    numbers that differ. Writes one run directory: per-member metrics and
+    checkpoints, sweep.md (the configs ranked) and a plot per swept
+    hyperparameter. Ctrl-C stops cleanly; continue with --resume.
+    """
+
+    grid: Annotated[tuple[str, ...], tyro.conf.arg(metavar="FIELD=V1,V2 [FIELD=V1,V2 ...]",
+                                                   help_behavior_hint="(required; not with --resume)")] = ()
+    (
+        "the hyperparameters to sweep and their values, e.g. ppo.learning-rate=1e-3,3e-4 ppo.clip-range=0.1,0.2: "
+        "every combination is a config, trained with every seed of --seeds. Only numbers that change no array "
+        "shape: ppo.learning-rate, clip-range, critic-loss-weight, discounting-factor, gae-lambda, "
+        "value-clip-range, gradient-clipping, target-kl, regularization-weight (scales the entropy bonus), "
+        "reward-scale."
+    )
+
+    pbt_every: int = 0
+    (
+        "population-based training: every N iterations the worst quarter of the members take over the state "
+        "of members of the best quarter and perturb the swept hyperparameters (x0.8 or x1.25); 0: the members "
+        "train independently."
+    )
+
+    threshold: Optional[float] = None
+    """the return for 'steps/seconds to threshold' in sweep.md (default: the env preset's target, if any)."""
+
+
+@dataclasses.dataclass
 class EvalCommand:
     """Evaluate the final policy of a run with deterministic episodes and print
     return statistics; optionally record a video (MP4/GIF, renderable envs only)."""
@@ -174,6 +205,9 @@ class EvalCommand:
 
     seed: int = 0
     """seeds the env resets."""
+
+    member: Optional[int] = None
+    """in a sweep's run directory: evaluate only this member (sweep.md lists them; default: every member)."""
 
     best: bool = False
     """evaluate the best evaluated policy kept during training (one per seed) instead of the final one."""

@@ -28,20 +28,28 @@ def run_eval(cmd: EvalCommand) -> int:
         return print_module_paths(spec.build(env))
     if cmd.record_activations:
         check_record_paths(spec.build(env), cmd.record_activations)
+    # A run of several seeds (a sweep: members) holds one policy each: each is evaluated (the video shows the first).
+    training_seeds = [int(s) for s in saved.get("seeds", [])] or [None]
+    members = saved.get("members")
+    if cmd.member is not None:
+        if members is None:
+            raise CliError(f"--member: {run_dir} is not a sweep (nnx-ppo sweep); it has no members")
+        if cmd.member not in training_seeds:
+            raise CliError(f"--member must be one of 0 .. {len(members) - 1} (see {run_dir}/sweep.md), "
+                           f"got {cmd.member}")
+        training_seeds = [cmd.member]
     which = checkpoint_choice(cmd)
     policy = {None: "the final policy", "best": "the best evaluated policy"}.get(which, f"the policy at step {which}")
     kind = "stochastic" if cmd.stochastic else "deterministic"
     print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with {policy} of "
           f"{pretty_path(run_dir)}")
-    # A run of several seeds holds one policy per training seed: each is evaluated (the video shows the first).
-    training_seeds = [int(s) for s in saved.get("seeds", [])] or [None]
     first = None
     for training_seed in training_seeds:
         network = load_run_network(ckpt_dir, spec.build(env), seed=training_seed, step=which)
         first = first or network
         metrics = evaluate(env, network, n_envs=cmd.episodes, max_episode_length=max_len, seed=cmd.seed,
                            deterministic=not cmd.stochastic)
-        indent = "  " if training_seed is None else f"  seed {training_seed}: "
+        indent = "  " if training_seed is None else f"  {_label(training_seed, members)}: "
         print(f"{indent}return  mean {metrics['eval/episode_return']:.4f}  std {metrics['eval/episode_return_std']:.4f}"
               f"  min {metrics['eval/episode_return_min']:.4f}  max {metrics['eval/episode_return_max']:.4f}"
               f"  length  mean {metrics['eval/episode_length']:.1f}")
@@ -51,6 +59,16 @@ def run_eval(cmd: EvalCommand) -> int:
     if cmd.record_activations:
         record_to_file(cmd, env, first, max_len)
     return 0
+
+
+def _label(index: int, members: list[dict] | None) -> str:
+    """``seed 3``, or for a sweep ``member 5 (seed 1, learning_rate 0.001)``."""
+    if members is None:
+        return f"seed {index}"
+    member = members[index]
+    values = ", ".join(f"{k} {v:g}" for k, v in member["hyperparameters"].items()
+                       if len({m["hyperparameters"].get(k) for m in members}) > 1)
+    return f"member {index} (seed {member['seed']}{', ' + values if values else ''})"
 
 
 def can_render(env) -> bool:
