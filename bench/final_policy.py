@@ -1,7 +1,7 @@
 """The policy a user gets: final and best evaluated policies of a preset over seeds.
 
 Usage: python bench/final_policy.py ENV [NETWORK] [--seeds 0 1 ...] [--episodes 128] [--set KEY=JSON ...]
-                                    [--env-kwargs JSON] [--hidden-size H] [--target T] [--label NAME] [--out FILE]
+                                    [--env-kwargs JSON] [--hidden-size H] [--network-kwargs JSON] [--target T] [--label NAME] [--out FILE]
 
 Trains ENV's preset (as ``nnx-ppo train ENV --seeds ...`` does: the preset's
 envs, network and config; all seeds in one program with ``train_seeds``)
@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--env-kwargs", default=None, help="JSON: replaces the preset's env keyword arguments")
     parser.add_argument("--hidden-size", type=int, default=None, help="replaces the preset's network width")
+    parser.add_argument("--network-kwargs", default=None, help="JSON: extra keyword arguments of the network factory")
     parser.add_argument("--label", default="preset")
     parser.add_argument("--target", type=float, default=None, help="the bar (default: the preset's target)")
     parser.add_argument("--out", default=str(HERE / "results" / "final_policy.jsonl"))
@@ -71,20 +72,23 @@ def main() -> None:
     config = with_overrides(preset.config, args.overrides)
     target = preset.target if args.target is None else args.target
     train_env, eval_env = preset.make_envs()
+    spec = preset.network_spec()
+    if args.network_kwargs is not None:
+        spec = dataclasses.replace(spec, kwargs={**spec.kwargs, **json.loads(args.network_kwargs)})
     max_len = config.eval.max_episode_length
     rows = []
     with tempfile.TemporaryDirectory() as directory:
         t0 = time.perf_counter()
-        results = train_seeds(train_env, lambda rngs: preset.network_spec().build(eval_env, rngs), config,
+        results = train_seeds(train_env, lambda rngs: spec.build(eval_env, rngs), config,
                               args.seeds, eval_env=eval_env, checkpoint_dir=directory)
         wall = time.perf_counter() - t0
         for seed, result in zip(args.seeds, results):
             row = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
                    "label": args.label, "seed": seed,
                    "target": target, "episodes": args.episodes, "wall_s": round(wall, 1),
-                   "hidden_size": preset.hidden_size, "overrides": args.overrides, "failed": result.failure is not None}
+                   "hidden_size": preset.hidden_size, "network_kwargs": args.network_kwargs, "overrides": args.overrides, "failed": result.failure is not None}
             for which in (None, "best"):
-                net = load_network(directory, preset.network_spec().build(eval_env), seed=seed, step=which)
+                net = load_network(directory, spec.build(eval_env), seed=seed, step=which)
                 metrics = evaluate(eval_env, net, n_envs=args.episodes, max_episode_length=max_len, seed=1000 + seed)
                 name = which or "final"
                 row[f"{name}_return"] = round(metrics["eval/episode_return"], 3)

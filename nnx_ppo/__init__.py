@@ -25,6 +25,7 @@ _EXPORTS = {
     "nnx_ppo.algorithms.ppo": ("train_ppo",),
     "nnx_ppo.algorithms.evaluation": ("evaluate",),
     "nnx_ppo.algorithms.seeds": ("train_seeds",),
+    "nnx_ppo.algorithms.population": ("train_population",),
     "nnx_ppo.algorithms.distillation": ("train_distillation",),
     "nnx_ppo.algorithms.config": ("PPOConfig", "EvalConfig", "TrainConfig"),
     "nnx_ppo.envs": ("make",),
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from nnx_ppo.algorithms.distillation import train_distillation
     from nnx_ppo.algorithms.evaluation import evaluate
     from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.population import train_population
     from nnx_ppo.algorithms.seeds import train_seeds
     from nnx_ppo.envs import make
     from nnx_ppo.network_spec import NetworkSpec, load_network

@@ -6,6 +6,8 @@ result can be inspected, indexed and modified like a hand-built network.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, Unpack
@@ -239,6 +241,7 @@ def make_recurrent_actor_critic(
     hidden_size: int = 64,
     encoder_sizes: Sequence[int] = (64,),
     shared_trunk: bool = False,
+    forget_bias: float = 1.0,
     **options: Unpack[ActorCriticOptions],
 ) -> Sequential:
     """Recurrent actor-critic: ``encoder MLP -> LSTM|GRU core -> heads``.
@@ -252,13 +255,18 @@ def make_recurrent_actor_critic(
       encoder_sizes: hidden widths of the encoder MLP before the core (may be empty).
       shared_trunk: actor and critic share one encoder and core; otherwise
         each has its own (the default).
+      forget_bias: the LSTM's initial forget-gate bias (see
+        :class:`~nnx_ppo.networks.recurrent.LSTM`); an LSTM only.
       **options: keyword-only options of :class:`ActorCriticOptions`, as in
         :func:`make_mlp_actor_critic`.
     """
     if core not in ("lstm", "gru"):
         raise ValueError(f"make_recurrent_actor_critic: core must be 'lstm' or 'gru', got {core!r}")
     options, rngs, front, flat = _prepare("make_recurrent_actor_critic", obs_size, rngs, options)
-    cell = LSTM if core == "lstm" else GRU
+    if core == "gru" and forget_bias != 1.0:
+        raise ValueError(f"make_recurrent_actor_critic: forget_bias is an LSTM's; the GRU core has none "
+                         f"(got forget_bias={forget_bias})")
+    cell = functools.partial(LSTM, forget_bias=forget_bias) if core == "lstm" else GRU
 
     def trunk():
         encoder = make_mlp_layers([flat, *encoder_sizes], rngs, options["activation"]) if encoder_sizes else []

@@ -161,3 +161,24 @@ def test_jit_split_merge_matches_eager(cls):
         state_e = out.next_state
         state_j, y = step(params, state_j, _x(t))
         np.testing.assert_allclose(y, out.output, rtol=1e-5, atol=1e-6)
+
+
+def test_lstm_forget_bias_sets_the_initial_forget_gate():
+    from flax import nnx
+
+    from nnx_ppo.networks.factories import make_recurrent_actor_critic
+    from nnx_ppo.networks.recurrent import LSTM
+
+    h = 5
+    cell = LSTM(3, h, nnx.Rngs(0), forget_bias=3.0)
+    bias = np.asarray(cell.bias[...])
+    np.testing.assert_array_equal(bias[h:2 * h], 3.0)
+    np.testing.assert_array_equal(np.delete(bias, np.s_[h:2 * h]), 0.0)
+    np.testing.assert_array_equal(np.asarray(LSTM(3, h, nnx.Rngs(0)).bias[...])[h:2 * h], 1.0)  # the default
+    with pytest.raises(ValueError, match="forget_bias must be a finite number"):
+        LSTM(3, h, nnx.Rngs(0), forget_bias=float("inf"))
+    with pytest.raises(ValueError, match="the GRU core has none"):
+        make_recurrent_actor_critic(3, 2, nnx.Rngs(0), core="gru", forget_bias=3.0)
+    net = make_recurrent_actor_critic(3, 2, nnx.Rngs(0), hidden_size=h, encoder_sizes=(4,), forget_bias=2.0)
+    biases = [np.asarray(m.bias[...])[h:2 * h] for _, m in nnx.iter_modules(net) if isinstance(m, LSTM)]
+    assert len(biases) == 2 and all((b == 2.0).all() for b in biases)  # actor's and critic's cores
