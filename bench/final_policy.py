@@ -1,7 +1,8 @@
 """The policy a user gets: final and best evaluated policies of a preset over seeds.
 
 Usage: python bench/final_policy.py ENV [NETWORK] [--seeds 0 1 ...] [--episodes 128] [--set KEY=JSON ...]
-                                    [--env-kwargs JSON] [--hidden-size H] [--network-kwargs JSON] [--target T] [--label NAME] [--out FILE]
+                                    [--env-kwargs JSON] [--hidden-size H] [--network-kwargs JSON] [--target T]
+                                    [--label NAME] [--out FILE]
 
 Trains ENV's preset (as ``nnx-ppo train ENV --seeds ...`` does: the preset's
 envs, network and config; all seeds in one program with ``train_seeds``)
@@ -86,7 +87,8 @@ def main() -> None:
             row = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
                    "label": args.label, "seed": seed,
                    "target": target, "episodes": args.episodes, "wall_s": round(wall, 1),
-                   "hidden_size": preset.hidden_size, "network_kwargs": args.network_kwargs, "overrides": args.overrides, "failed": result.failure is not None}
+                   "hidden_size": preset.hidden_size, "network_kwargs": args.network_kwargs,
+                   "overrides": args.overrides, "failed": result.failure is not None}
             for which in (None, "best"):
                 net = load_network(directory, spec.build(eval_env), seed=seed, step=which)
                 metrics = evaluate(eval_env, net, n_envs=args.episodes, max_episode_length=max_len, seed=1000 + seed)

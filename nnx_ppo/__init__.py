@@ -45,8 +45,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.algorithms.distillation import train_distillation
     from nnx_ppo.algorithms.evaluation import evaluate
-    from nnx_ppo.algorithms.ppo import train_ppo
     from nnx_ppo.algorithms.population import train_population
+    from nnx_ppo.algorithms.ppo import train_ppo
     from nnx_ppo.algorithms.seeds import train_seeds
     from nnx_ppo.envs import make
     from nnx_ppo.network_spec import NetworkSpec, load_network

@@ -131,6 +131,7 @@ def _preset_defaults(preset, command: type = TrainCommand) -> TrainCommand:
         network=preset.network,
         hidden_size=preset.hidden_size,
         env_kwargs=json.dumps(preset.env_kwargs) if preset.env_kwargs else None,
+        network_kwargs=json.dumps(preset.network_kwargs) if preset.network_kwargs else None,
         train_env_kwargs=json.dumps(preset.train_env_kwargs) if preset.train_env_kwargs else None,
         config=preset.config,
         reward_scale=preset.reward_scale,
@@ -213,8 +214,8 @@ def clean_help(text: str) -> str:
 
 
 TRAIN_FLAG_GROUPS = {
-    "env and network": ("--network", "--hidden-size", "--no-preset", "--env-kwargs", "--train-env-kwargs",
-                        "--reward-scale"),
+    "env and network": ("--network", "--hidden-size", "--network-kwargs", "--no-preset", "--env-kwargs",
+                        "--train-env-kwargs", "--reward-scale"),
     "run directory and logging": ("--run-dir", "--resume", "--print-config", "--quiet", "--video-every", "--wandb",
                                   "--wandb-project", "--checkpoint-every-steps", "--keep-checkpoints"),
     "seeds and devices": ("--seed", "--seeds", "--n-devices", "--shard-seeds", "--seed-batching",
@@ -310,6 +311,7 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
         "env": cmd.env,
         "network": cmd.network,
         "hidden_size": cmd.hidden_size,
+        "network_kwargs": parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs"),
         "env_kwargs": parse_env_kwargs(cmd.env_kwargs, cmd.env),
         "train_env_kwargs": parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs"),
         "reward_scale": cmd.reward_scale,

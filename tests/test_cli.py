@@ -193,6 +193,9 @@ def test_train_env_starts_from_its_preset_and_flags_override_it():
     assert json.loads(cmd.train_env_kwargs) == get_preset("playground:CartpoleBalance").train_env_kwargs
     assert cmd.env_kwargs is None
 
+    cmd, _ = cli._parse(["train", "cue_memory_long"])  # so do the network's own settings
+    assert json.loads(cmd.network_kwargs) == get_preset("cue_memory_long").network_kwargs == {"forget_bias": 3.0}
+
     cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1"])  # no preset: the defaults
     assert cmd.config == cli.TrainCommand().config
 

@@ -13,9 +13,9 @@ import pytest
 
 from nnx_ppo import cli
 from nnx_ppo import run_dir as rd
+from nnx_ppo.algorithms.config import TrainConfig
 from nnx_ppo.app.commands import CliError
 from nnx_ppo.app.sweep import grid_configs, parse_grid
-from nnx_ppo.algorithms.config import TrainConfig
 
 TINY = [
     "cue_memory", "--env-kwargs", '{"n_cues": 2, "delay": 2}', "--network", "lstm", "--hidden-size", "8",

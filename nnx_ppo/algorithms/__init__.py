@@ -35,8 +35,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from nnx_ppo.algorithms.driver import Failure, NonFiniteError, ReplayMismatchError
     from nnx_ppo.algorithms.evaluation import evaluate
     from nnx_ppo.algorithms.gae import compute_gae
+    from nnx_ppo.algorithms.population import train_population
     from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
     from nnx_ppo.algorithms.recording import Recording, module_paths, record_activations
-    from nnx_ppo.algorithms.population import train_population
     from nnx_ppo.algorithms.seeds import train_seeds
     from nnx_ppo.algorithms.state import TrainingState, TrainResult

@@ -169,7 +169,8 @@ def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
         return 0.5 * jnp.mean(error)
 
     value_loss = sum_leaves(jax.tree.map(value_error, new.value_estimates, traj.values, returns))
-    total = policy_loss + config.critic_loss_weight * value_loss + config.regularization_weight * replay.regularization_loss
+    regularization = config.regularization_weight * replay.regularization_loss
+    total = policy_loss + config.critic_loss_weight * value_loss + regularization
     metrics = {
         "replay/max_error": replay_error(new, traj),
         "loss/total": total,

@@ -102,9 +102,10 @@ def train_population(
     """
     members = population_members(configs, seeds)
     fields = () if pbt is None else pbt_fields(pbt, configs)
+    record = {"configs": len(configs), "seeds": [int(s) for s in seeds],
+              "pbt": None if pbt is None else dataclasses.asdict(pbt)}
     algorithm = dataclasses.replace(PPO, population_step=population_step(pbt, fields),
-                                    run_record={"population": {"configs": len(configs), "seeds": [int(s) for s in seeds],
-                                                               "pbt": None if pbt is None else dataclasses.asdict(pbt)}})
+                                    run_record={"population": record})
     return train(algorithm, env, members[0].config, make_network=make_network, seeds=[m.index for m in members],
                  members=[m.config for m in members], **options)
 

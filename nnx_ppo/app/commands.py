@@ -85,6 +85,12 @@ class TrainCommand:
         "recurrent core)."
     )
 
+    network_kwargs: Optional[str] = None
+    (
+        """JSON object of extra keyword arguments for the network factory (nnx_ppo.networks.factories), e.g. """
+        """'{"forget_bias": 3}' for an LSTM or '{"entropy_weight": 0.01}'; not with your own network function."""
+    )
+
     env_kwargs: Optional[str] = None
     (
         """JSON object of keyword arguments for nnx_ppo.envs.make, e.g. '{"episode_length": 500}'. Default: {} (the """
@@ -431,6 +437,15 @@ def load_run_network(ckpt_dir: Path, network: Any, seed: int | None = None, step
         raise CliError(what + str(e).splitlines()[0], code=1) from None
 
 
+def build_network(spec: NetworkSpec, env, cmd):
+    """``spec.build(env)``; a network that cannot be built (a bad size, an
+    unknown ``--network-kwargs`` key) is a usage error in one line."""
+    try:
+        return spec.build(env)
+    except (ValueError, TypeError) as e:
+        raise CliError(f"cannot build the network {cmd.network} for {cmd.env}: {e}") from None
+
+
 def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
     if cmd.hidden_size <= 0:
         raise CliError(f"--hidden-size must be positive, got {cmd.hidden_size}")
@@ -440,4 +455,8 @@ def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
             resolve_factory_reference(spec.kind)
     except ValueError as e:
         raise CliError(f"--network: {e}") from None
-    return spec
+    extra = parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs")
+    if extra and is_factory_reference(spec.kind):
+        raise CliError("--network-kwargs is for the built-in networks (mlp, lstm, gru); give your own network "
+                       "function its settings in its code")
+    return dataclasses.replace(spec, kwargs={**spec.kwargs, **extra}) if extra else spec

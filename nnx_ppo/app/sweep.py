@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import PROG, CliError, SweepCommand, make_env, network_spec_of, parse_env_kwargs, print_error
+from nnx_ppo.app.commands import (
+    PROG,
+    CliError,
+    SweepCommand,
+    build_network,
+    make_env,
+    network_spec_of,
+    parse_env_kwargs,
+    print_error,
+)
 from nnx_ppo.app.plot import interquartile_mean
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import StopFlag, pretty_path
@@ -321,6 +330,7 @@ def run_sweep(cmd: SweepCommand, argv: list[str]) -> int:
         spec = NetworkSpec.from_dict(saved["network"], where=f"{run_dir / rd.CONFIG_FILE}")
     else:
         spec = network_spec_of(cmd, env_kwargs, seeds[0])
+    build_network(spec, env, cmd)  # a network that cannot be built is named before anything else
     pbt = PBTConfig(every_iterations=cmd.pbt_every, seed=seeds[0]) if cmd.pbt_every else None
     preset = find_preset(cmd.env, cmd.network)
     threshold = cmd.threshold if cmd.threshold is not None else (preset.target if preset else None)

@@ -16,6 +16,7 @@ from nnx_ppo.app.commands import (
     PROG,
     CliError,
     TrainCommand,
+    build_network,
     has_checkpoint,
     make_env,
     network_spec_of,
@@ -25,7 +26,7 @@ from nnx_ppo.app.commands import (
     read_run,
 )
 from nnx_ppo.app.evaluate import check_video_target
-from nnx_ppo.network_spec import is_factory_reference
+from nnx_ppo.network_spec import is_factory_reference, network_kwargs
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import Progress, StopFlag, fmt_seconds, pretty_path
 
@@ -40,10 +41,14 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
                            "`train --resume` yet: distill again with a larger --total-steps")
         config = rd.train_config_from_dict(saved["config"])
         net = saved["network"]
+        hidden_size = int(net.get("hidden_size") or DEFAULT_HIDDEN_SIZE)
+        sized = network_kwargs(net["kind"], hidden_size)
+        extra = {k: v for k, v in (net.get("kwargs") or {}).items() if k not in sized}
         cmd = TrainCommand(
             env=saved["env"],
             network=net["kind"],
-            hidden_size=int(net.get("hidden_size") or DEFAULT_HIDDEN_SIZE),
+            hidden_size=hidden_size,
+            network_kwargs=json.dumps(extra) if extra else None,
             env_kwargs=json.dumps(saved.get("env_kwargs", {})),
             train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
             config=config,
@@ -371,10 +376,7 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     train_env, env = _envs(cmd, env_kwargs, train_env_kwargs)
     config = cmd.config
     spec = network_spec_of(cmd, env_kwargs, config.seed)
-    try:
-        network = spec.build(env)
-    except ValueError as e:
-        raise CliError(f"cannot build the network {cmd.network} for {cmd.env}: {e}") from None
+    network = build_network(spec, env, cmd)
     wandb = _import_wandb(cmd) if primary else None
     if cmd.video_every < 0:
         raise CliError(f"--video-every must be >= 0, got {cmd.video_every}")

@@ -20,13 +20,14 @@ __all__ = ["make", "as_env", "spec_of", "list_envs", "register", "register_sourc
            "EnvSource"]
 
 
-def _task(class_name: str) -> Callable[..., RLEnv]:
-    """A constructor of a task in :mod:`nnx_ppo.envs.tasks`, imported (with JAX) when first called."""
+def _task(class_name: str, **defaults: Any) -> Callable[..., RLEnv]:
+    """A constructor of a task in :mod:`nnx_ppo.envs.tasks` (with ``defaults``
+    for its keyword arguments), imported (with JAX) when first called."""
 
     def construct(**kwargs) -> RLEnv:
         from nnx_ppo.envs import tasks
 
-        return getattr(tasks, class_name)(**kwargs)
+        return getattr(tasks, class_name)(**{**defaults, **kwargs})
 
     construct.__name__ = construct.__qualname__ = class_name
     return construct
@@ -35,6 +36,8 @@ def _task(class_name: str) -> Callable[..., RLEnv]:
 # name -> (constructor, default episode length or None for self-terminating tasks)
 _BUILTINS: dict[str, tuple[Callable[..., RLEnv], int | None]] = {
     "cue_memory": (_task("CueMemory"), None),
+    # the cue 40 steps before the answer: longer than the default rollout (32 steps)
+    "cue_memory_long": (_task("CueMemory", n_cues=4, delay=40), None),
     "cartpole_no_velocity": (_task("CartpoleNoVelocity"), 200),
     "constant_reward": (_task("ConstantReward"), 1000),
 }

@@ -7,7 +7,6 @@ result can be inspected, indexed and modified like a hand-built network.
 from __future__ import annotations
 
 import functools
-
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, Unpack

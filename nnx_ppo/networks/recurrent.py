@@ -18,7 +18,6 @@ through every episode start that the replay re-runs.
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import jax

@@ -37,7 +37,8 @@ def _max_difference(a, b):
 
 
 def test_other_covers_every_per_member_field():
-    differing = {f.name for f in dataclasses.fields(PPOConfig) if getattr(BASE.ppo, f.name) != getattr(OTHER.ppo, f.name)}
+    differing = {f.name for f in dataclasses.fields(PPOConfig)
+                 if getattr(BASE.ppo, f.name) != getattr(OTHER.ppo, f.name)}
     assert differing == set(PER_MEMBER)
 
 
@@ -137,10 +138,12 @@ def _fake_population(scores):
     n = len(scores)
     index = jnp.arange(n, dtype=jnp.float32)
     return TrainingState(
-        params={"w": index[:, None] * jnp.ones((n, 3))}, rest={}, opt_state={"mu": index * 10}, rollout={"carry": -index},
-        key=jax.random.split(jax.random.key(0), n), iteration=jnp.full((n,), 4, jnp.int32), return_stats={},
-        member=MemberState(hyperparameters={"learning_rate": jnp.full((n,), 1e-3), "discounting_factor": jnp.full((n,), 0.99)},
-                           score=jnp.asarray(scores, jnp.float32), parent=jnp.arange(n, dtype=jnp.int32)))
+        params={"w": index[:, None] * jnp.ones((n, 3))}, rest={}, opt_state={"mu": index * 10},
+        rollout={"carry": -index}, key=jax.random.split(jax.random.key(0), n),
+        iteration=jnp.full((n,), 4, jnp.int32), return_stats={},
+        member=MemberState(
+            hyperparameters={"learning_rate": jnp.full((n,), 1e-3), "discounting_factor": jnp.full((n,), 0.99)},
+            score=jnp.asarray(scores, jnp.float32), parent=jnp.arange(n, dtype=jnp.int32)))
 
 
 def test_pbt_worst_members_take_over_the_best_and_perturb():
@@ -152,7 +155,8 @@ def test_pbt_worst_members_take_over_the_best_and_perturb():
     scores = [5.0, 1.0, 7.0, float("nan"), 3.0, 8.0, 2.0, 6.0]  # worst: 3 (no score yet), 1; best: 7, 5 ... 5 and 2
     state = _fake_population(scores)
     n = len(scores)
-    output = IterationOutput(health=None, metrics={"train/episode_return": jnp.asarray(scores), "train/completed_episodes": jnp.zeros((n,))})
+    output = IterationOutput(health=None, metrics={"train/episode_return": jnp.asarray(scores),
+                                                   "train/completed_episodes": jnp.zeros((n,))})
     step = population_step(PBTConfig(every_iterations=2, seed=3), ("learning_rate", "discounting_factor"))
     new, out = jax.jit(step)(state, output)
     parent = np.asarray(new.member.parent)
