@@ -197,3 +197,50 @@ def test_pbt_population_resumes_exactly(tmp_path):
     for a, b in zip(whole, resumed):
         jax.tree.map(np.testing.assert_array_equal, a.state.params, b.state.params)
         jax.tree.map(np.testing.assert_array_equal, a.state.member, b.state.member)
+
+
+SHARDED = '''
+import dataclasses, json, os
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+import jax, numpy as np
+from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+from nnx_ppo.algorithms.pbt import PBTConfig
+from nnx_ppo.algorithms.population import train_population
+from nnx_ppo.envs import make
+from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+env = make("cue_memory", n_cues=2, delay=3)
+make_network = lambda rngs: make_actor_critic_for_env(env, "lstm", rngs, hidden_size=8, encoder_sizes=(8,))
+runs = {}
+for name, layout in (("one", dict(n_devices=1)), ("two", dict(n_devices=2, shard_seeds=True, seed_batching="map"))):
+    base = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=6, n_minibatches=2, total_steps=8 * 6 * 8),
+                       eval=EvalConfig(every_steps=8 * 6 * 4, n_envs=8, max_episode_length=5), iterations_per_call=2,
+                       **layout)
+    configs = [dataclasses.replace(base, ppo=dataclasses.replace(base.ppo, learning_rate=lr))
+               for lr in (1e-4, 3e-4, 1e-3, 3e-3)]
+    runs[name] = train_population(env, make_network, configs, [0], pbt=PBTConfig(every_iterations=2))
+print(json.dumps({
+    "devices": len(jax.devices()),
+    "parents": {k: [int(r.state.member.parent) for r in v] for k, v in runs.items()},
+    "rates": {k: [float(r.state.member.hyperparameters["learning_rate"]) for r in v] for k, v in runs.items()},
+    "max_diff": max(float(np.max(np.abs(a - b))) for r1, r2 in zip(runs["one"], runs["two"])
+                    for a, b in zip(jax.tree.leaves(r1.state.params), jax.tree.leaves(r2.state.params))),
+}))
+'''
+
+
+def test_pbt_population_sharded_by_member_matches_one_device():
+    """Members split over 2 (forced CPU) devices, each running its own in
+    turn, with PBT crossing devices: the same lineage, hyperparameters and
+    parameters (to float rounding) as on one device."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 2
+    assert result["parents"]["one"] == result["parents"]["two"] != [0, 1, 2, 3]  # PBT acted, the same way
+    assert result["rates"]["one"] == pytest.approx(result["rates"]["two"])
+    assert result["max_diff"] < 1e-4
