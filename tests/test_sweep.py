@@ -8,14 +8,17 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from nnx_ppo import cli
 from nnx_ppo import run_dir as rd
 from nnx_ppo.algorithms.config import TrainConfig
 from nnx_ppo.app.commands import CliError
 from nnx_ppo.app.sweep import grid_configs, parse_grid
+from nnx_ppo.network_spec import load_network
 
 TINY = [
     "cue_memory", "--env-kwargs", '{"n_cues": 2, "delay": 2}', "--network", "lstm", "--hidden-size", "8",
@@ -95,7 +98,25 @@ def test_sweep_resumes_exactly(sweep_run: Path, tmp_path):
     before = json.loads((sweep_run / "sweep.json").read_text())["members"]
     after = json.loads((copy / "sweep.json").read_text())["members"]
     assert [m["final"] for m in after] == [m["final"] for m in before]
+    for member in range(4):  # every member's parameters, PBT's copies and perturbations included: exact
+        a, b = (nnx.state(load_network(run, member=member), nnx.Param) for run in (sweep_run, copy))
+        jax.tree.map(np.testing.assert_array_equal, a, b)
     assert cli.main(["sweep", "--resume", str(sweep_run / "nowhere"), "--quiet"]) == 2
+
+
+def test_a_population_resumes_only_with_its_members(sweep_run: Path):
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig
+    from nnx_ppo.algorithms.population import train_population
+    from nnx_ppo.envs import make
+    from nnx_ppo.network_spec import NetworkSpec
+
+    saved = rd.read_run_config(sweep_run)
+    spec = NetworkSpec.from_dict(saved["network"])
+    config = TrainConfig(ppo=PPOConfig(n_envs=8, n_minibatches=2, rollout_length=16, n_epochs=1, total_steps=2048,
+                                       learning_rate=3e-3), eval=EvalConfig(enabled=False))
+    with pytest.raises(ValueError, match="resume with its configs and seeds"):  # refused before anything compiles
+        train_population(make("cue_memory", n_cues=2, delay=2), spec, [config], [0, 1],
+                         resume_from=str(sweep_run / rd.CHECKPOINT_DIR))
 
 
 def test_sweep_refuses_a_train_run_and_a_missing_grid(tmp_path, capsys):
