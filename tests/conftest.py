@@ -59,7 +59,9 @@ _FIRST = (
     "test_cli.py",                # 140
     "test_replay_consistency.py", # 115
     "test_examples.py",           # 75 (measured at LLVM level 0; the older figures at the default)
+    "test_population.py",         # 60 (2026-12-03, with a benchmark running beside it)
     "test_python_run_dir.py",     # 50
+    "test_sweep.py",              # 40
     "test_distillation.py",       # 75
     "test_learning.py",           # 75
     "test_seeds.py",              # 60
