@@ -43,24 +43,23 @@ def test_other_covers_every_per_member_field():
 
 
 def test_each_member_matches_its_own_run():
-    """Members 1 (BASE, seed 5) and 2 (OTHER, seed 3) of a 2 configs x 2 seeds
-    population against their own train_ppo runs: parameters, evaluations, loss."""
+    """Member 1 (OTHER, seed 5) of a 2 configs x 1 seed population against
+    its own train_ppo run: parameters, evaluations, loss."""
     logged = []
-    results = train_population(ENV, make_network, [BASE, OTHER], [3, 5],
+    results = train_population(ENV, make_network, [BASE, OTHER], [5],
                                log_fn=lambda m, steps, member: logged.append(member))
-    assert set(logged) == {0, 1, 2, 3}
+    assert set(logged) == {0, 1}
     assert [(m.config_index, m.seed) for m in population_members([BASE, OTHER], [3, 5])] == [
         (0, 3), (0, 5), (1, 3), (1, 5)]
-    for index, config, seed in ((1, BASE, 5), (2, OTHER, 3)):
-        solo = train_ppo(ENV, make_network(nnx.Rngs(seed)), dataclasses.replace(config, seed=seed))
-        member = results[index]
-        assert _max_difference(member.state.params, solo.state.params) < 1e-5
-        assert [s for s, _ in member.eval_history] == [s for s, _ in solo.eval_history]
-        for (_, a), (_, b) in zip(member.eval_history, solo.eval_history):
-            assert a["eval/episode_return"] == pytest.approx(b["eval/episode_return"], abs=1e-4)
-        assert member.metrics["loss/total"] == pytest.approx(solo.metrics["loss/total"], rel=1e-3, abs=1e-5)
+    solo = train_ppo(ENV, make_network(nnx.Rngs(5)), dataclasses.replace(OTHER, seed=5))
+    member = results[1]
+    assert _max_difference(member.state.params, solo.state.params) < 1e-5
+    assert [s for s, _ in member.eval_history] == [s for s, _ in solo.eval_history]
+    for (_, a), (_, b) in zip(member.eval_history, solo.eval_history):
+        assert a["eval/episode_return"] == pytest.approx(b["eval/episode_return"], abs=1e-4)
+    assert member.metrics["loss/total"] == pytest.approx(solo.metrics["loss/total"], rel=1e-3, abs=1e-5)
     # the two configs really train differently from the same seed
-    assert _max_difference(results[0].state.params, results[2].state.params) > 1e-3
+    assert _max_difference(results[0].state.params, results[1].state.params) > 1e-3
 
 
 def test_configs_that_change_the_program_are_refused_by_name():
