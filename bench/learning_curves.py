@@ -31,6 +31,8 @@ gamma 0.99, lambda 0.95, entropy weight 0.01):
 - ``pendulum_mlp``: gymnax Pendulum-v1, MLP 64-64, 256 envs x 32 steps, 3M steps, rewards x 0.1.
 - ``pendulum_lstm``: the same with Dense(64) -> LSTM(64), 1M steps.
 - ``balance``: Playground CartpoleBalance, MLP (4x64 actor, 2x256 critic), 256 x 30, 1M steps.
+- ``cheetah_mlp`` / ``cheetah_lstm``: Playground CheetahRun, the same MLP or Dense(64) -> LSTM(64),
+  256 x 30, 10M steps (a first locomotion task; the Brax side is not scripted yet).
 - ``preset:ENV:NETWORK``: a tuned preset of :mod:`nnx_ppo.presets` (this
   library only), trained as ``nnx-ppo train ENV`` does; its threshold is the
   preset's target.
@@ -57,6 +59,11 @@ TASKS = {
                           reward_scale=0.1, eval_every=100_000, eval_envs=64, eval_len=200, threshold=-250.0),
     "balance": dict(env="playground:CartpoleBalance", arch="mlp", n_envs=256, rollout=30, total=1_000_000,
                     reward_scale=1.0, eval_every=100_000, eval_envs=32, eval_len=1000, threshold=900.0),
+    # Locomotion (issue 23 point 4): Playground CheetahRun, 256 envs x 30 steps, 10M steps.
+    "cheetah_mlp": dict(env="playground:CheetahRun", arch="mlp", n_envs=256, rollout=30, total=10_000_000,
+                        reward_scale=1.0, eval_every=1_000_000, eval_envs=32, eval_len=1000, threshold=300.0),
+    "cheetah_lstm": dict(env="playground:CheetahRun", arch="lstm", n_envs=256, rollout=30, total=10_000_000,
+                         reward_scale=1.0, eval_every=1_000_000, eval_envs=32, eval_len=1000, threshold=300.0),
 }
 LIBS = ("nnx_ppo", "original", "brax")
 
