@@ -32,7 +32,7 @@ gamma 0.99, lambda 0.95, entropy weight 0.01):
 - ``pendulum_lstm``: the same with Dense(64) -> LSTM(64), 1M steps.
 - ``balance``: Playground CartpoleBalance, MLP (4x64 actor, 2x256 critic), 256 x 30, 1M steps.
 - ``cheetah_mlp`` / ``cheetah_lstm``: Playground CheetahRun, the same MLP or Dense(64) -> LSTM(64),
-  256 x 30, 10M steps (a first locomotion task; the Brax side is not scripted yet).
+  256 x 30, 10M steps, discount 0.995 (Brax: ``peers/brax_playground_run.py``, MLP only).
 - ``preset:ENV:NETWORK``: a tuned preset of :mod:`nnx_ppo.presets` (this
   library only), trained as ``nnx-ppo train ENV`` does; its threshold is the
   preset's target.
@@ -61,9 +61,11 @@ TASKS = {
                     reward_scale=1.0, eval_every=100_000, eval_envs=32, eval_len=1000, threshold=900.0),
     # Locomotion (issue 23 point 4): Playground CheetahRun, 256 envs x 30 steps, 10M steps.
     "cheetah_mlp": dict(env="playground:CheetahRun", arch="mlp", n_envs=256, rollout=30, total=10_000_000,
-                        reward_scale=1.0, eval_every=1_000_000, eval_envs=32, eval_len=1000, threshold=300.0),
+                        discount=0.995, reward_scale=1.0, eval_every=1_000_000, eval_envs=32, eval_len=1000,
+                        threshold=300.0),
     "cheetah_lstm": dict(env="playground:CheetahRun", arch="lstm", n_envs=256, rollout=30, total=10_000_000,
-                         reward_scale=1.0, eval_every=1_000_000, eval_envs=32, eval_len=1000, threshold=300.0),
+                         discount=0.995, reward_scale=1.0, eval_every=1_000_000, eval_envs=32, eval_len=1000,
+                        threshold=300.0),
 }
 LIBS = ("nnx_ppo", "original", "brax")
 
@@ -134,7 +136,7 @@ def run_ours(task: dict, seed: int, sets: dict) -> dict:
     net = build_network(task["env"], task["arch"], eval_env, nnx.Rngs(seed))
     config = TrainConfig(
         ppo=PPOConfig(n_envs=task["n_envs"], rollout_length=task["rollout"], total_steps=task["total"],
-                      learning_rate=3e-4),
+                      learning_rate=3e-4, discounting_factor=task.get("discount", 0.99)),
         eval=EvalConfig(every_steps=task["eval_every"], n_envs=task["eval_envs"], max_episode_length=task["eval_len"]),
         seed=seed,
     )
@@ -177,7 +179,9 @@ def _command(lib: str, task_name: str, seed: int, sets: dict) -> list[str]:
     task = json.dumps(TASKS[task_name])
     if lib == "nnx_ppo":
         return [sys.executable, str(Path(__file__).resolve()), "_one", task, str(seed), json.dumps(sets)]
-    return [PEERS_PYTHON, str(HERE / "peers" / f"{lib}_run.py"), task, str(seed)]
+    script = f"{lib}_playground_run.py" if lib == "brax" and TASKS[task_name].get("env", "").startswith(
+        "playground:") else f"{lib}_run.py"
+    return [PEERS_PYTHON, str(HERE / "peers" / script), task, str(seed)]
 
 
 def _done(out: Path) -> set[tuple[str, str, int]]:
