@@ -122,3 +122,18 @@ def test_a_population_resumes_only_with_its_members(sweep_run: Path):
 def test_sweep_refuses_a_train_run_and_a_missing_grid(tmp_path, capsys):
     assert cli.main(["sweep", *TINY, "--run-dir", str(tmp_path / "r")]) == 2
     assert "give --grid" in capsys.readouterr().err
+
+
+def test_resume_keeps_the_network_kwargs(tmp_path):
+    """A run trained with --network-kwargs resumes with them (they are not among the sized kwargs)."""
+    from nnx_ppo.algorithms.config import config_to_dict
+    from nnx_ppo.app.train import resume_defaults
+
+    run = tmp_path / "run"
+    run.mkdir()
+    network = {"env": "cue_memory_long", "kind": "lstm", "seed": 0, "env_kwargs": {}, "hidden_size": 32,
+               "kwargs": {"hidden_size": 32, "encoder_sizes": [32], "forget_bias": 3.0}}
+    (run / rd.CONFIG_FILE).write_text(json.dumps({"env": "cue_memory_long", "env_kwargs": {}, "network": network,
+                                                  "config": config_to_dict(TrainConfig())}))
+    cmd, _ = resume_defaults(str(run))
+    assert json.loads(cmd.network_kwargs) == {"forget_bias": 3.0} and cmd.hidden_size == 32

@@ -32,7 +32,7 @@ from nnx_ppo.app.commands import (
     parse_env_kwargs,
     print_error,
 )
-from nnx_ppo.app.plot import interquartile_mean
+from nnx_ppo.app.plot import _fmt, interquartile_mean
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import StopFlag, pretty_path
 
@@ -164,12 +164,6 @@ def _mean(xs: list[float]) -> float:
 
 def _nan_low(x: float) -> float:
     return -math.inf if x is None or math.isnan(x) else x
-
-
-def _fmt(x: Any, spec: str = ".3f") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return format(x, spec)
 
 
 def format_table(summary: dict[str, Any]) -> str:
