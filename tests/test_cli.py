@@ -413,6 +413,11 @@ def test_train_several_seeds_in_one_run(tmp_path, capsys, monkeypatch):
         assert cli.main(["train", *TINY, "--network", bad, "--run-dir", str(tmp_path / "bad")]) == 2
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) == 1, err
+    assert cli.main(["train", *TINY, "--network", "own_net.py:make_net", "--network-kwargs", '{"decay": 0.5}',
+                     "--run-dir", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "--network-kwargs is for the built-in networks" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "bad").exists()
     monkeypatch.chdir(tmp_path)  # the run names the file by its absolute path
     # One checkpoint holds both seeds: eval reports each, --resume continues both.
     assert cli.main(["eval", str(run), "--episodes", "4"]) == 0

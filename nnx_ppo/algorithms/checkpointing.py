@@ -157,6 +157,17 @@ def best_policy_dir(directory: str | os.PathLike, seed: int | None = None) -> pa
     return root if seed is None else root / f"seed_{int(seed)}"
 
 
+def held_checkpoints(directory: str | os.PathLike) -> str | None:
+    """What a checkpoint directory already holds, in words ("checkpoints at
+    steps [512, 1024]", "a best policy"), or ``None`` when it holds nothing
+    a fresh run could prune."""
+    held = [step for step, _ in list_checkpoints(directory)]
+    if held:
+        return f"checkpoints at steps {held[:3]}{' ...' if len(held) > 3 else ''}"
+    best = best_policy_dir(directory)
+    return "a best policy" if best.is_dir() and any(best.rglob("step_*")) else None
+
+
 def _resolve(directory: str | os.PathLike) -> pathlib.Path:
     """:func:`latest_checkpoint` (as an absolute path) or a FileNotFoundError
     explaining why there is none."""

@@ -150,10 +150,8 @@ def _check_fresh_checkpoint_dir(checkpoint_dir: str) -> None:
     run's, or this run's own when the other's steps are higher."""
     from nnx_ppo.algorithms import checkpointing
 
-    held = [step for step, _ in checkpointing.list_checkpoints(checkpoint_dir)]
-    best = checkpointing.best_policy_dir(checkpoint_dir)
-    if held or (best.is_dir() and any(best.iterdir())):
-        what = f"checkpoints at steps {held[:3]}{' ...' if len(held) > 3 else ''}" if held else "a best policy"
+    what = checkpointing.held_checkpoints(checkpoint_dir)
+    if what is not None:
         raise CheckpointDirInUseError(
             f"checkpoint_dir {os.fspath(checkpoint_dir)!r} already holds {what} of another run; a fresh run "
             "would prune them. Continue that run with resume_from=checkpoint_dir, or give an empty directory")

@@ -23,6 +23,32 @@ def has_checkpoint(directory: Path) -> bool:
 
     return directory.is_dir() and latest_checkpoint(directory) is not None
 
+
+def fresh_run_dir(run_dir: Path, command: str) -> Path:
+    """``run_dir`` for a run that starts from scratch: refused (naming
+    ``PROG command --resume``) when it holds a run with checkpoints, or
+    another run's checkpoints; a run that saved no checkpoint is cleared."""
+    from nnx_ppo import run_dir as rd
+    from nnx_ppo.algorithms.checkpointing import held_checkpoints
+    from nnx_ppo.progress import pretty_path
+
+    held = held_checkpoints(run_dir / rd.CHECKPOINT_DIR)
+    if held is not None and (run_dir / rd.CONFIG_FILE).exists():
+        raise CliError(f"{run_dir} already holds a run; continue it with {PROG} {command} --resume {run_dir} or "
+                       "pick another --run-dir")
+    if held is not None:
+        raise CliError(f"{run_dir / rd.CHECKPOINT_DIR} already holds {held} (of another run, without its "
+                       "config.json); a new run would prune them. Pick another --run-dir, or move them away")
+    try:
+        rd.check_writable(run_dir)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if (run_dir / rd.CONFIG_FILE).exists():  # a start that failed, or a run stopped before its first checkpoint
+        print_warning(f"{pretty_path(run_dir)} holds a run that saved no checkpoint; starting it again from scratch")
+        rd.clear_run(run_dir)
+    return run_dir
+
+
 # ----------------------------------------------------------------------------- the default agent
 #
 # An LSTM actor-critic on the built-in memory task: a cue (one of 4) is shown

@@ -27,6 +27,7 @@ from nnx_ppo.app.commands import (
     CliError,
     SweepCommand,
     build_network,
+    fresh_run_dir,
     make_env,
     network_spec_of,
     parse_env_kwargs,
@@ -313,9 +314,7 @@ def run_sweep(cmd: SweepCommand, argv: list[str]) -> int:
                 base.ppo, reward_scale=base.ppo.reward_scale * cmd.reward_scale))
         configs, _ = grid_configs(base, grid)
         run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(f"{cmd.env}-sweep")
-        if (run_dir / rd.CHECKPOINT_DIR).is_dir() and any((run_dir / rd.CHECKPOINT_DIR).iterdir()):
-            raise CliError(f"{run_dir} already holds a run; continue it with {PROG} sweep --resume {run_dir} "
-                           "or pick another --run-dir")
+        fresh_run_dir(run_dir, "sweep")
     env = make_env(cmd.env, env_kwargs)
     train_env = make_env(cmd.env, {"random_initial_steps": True, **env_kwargs, **train_env_kwargs})
     if resuming:

@@ -17,6 +17,7 @@ from nnx_ppo.app.commands import (
     CliError,
     TrainCommand,
     build_network,
+    fresh_run_dir,
     has_checkpoint,
     make_env,
     network_spec_of,
@@ -74,24 +75,7 @@ def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: 
             raise CliError(str(e)) from None
     if cmd.resume is None:
         run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
-        checkpoints = run_dir / rd.CHECKPOINT_DIR
-        held = checkpoints.is_dir() and (has_checkpoint(checkpoints) or any((checkpoints / "best").rglob("step_*")))
-        if (run_dir / rd.CONFIG_FILE).exists() and held:
-            raise CliError(
-                f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --run-dir"
-            )
-        if held:
-            raise CliError(f"{run_dir / rd.CHECKPOINT_DIR} already holds checkpoints (of another run, without its "
-                           "config.json); a new run would prune them. Pick another --run-dir, or move them away")
-        try:
-            rd.check_writable(run_dir)
-        except ValueError as e:
-            raise CliError(str(e)) from None
-        if (run_dir / rd.CONFIG_FILE).exists():  # a start that failed, or a run stopped before its first checkpoint
-            print_warning(f"{pretty_path(run_dir)} holds a run that saved no checkpoint; starting it again from "
-                          "scratch")
-            rd.clear_run(run_dir)
-        return run_dir
+        return fresh_run_dir(run_dir, "train")
     assert saved is not None
     for what, now, before in (
         ("env", cmd.env, saved["env"]),

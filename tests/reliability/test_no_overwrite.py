@@ -26,7 +26,8 @@ def test_a_fresh_run_refuses_a_directory_holding_checkpoints(tmp_path, capsys):
     longer run: a named error, and D's checkpoints are untouched (before the
     fix the new run's own checkpoints were pruned in favour of the old run's
     higher steps). The CLI refuses a --run-dir whose checkpoints/ holds
-    checkpoints without a config.json, before writing anything."""
+    checkpoints without a config.json (train and sweep alike), before
+    writing anything."""
     longer = tmp_path / "longer"
     train_ppo(Target(), _net(), _config(128), checkpoint_dir=str(longer))
     before = [s for s, _ in checkpointing.list_checkpoints(longer)]
@@ -40,6 +41,10 @@ def test_a_fresh_run_refuses_a_directory_holding_checkpoints(tmp_path, capsys):
     longer.rename(run / "checkpoints")  # a run's checkpoints, left without their config.json
     assert cli.main(["train", "--ppo.n-envs", "8", "--ppo.total-steps", "128", "--run-dir", str(run), "--quiet"]) == 2
     err = capsys.readouterr().err
+    assert "already holds checkpoints" in err and len(err.strip().splitlines()) == 1, err
+    assert not (run / "config.json").exists()
+    assert cli.main(["sweep", "--grid", "ppo.learning-rate=1e-3,3e-4", "--run-dir", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err  # nnx-ppo sweep follows the same rule
     assert "already holds checkpoints" in err and len(err.strip().splitlines()) == 1, err
     assert not (run / "config.json").exists()
     assert [s for s, _ in checkpointing.list_checkpoints(run / "checkpoints")] == before
