@@ -2,7 +2,7 @@
 
 Usage:
     python bench/learning_curves.py run [--tasks T ...] [--libs L ...] [--seeds S ...]
-                                        [--out FILE] [--label NAME] [--set KEY=JSON ...]
+                                        [--out FILE] [--label NAME] [--set KEY=JSON ...] [--task KEY=JSON ...]
     python bench/learning_curves.py report [--out FILE] [--plots DIR]
 
 ``run`` trains every (library, task, seed) in its own process, one after
@@ -18,12 +18,14 @@ and it draws one PNG per task (mean curve and 95% band of every library).
 
 Libraries: ``nnx_ppo`` (this package, its defaults plus the task's
 hyperparameters), ``original`` (nnx-ppo 0.3.0 from PyPI) and ``brax``
-(Brax PPO, Pendulum tasks only), the peers run with
+(Brax PPO, the MLP tasks of Pendulum and CheetahRun), the peers run with
 ``/tmp/peers-venv/bin/python`` (``../shared/peers/setup.sh``). ``--set``
 overrides a field of our ``TrainConfig`` (``--set ppo.gradient_clipping=null``)
 or passes a keyword to ``make`` for our training env
 (``--set train_env.random_reset_steps=500``), and ``--label`` names such a
-variant in the results.
+variant in the results. ``--task`` changes the work itself, for every
+library (``--task total=2000000 eval_every=500000``: a shorter run); such
+rows record it under ``task_overrides`` (keep them in their own ``--out``).
 
 Tasks (the peers' benchmark work: 4 epochs x 4 minibatches, Adam 3e-4,
 gamma 0.99, lambda 0.95, entropy weight 0.01):
@@ -68,6 +70,7 @@ TASKS = {
                         threshold=300.0),
 }
 LIBS = ("nnx_ppo", "original", "brax")
+BRAX_TASKS = ("pendulum_mlp", "cheetah_mlp")  # Brax PPO has no recurrent policy
 
 
 def _preset_tasks() -> dict:
@@ -175,13 +178,12 @@ def run_preset(task: dict, seed: int, sets: dict) -> dict:
 # ----------------------------------------------------------------------------- driver
 
 
-def _command(lib: str, task_name: str, seed: int, sets: dict) -> list[str]:
-    task = json.dumps(TASKS[task_name])
+def _command(lib: str, task: dict, seed: int, sets: dict) -> list[str]:
     if lib == "nnx_ppo":
-        return [sys.executable, str(Path(__file__).resolve()), "_one", task, str(seed), json.dumps(sets)]
-    script = f"{lib}_playground_run.py" if lib == "brax" and TASKS[task_name].get("env", "").startswith(
+        return [sys.executable, str(Path(__file__).resolve()), "_one", json.dumps(task), str(seed), json.dumps(sets)]
+    script = f"{lib}_playground_run.py" if lib == "brax" and task.get("env", "").startswith(
         "playground:") else f"{lib}_run.py"
-    return [PEERS_PYTHON, str(HERE / "peers" / script), task, str(seed)]
+    return [PEERS_PYTHON, str(HERE / "peers" / script), json.dumps(task), str(seed)]
 
 
 def _done(out: Path) -> set[tuple[str, str, int]]:
@@ -195,10 +197,11 @@ def cmd_run(args) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sets = _parse_sets(args.set)
+    task_overrides = _parse_sets(args.task)
     done = _done(out)
     for task_name in args.tasks:
         for lib in args.libs:
-            if (lib == "brax" and not task_name.startswith("pendulum")) or (
+            if (lib == "brax" and task_name not in BRAX_TASKS) or (
                     lib != "nnx_ppo" and task_name.startswith("preset:")):
                 continue
             label = args.label if (lib == "nnx_ppo" and args.label) else lib
@@ -209,12 +212,14 @@ def cmd_run(args) -> None:
                 env = dict(os.environ)
                 if lib != "nnx_ppo":  # the peers' own nnx_ppo, never one put on PYTHONPATH for A/B runs
                     env.pop("PYTHONPATH", None)
-                proc = subprocess.run(_command(lib, task_name, seed, sets), capture_output=True, text=True, env=env)
+                task = {**TASKS[task_name], **task_overrides}
+                proc = subprocess.run(_command(lib, task, seed, sets), capture_output=True, text=True, env=env)
                 lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
                 if proc.returncode != 0 or not lines:
                     print(f"FAILED {label} {task_name} seed {seed}:\n{proc.stderr[-3000:]}", file=sys.stderr)
                     continue
                 row = {"label": label, "lib": lib, "task": task_name, "seed": seed, "sets": sets,
+                       **({"task_overrides": task_overrides} if task_overrides else {}),
                        **json.loads(lines[-1]), "process_s": round(time.perf_counter() - t0, 1)}
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -367,6 +372,7 @@ def main(argv: list[str]) -> None:
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     run.add_argument("--label", default=None)
     run.add_argument("--set", nargs="*", default=[])
+    run.add_argument("--task", nargs="*", default=[], help="KEY=JSON: changes a field of the task, for every library")
     report = sub.add_parser("report")
     for p in (run, report):
         p.add_argument("--out", default=str(HERE / "results" / "learning.jsonl"))
