@@ -12,16 +12,10 @@ import json
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-
-if not hasattr(jax, "device_put_replicated"):  # brax 0.14.2 calls it; newer jax removed it
-    jax.device_put_replicated = lambda x, devices: jax.tree.map(
-        lambda a: jnp.stack([jnp.asarray(a)] * len(devices)), x)
-
-from brax.training.agents.ppo import networks as ppo_networks  # noqa: E402
-from brax.training.agents.ppo import train as ppo_train  # noqa: E402
-from mujoco_playground import registry, wrapper  # noqa: E402
+import brax_compat  # noqa: F401  (jax.device_put_replicated, which brax calls)
+from brax.training.agents.ppo import networks as ppo_networks
+from brax.training.agents.ppo import train as ppo_train
+from mujoco_playground import registry, wrapper
 
 task, seed = json.loads(sys.argv[1]), int(sys.argv[2])
 if task["arch"] != "mlp" or not task["env"].startswith("playground:"):

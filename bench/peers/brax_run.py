@@ -12,17 +12,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2].parent / "shared" / "peers"))
 
-import jax  # noqa: E402
+import brax_compat  # noqa: E402,F401  (jax.device_put_replicated, which brax calls)
 import jax.numpy as jnp  # noqa: E402
 from brax.envs.base import Env, State  # noqa: E402
 from brax.training.agents.ppo import networks as ppo_networks  # noqa: E402
 from brax.training.agents.ppo import train as ppo_train  # noqa: E402
 from gymnax_env import GymnaxEnv  # noqa: E402
 from gymnax_env import State as GymnaxState  # noqa: E402
-
-if not hasattr(jax, "device_put_replicated"):  # brax 0.14.2 calls it; newer jax removed it
-    jax.device_put_replicated = lambda x, devices: jax.tree.map(
-        lambda a: jnp.stack([jnp.asarray(a)] * len(devices)), x)
 
 task, seed = json.loads(sys.argv[1]), int(sys.argv[2])
 if task["arch"] != "mlp" or not task["env"].startswith("gymnax:"):
