@@ -34,7 +34,9 @@ gamma 0.99, lambda 0.95, entropy weight 0.01):
 - ``pendulum_lstm``: the same with Dense(64) -> LSTM(64), 1M steps.
 - ``balance``: Playground CartpoleBalance, MLP (4x64 actor, 2x256 critic), 256 x 30, 1M steps.
 - ``cheetah_mlp`` / ``cheetah_lstm``: Playground CheetahRun, the same MLP or Dense(64) -> LSTM(64),
-  256 x 30, 10M steps, discount 0.995 (Brax: ``peers/brax_playground_run.py``, MLP only).
+  256 x 30, 10M steps, discount 0.995, resets from a pool of 1024 initial states (CheetahRun's reset
+  runs 200 physics steps; Brax's auto-reset reuses each env's first state) (Brax:
+  ``peers/brax_playground_run.py``, MLP only).
 - ``preset:ENV:NETWORK``: a tuned preset of :mod:`nnx_ppo.presets` (this
   library only), trained as ``nnx-ppo train ENV`` does; its threshold is the
   preset's target.
@@ -64,10 +66,10 @@ TASKS = {
     # Locomotion (issue 23 point 4): Playground CheetahRun, 256 envs x 30 steps, 10M steps.
     "cheetah_mlp": dict(env="playground:CheetahRun", arch="mlp", n_envs=256, rollout=30, total=10_000_000,
                         discount=0.995, reward_scale=1.0, eval_every=1_000_000, eval_envs=32, eval_len=1000,
-                        threshold=300.0),
+                        threshold=300.0, reset_pool=1024),
     "cheetah_lstm": dict(env="playground:CheetahRun", arch="lstm", n_envs=256, rollout=30, total=10_000_000,
                          discount=0.995, reward_scale=1.0, eval_every=1_000_000, eval_envs=32, eval_len=1000,
-                        threshold=300.0),
+                        threshold=300.0, reset_pool=1024),
 }
 LIBS = ("nnx_ppo", "original", "brax")
 BRAX_TASKS = ("pendulum_mlp", "cheetah_mlp")  # Brax PPO has no recurrent policy
@@ -132,7 +134,8 @@ def run_ours(task: dict, seed: int, sets: dict) -> dict:
     if task["env"].startswith("playground:"):
         # Playground training episodes start at a random step of the time limit at every reset,
         # as the original's episode wrapper does (eval episodes stay full length).
-        env_kwargs = {"random_initial_steps": True, "random_reset_steps": task["eval_len"] // 2, **env_kwargs}
+        env_kwargs = {"random_initial_steps": True, "random_reset_steps": task["eval_len"] // 2,
+                      **({"reset_pool": task["reset_pool"]} if "reset_pool" in task else {}), **env_kwargs}
     train_env = make(task["env"], **env_kwargs) if env_kwargs else eval_env
     if task["reward_scale"] != 1.0:
         train_env = RewardScale(train_env, task["reward_scale"])

@@ -16,7 +16,8 @@ _EXPORTS = {
     "nnx_ppo.envs.registry": ("make", "as_env", "spec_of", "list_envs", "register", "register_source"),
     "nnx_ppo.envs.types": ("EnvState", "RLEnv"),
     "nnx_ppo.envs.spaces": ("Box", "Discrete", "space_shape", "flat_size"),
-    "nnx_ppo.envs.wrappers": ("Wrapper", "TimeLimit", "RewardScale", "ObservationMask", "ActionRepeat"),
+    "nnx_ppo.envs.wrappers": ("Wrapper", "TimeLimit", "RewardScale", "ObservationMask", "ActionRepeat",
+                              "ResetPool"),
     "nnx_ppo.envs.tasks": ("CueMemory", "CartpoleNoVelocity", "ConstantReward"),
 }
 
@@ -28,4 +29,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from nnx_ppo.envs.spaces import Box, Discrete, flat_size, space_shape
     from nnx_ppo.envs.tasks import CartpoleNoVelocity, ConstantReward, CueMemory
     from nnx_ppo.envs.types import EnvState, RLEnv
-    from nnx_ppo.envs.wrappers import ActionRepeat, ObservationMask, RewardScale, TimeLimit, Wrapper
+    from nnx_ppo.envs.wrappers import ActionRepeat, ObservationMask, ResetPool, RewardScale, TimeLimit, Wrapper

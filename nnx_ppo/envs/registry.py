@@ -176,6 +176,10 @@ def make(spec: str, **kwargs) -> RLEnv:
       ``episode_length`` (default 1000), ``random_initial_steps`` and ``random_reset_steps``.
     * ``"PREFIX:NAME"`` of a source added with :func:`register_source`: kwargs
       go to its factory, except ``random_initial_steps`` and ``random_reset_steps``.
+
+    For every spec, ``reset_pool=N`` draws resets from a pool of N initial
+    states computed once (:class:`~nnx_ppo.envs.wrappers.ResetPool`, under
+    the time limit): for training envs whose reset is expensive.
     """
     if not isinstance(spec, str):
         raise TypeError(f"make expects a string spec, got {spec!r}")
@@ -207,6 +211,23 @@ def spec_of(env) -> tuple[str, dict[str, Any]] | None:
 
 
 def _make(spec: str, kwargs: dict[str, Any]) -> RLEnv:
+    pool_size = kwargs.pop("reset_pool", None)
+    env = _make_env(spec, kwargs)
+    return env if pool_size is None else _with_reset_pool(env, pool_size)
+
+
+def _with_reset_pool(env: RLEnv, size: int) -> RLEnv:
+    """``env`` whose resets come from a :class:`~nnx_ppo.envs.wrappers.ResetPool`
+    of ``size`` states, put under its time limit (so the limit's random
+    start steps are still drawn at every reset)."""
+    from nnx_ppo.envs.wrappers import ResetPool, TimeLimit
+
+    if isinstance(env, TimeLimit):
+        return TimeLimit(ResetPool(env.env, size), env.max_steps, env.random_initial_steps, env.random_reset_steps)
+    return ResetPool(env, size)
+
+
+def _make_env(spec: str, kwargs: dict[str, Any]) -> RLEnv:
     reset_options = {k: kwargs.pop(k) for k in ("random_initial_steps", "random_reset_steps") if k in kwargs}
     random_initial_steps = bool(reset_options.get("random_initial_steps", False))
     random_reset_steps = int(reset_options.get("random_reset_steps", 0))

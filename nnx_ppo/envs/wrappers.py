@@ -11,7 +11,7 @@ import numpy as np
 from nnx_ppo.envs.spaces import Box
 from nnx_ppo.envs.types import RLEnv, as_f32
 
-__all__ = ["Wrapper", "TimeLimit", "RewardScale", "ObservationMask", "ActionRepeat"]
+__all__ = ["Wrapper", "TimeLimit", "RewardScale", "ObservationMask", "ActionRepeat", "ResetPool"]
 
 
 
@@ -221,3 +221,41 @@ class ActionRepeat(Wrapper):
 
         last, total = jax.lax.fori_loop(0, self.repeat - 1, body, (first, first.reward))
         return last.replace(reward=total)
+
+
+class ResetPool(Wrapper):
+    """Resets drawn from a fixed pool of ``size`` initial states.
+
+    For envs whose ``reset`` is expensive: Playground's CheetahRun, for one,
+    runs 200 physics steps to settle the body at every reset. A trainer
+    resets the envs that ended on every step where any did, so with
+    de-synchronized episodes (``random_initial_steps``, ``random_reset_steps``,
+    early terminations) it pays for a batch of resets on most steps. This
+    wrapper runs the wrapped env's ``reset`` once, for ``size`` keys drawn
+    from ``seed``, when it is built (eagerly: a compilation and a batch of
+    resets); after that, ``reset(key)`` returns the pool's state at an index
+    drawn from ``key``: a copy, no physics.
+
+    What changes for training: episodes start from ``size`` initial states
+    instead of a fresh draw each time (Brax's auto-reset reuses one initial
+    state per env). A random key the wrapped env keeps in its state (to add
+    noise while stepping) is reused with its pool entry; a reset's own key
+    only picks the entry. Use it on training envs; an evaluation env should
+    reset freshly. ``make(spec, reset_pool=size)`` puts it under the env's
+    time limit.
+    """
+
+    def __init__(self, env: RLEnv, size: int, seed: int = 0):
+        super().__init__(env)
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or int(size) < 1:
+            raise ValueError(f"ResetPool size must be a positive int (initial states to keep), got {size!r}")
+        self.size, self.seed = int(size), int(seed)
+        keys = jax.random.split(jax.random.key(self.seed), self.size)
+        self.pool = jax.jit(jax.vmap(env.reset))(keys)
+
+    def reset(self, key):
+        index = jax.random.randint(key, (), 0, self.size)
+        return jax.tree_util.tree_map(lambda x: x[index], self.pool)
+
+    def __repr__(self):
+        return f"ResetPool({self.env!r}, size={self.size}, seed={self.seed})"

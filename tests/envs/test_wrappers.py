@@ -155,3 +155,79 @@ def test_wrappers_forward_render_and_unwrapped():
     assert env.action_space == CueMemory().action_space
     with pytest.raises(NotImplementedError, match="does not support rendering"):
         env.render([])
+
+
+class _CountedReset(RLEnv):
+    """ConstantReward-like env whose reset draws a random obs and counts its
+    runs on the host (jax.debug.callback), standing in for an expensive reset."""
+
+    calls = 0
+
+    @property
+    def observation_space(self):
+        return Box((2,))
+
+    @property
+    def action_space(self):
+        return Box((1,), -1, 1)
+
+    def reset(self, key):
+        jax.debug.callback(self._count)
+        return EnvState(obs=jax.random.normal(key, (2,)), reward=jnp.float32(0), done=jnp.float32(0),
+                        info={"truncated": jnp.float32(0)})
+
+    @classmethod
+    def _count(cls):
+        cls.calls += 1
+
+    def step(self, state, action):
+        return state.replace(reward=jnp.float32(1), done=jnp.float32(0))
+
+
+def test_reset_pool_draws_the_states_it_computed_once():
+    """ResetPool runs the wrapped reset once per pool entry when it is built;
+    every later reset is one of those states, picked by the key; make puts it
+    under the time limit, whose random start steps are drawn at every reset."""
+    from nnx_ppo.envs import ResetPool, make
+
+    inner = _CountedReset()
+    pool = ResetPool(inner, 8, seed=3)
+    built = _CountedReset.calls
+    assert built >= 1
+    expected = jax.vmap(inner.reset)(jax.random.split(jax.random.key(3), 8)).obs
+    np.testing.assert_array_equal(np.asarray(pool.pool.obs), np.asarray(expected))
+    _CountedReset.calls = built
+    keys = jax.random.split(jax.random.key(0), 256)
+    drawn = np.asarray(jax.jit(jax.vmap(pool.reset))(keys).obs)
+    assert _CountedReset.calls == built  # no reset of the wrapped env ran
+    rows = {tuple(r) for r in drawn}
+    assert rows == {tuple(r) for r in np.asarray(expected)}  # 256 draws reach all 8 entries, nothing else
+    np.testing.assert_array_equal(np.asarray(pool.reset(keys[5]).obs), drawn[5])
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="ResetPool size must be a positive int"):
+            ResetPool(inner, bad)
+
+    env = make("cartpole_no_velocity", reset_pool=4, random_reset_steps=50)
+    assert isinstance(env, TimeLimit) and isinstance(env.env, ResetPool) and env.env.size == 4
+    states = jax.vmap(env.reset)(keys)
+    assert len({tuple(r) for r in np.asarray(states.obs)}) <= 4
+    assert len(np.unique(np.asarray(states.info["steps"]))) > 25
+
+
+def test_trainer_runs_on_a_reset_pool():
+    """A training env with reset_pool trains (auto-resets inside the rollout
+    draw from the pool; the replay guard of every iteration passes)."""
+    from flax import nnx
+
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.envs import make
+    from nnx_ppo.networks.factories import make_mlp_actor_critic
+
+    env = make("cartpole_no_velocity", reset_pool=16, random_reset_steps=150)
+    net = make_mlp_actor_critic(env.observation_space.shape[0], env.action_space.shape[0], rngs=nnx.Rngs(0),
+                                actor_hidden_sizes=(8,), critic_hidden_sizes=(8,))
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=64, n_minibatches=2, total_steps=1024),
+                         eval=EvalConfig(enabled=False))
+    result = train_ppo(env, net, config)
+    assert result.total_steps == 1024 and result.failure is None
