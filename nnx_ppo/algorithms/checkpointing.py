@@ -165,7 +165,7 @@ def held_checkpoints(directory: str | os.PathLike) -> str | None:
     if held:
         return f"checkpoints at steps {held[:3]}{' ...' if len(held) > 3 else ''}"
     best = best_policy_dir(directory)
-    return "a best policy" if best.is_dir() and any(best.rglob("step_*")) else None
+    return "a best policy" if best.is_dir() and any(best.iterdir()) else None
 
 
 def _resolve(directory: str | os.PathLike) -> pathlib.Path:
