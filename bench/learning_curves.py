@@ -3,13 +3,15 @@
 Usage:
     python bench/learning_curves.py run [--tasks T ...] [--libs L ...] [--seeds S ...]
                                         [--out FILE] [--label NAME] [--set KEY=JSON ...] [--task KEY=JSON ...]
-    python bench/learning_curves.py report [--out FILE] [--plots DIR]
+    python bench/learning_curves.py report [--out FILE] [--plots DIR] [--threshold X]
+                                           [--together TASK ...]
 
 ``run`` trains every (library, task, seed) in its own process, one after
 another (so wall times are comparable), and appends one JSON line per run to
 ``--out`` (default ``bench/results/learning.jsonl``); runs already in the
 file (same label, task and seed) are skipped, so an interrupted benchmark
-continues where it stopped. ``report`` prints, per task and library, the
+continues where it stopped (the file is read before each run, so a run
+another runner has finished is skipped too). ``report`` prints, per task and library, the
 final deterministic evaluation return as median and interquartile mean (IQM)
 with a bootstrap 95% interval over seeds, the area under the learning curve,
 the wall-clock seconds (compile included) until the evaluation return first
@@ -36,7 +38,8 @@ gamma 0.99, lambda 0.95, entropy weight 0.01):
 - ``cheetah_mlp`` / ``cheetah_lstm``: Playground CheetahRun, the same MLP or Dense(64) -> LSTM(64),
   256 x 30, 10M steps, discount 0.995, resets from a pool of 1024 initial states (CheetahRun's reset
   runs 200 physics steps; Brax's auto-reset reuses each env's first state) (Brax:
-  ``peers/brax_playground_run.py``, MLP only).
+  ``peers/brax_playground_run.py``, MLP only). Ours runs the CheetahRun presets of
+  :mod:`nnx_ppo.presets`, which are this work (checked when it starts).
 - ``preset:ENV:NETWORK``: a tuned preset of :mod:`nnx_ppo.presets` (this
   library only), trained as ``nnx-ppo train ENV`` does; its threshold is the
   preset's target.
@@ -64,12 +67,13 @@ TASKS = {
     "balance": dict(env="playground:CartpoleBalance", arch="mlp", n_envs=256, rollout=30, total=1_000_000,
                     reward_scale=1.0, eval_every=100_000, eval_envs=32, eval_len=1000, threshold=900.0),
     # Locomotion (issue 23 point 4): Playground CheetahRun, 256 envs x 30 steps, 10M steps.
+    # Ours trains the CheetahRun presets of nnx_ppo.presets, which are this work.
     "cheetah_mlp": dict(env="playground:CheetahRun", arch="mlp", n_envs=256, rollout=30, total=10_000_000,
                         discount=0.995, reward_scale=1.0, eval_every=1_000_000, eval_envs=32, eval_len=1000,
-                        threshold=300.0, reset_pool=1024),
+                        threshold=300.0, reset_pool=1024, preset=["playground:CheetahRun", "mlp"]),
     "cheetah_lstm": dict(env="playground:CheetahRun", arch="lstm", n_envs=256, rollout=30, total=10_000_000,
                          discount=0.995, reward_scale=1.0, eval_every=1_000_000, eval_envs=32, eval_len=1000,
-                        threshold=300.0, reset_pool=1024),
+                         threshold=300.0, reset_pool=1024, preset=["playground:CheetahRun", "lstm"]),
 }
 LIBS = ("nnx_ppo", "original", "brax")
 BRAX_TASKS = ("pendulum_mlp", "cheetah_mlp")  # Brax PPO has no recurrent policy
@@ -149,9 +153,12 @@ def run_ours(task: dict, seed: int, sets: dict) -> dict:
     return _timed_training(train_env, net, _apply_sets(config, sets), eval_env)
 
 
-def _timed_training(train_env, network, config, eval_env) -> dict:
+def _timed_training(train_env, network, config, eval_env, final_episodes: int = 0, seed: int = 0) -> dict:
     """``train_ppo`` with every evaluation recorded as ``[env steps, return,
-    wall seconds since the start]`` (compilation included)."""
+    wall seconds since the start]`` (compilation included). With
+    ``final_episodes``, the final policy is then evaluated on that many fresh
+    deterministic episodes (``final_return``, ``final_min``; not in ``wall_s``)."""
+    from nnx_ppo.algorithms.evaluation import evaluate
     from nnx_ppo.algorithms.ppo import train_ppo
 
     evals = []
@@ -161,21 +168,42 @@ def _timed_training(train_env, network, config, eval_env) -> dict:
         if "eval/episode_return" in metrics:
             evals.append([steps, metrics["eval/episode_return"], time.perf_counter() - t0])
 
-    train_ppo(train_env, network, config, log_fn=log_fn, eval_env=eval_env)
-    return {"evals": evals, "wall_s": time.perf_counter() - t0}
+    result = train_ppo(train_env, network, config, log_fn=log_fn, eval_env=eval_env)
+    row = {"evals": evals, "wall_s": time.perf_counter() - t0}
+    if final_episodes:
+        metrics = evaluate(eval_env, result.network, n_envs=final_episodes,
+                           max_episode_length=config.eval.max_episode_length, seed=1000 + seed)
+        row.update(final_episodes=final_episodes, final_return=round(metrics["eval/episode_return"], 3),
+                   final_min=round(metrics["eval/episode_return_min"], 3))
+    return row
 
 
 def run_preset(task: dict, seed: int, sets: dict) -> dict:
-    """Train a tuned preset (as ``nnx-ppo train ENV`` does) with ``seed``."""
+    """Train a tuned preset (as ``nnx-ppo train ENV`` does) with ``seed``,
+    for the task's ``total`` steps with an evaluation every ``eval_every``
+    (where the task gives them). A task that also states the work (envs,
+    rollout, discount: a peer runs it too) must be the preset's work."""
     import dataclasses
 
     from nnx_ppo.presets import get_preset
 
     preset = get_preset(*task["preset"])
+    ppo, evaluation = preset.config.ppo, preset.config.eval
+    stated = {"n_envs": ppo.n_envs, "rollout": ppo.rollout_length, "discount": ppo.discounting_factor,
+              "eval_len": evaluation.max_episode_length, "eval_envs": evaluation.n_envs,
+              "reward_scale": preset.reward_scale, "reset_pool": preset.train_env_kwargs.get("reset_pool")}
+    differ = {k: (task[k], v) for k, v in stated.items() if k in task and task[k] != v}
+    if differ:
+        raise ValueError(f"task {task['preset']} is not its preset's work (task, preset): {differ}")
     train_env, eval_env = preset.make_envs()
     network = preset.build_network(eval_env, seed)
-    config = _apply_sets(dataclasses.replace(preset.config, seed=seed, checkpoint_every_steps=None), sets)
-    return _timed_training(train_env, network, config, eval_env)
+    config = dataclasses.replace(
+        preset.config, seed=seed, checkpoint_every_steps=None,
+        ppo=dataclasses.replace(ppo, total_steps=task.get("total", ppo.total_steps)),
+        eval=dataclasses.replace(evaluation, every_steps=task.get("eval_every", evaluation.every_steps)))
+    config = _apply_sets(config, sets)
+    # the policy a user gets, on as many episodes as bench/final_policy.py uses
+    return _timed_training(train_env, network, config, eval_env, final_episodes=128, seed=seed)
 
 
 # ----------------------------------------------------------------------------- driver
@@ -201,7 +229,6 @@ def cmd_run(args) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     sets = _parse_sets(args.set)
     task_overrides = _parse_sets(args.task)
-    done = _done(out)
     for task_name in args.tasks:
         for lib in args.libs:
             if (lib == "brax" and task_name not in BRAX_TASKS) or (
@@ -209,7 +236,7 @@ def cmd_run(args) -> None:
                 continue
             label = args.label if (lib == "nnx_ppo" and args.label) else lib
             for seed in args.seeds:
-                if (label, task_name, seed) in done:
+                if (label, task_name, seed) in _done(out):  # read each time: another runner may have added it
                     continue
                 t0 = time.perf_counter()
                 env = dict(os.environ)
@@ -306,16 +333,22 @@ def summarize(rows: list[dict], task: dict) -> dict:
         "seconds_to_threshold": sorted(walls),
         "stability": float(np.mean(stab)) if stab else None,
         "wall_s_median": float(np.median([r["wall_s"] for r in rows])),
+        # the final policy on many fresh episodes (preset runs record it; see _timed_training)
+        "final_many": [r["final_return"] for r in rows if "final_return" in r],
     }
 
 
 def cmd_report(args) -> None:
+    import numpy as np
+
     rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
     plots = Path(args.plots)
     plots.mkdir(parents=True, exist_ok=True)
     print("| task | library | seeds | final median | final IQM [95% CI] | worst | AUC median | reached | "
-          "s to threshold: median (each seed that reached it) | stable after | wall s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "s to threshold: median (each seed that reached it) | stable after | wall s | "
+          "final policy, 128 episodes: median (worst) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    together: dict[str, list[dict]] = {}
     for task_name, task in TASKS.items():
         by_label: dict[str, list[dict]] = {}
         for r in rows:
@@ -323,18 +356,27 @@ def cmd_report(args) -> None:
                 by_label.setdefault(r["label"], []).append(r)
         if not by_label:
             continue
+        if args.threshold is not None:
+            task = {**task, "threshold": args.threshold}
         for label, group in by_label.items():
             s = summarize(group, task)
             lo, hi = s["final_iqm_ci"]
             t = s["seconds_to_threshold_median"]
             times = ", ".join(f"{w:.0f}" for w in s["seconds_to_threshold"])
             st = s["stability"]
+            many = s["final_many"]
             print(f"| {task_name} | {label} | {s['seeds']} | {s['final_median']:.1f} | {s['final_iqm']:.1f} "
                   f"[{lo:.1f}, {hi:.1f}] | {s['final_min']:.1f} | {s['auc_median']:.1f} | {s['reached']} | "
                   f"{'-' if t is None else f'{t:.0f}'}{f' ({times})' if times else ''} | "
                   f"{'-' if st is None else f'{100 * st:.0f}%'} | "
-                  f"{s['wall_s_median']:.0f} |")
+                  f"{s['wall_s_median']:.0f} | "
+                  f"{f'{np.median(many):.1f} ({min(many):.1f})' if many else '-'} |")
+            if task_name in args.together:
+                together[f"{label}, {task_name}"] = group
         plot_task(task_name, task, by_label, plots / f"{task_name.replace(':', '_')}.png")
+    if together:
+        name = "_".join(t.replace(":", "_") for t in args.together)
+        plot_task(" + ".join(args.together), TASKS[args.together[0]], together, plots / f"{name}.png")
 
 
 def plot_task(task_name: str, task: dict, by_label: dict, path: Path) -> None:
@@ -380,6 +422,9 @@ def main(argv: list[str]) -> None:
     for p in (run, report):
         p.add_argument("--out", default=str(HERE / "results" / "learning.jsonl"))
     report.add_argument("--plots", default=str(HERE / "results"))
+    report.add_argument("--threshold", type=float, default=None, help="replaces every task's threshold")
+    report.add_argument("--together", nargs="*", default=[], choices=list(TASKS),
+                        help="also draw these tasks' curves in one PNG (same env; the first task's threshold)")
     args = parser.parse_args(argv)
     cmd_run(args) if args.command == "run" else cmd_report(args)
 

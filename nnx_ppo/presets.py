@@ -12,8 +12,9 @@ lists them. In Python::
     # train_ppo(env, network, preset.config, eval_env=eval_env)
 
 Each preset's ``target`` is the evaluation return it reached on every one of
-5 seeds within ``config.ppo.total_steps`` when it was tuned; the
-measurements are in ``docs/training.md``.
+5 seeds within ``config.ppo.total_steps`` when it was tuned (the CheetahRun
+presets: the return every final policy of the 3 seeds of the Brax
+comparison reached); the measurements are in ``docs/training.md``.
 """
 
 from __future__ import annotations
@@ -82,10 +83,10 @@ class Preset:
 
 def _config(total_steps: int, eval_every: int, eval_envs: int, eval_length: int, *,
             learning_rate: float = 1e-3, **ppo: Any) -> TrainConfig:
-    """A preset's training config: PPO for ``total_steps`` (every preset was
-    tuned with learning rate 1e-3), an evaluation of ``eval_envs`` episodes of
-    at most ``eval_length`` steps every ``eval_every`` steps, and a checkpoint
-    every quarter of the run."""
+    """A preset's training config: PPO for ``total_steps`` (learning rate
+    1e-3 unless the preset gives another), an evaluation of ``eval_envs``
+    episodes of at most ``eval_length`` steps every ``eval_every`` steps, and
+    a checkpoint every quarter of the run."""
     return TrainConfig(
         ppo=PPOConfig(total_steps=total_steps, learning_rate=learning_rate, **ppo),
         eval=EvalConfig(every_steps=eval_every, n_envs=eval_envs, max_episode_length=eval_length),
@@ -104,6 +105,31 @@ def _pendulum(network: str, total_steps: int, eval_every: int, description: str,
                        discounting_factor=0.95, **ppo),
         reward_scale=0.1,
         target=-250.0,
+        description=description,
+    )
+
+
+def _cheetah(network: str, description: str, **network_kwargs: Any) -> Preset:
+    """A Playground CheetahRun preset: the work of the CheetahRun comparison
+    with Brax PPO in bench/README.md (256 envs x 30 steps, 10M steps, Adam
+    3e-4, discount 0.995, entropy weight 1e-2), for an MLP or an LSTM.
+
+    Training episodes start at a random step of the 1000-step limit at every
+    reset (``random_reset_steps``), and resets come from a pool of 1024
+    initial states: CheetahRun's reset runs 200 physics steps, which would
+    otherwise dominate a rollout with de-synchronized episodes. The target,
+    500, is what the final policy of each of seeds 0-2 reached on 128 fresh
+    episodes (bench/README.md, "A body that runs").
+    """
+    return Preset(
+        env="playground:CheetahRun",
+        network=network,
+        hidden_size=64,
+        network_kwargs={"entropy_weight": 1e-2, **network_kwargs},
+        train_env_kwargs={"random_reset_steps": 500, "reset_pool": 1024},
+        config=_config(10_000_000, 1_000_000, 32, 1000, learning_rate=3e-4, n_envs=256, rollout_length=30,
+                       discounting_factor=0.995),
+        target=500.0,
         description=description,
     )
 
@@ -150,6 +176,9 @@ PRESETS: tuple[Preset, ...] = (
         target=900.0,
         description="MuJoCo Playground cart-pole, keep the pole upright for 1000 steps",
     ),
+    _cheetah("mlp", "MuJoCo Playground half-cheetah, run forward (4x64 actor, 2x256 critic)",
+             actor_hidden_sizes=[64] * 4, critic_hidden_sizes=[256] * 2),
+    _cheetah("lstm", "the same with a Dense(64) + LSTM(64) actor and critic"),
 )
 
 
