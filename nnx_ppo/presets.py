@@ -13,8 +13,8 @@ lists them. In Python::
 
 Each preset's ``target`` is the evaluation return it reached on every one of
 5 seeds within ``config.ppo.total_steps`` when it was tuned (the CheetahRun
-presets: the return every final policy of the 3 seeds of the Brax
-comparison reached); the measurements are in ``docs/training.md``.
+presets: the return every final policy of seeds 0-9 reached on 128
+episodes); the measurements are in ``docs/training.md``.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _cheetah(network: str, description: str, **network_kwargs: Any) -> Preset:
     reset (``random_reset_steps``), and resets come from a pool of 1024
     initial states: CheetahRun's reset runs 200 physics steps, which would
     otherwise dominate a rollout with de-synchronized episodes. The target,
-    500, is what the final policy of each of seeds 0-2 reached on 128 fresh
+    500, is what the final policy of each of seeds 0-9 reached on 128 fresh
     episodes (bench/README.md, "A body that runs").
     """
     return Preset(
