@@ -375,10 +375,10 @@ def cmd_report(args) -> None:
                   f"{f'{np.median(many):.1f} ({min(many):.1f})' if many else '-'} |")
             if task_name in args.together:
                 together[f"{label}, {task_name}"] = group
-        plot_task(task_name, task, by_label, plots / f"{task_name.replace(':', '_')}{args.suffix}.png")
+        plot_task(task_name, task, by_label, plots / f"{task_name.replace(':', '_')}.png")
     if together:
         name = "_".join(t.replace(":", "_") for t in args.together)
-        plot_task(" + ".join(args.together), TASKS[args.together[0]], together, plots / f"{name}{args.suffix}.png")
+        plot_task(" + ".join(args.together), TASKS[args.together[0]], together, plots / f"{name}.png")
 
 
 def plot_task(task_name: str, task: dict, by_label: dict, path: Path) -> None:
@@ -429,7 +429,6 @@ def main(argv: list[str]) -> None:
                         help="also draw these tasks' curves in one PNG (same env; the first task's threshold)")
     report.add_argument("--seeds", nargs="+", type=int, default=None,
                         help="only these seeds' rows (e.g. the seeds every library ran)")
-    report.add_argument("--suffix", default="", help="appended to each PNG's name (e.g. _10seeds)")
     args = parser.parse_args(argv)
     cmd_run(args) if args.command == "run" else cmd_report(args)
 
