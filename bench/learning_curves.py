@@ -191,7 +191,7 @@ def run_preset(task: dict, seed: int, sets: dict) -> dict:
     ppo, evaluation = preset.config.ppo, preset.config.eval
     stated = {"n_envs": ppo.n_envs, "rollout": ppo.rollout_length, "discount": ppo.discounting_factor,
               "eval_len": evaluation.max_episode_length, "eval_envs": evaluation.n_envs,
-              "reward_scale": preset.reward_scale, "reset_pool": preset.train_env_kwargs.get("reset_pool")}
+              "reward_scale": preset.config.ppo.reward_scale, "reset_pool": preset.train_env_kwargs.get("reset_pool")}
     differ = {k: (task[k], v) for k, v in stated.items() if k in task and task[k] != v}
     if differ:
         raise ValueError(f"task {task['preset']} is not its preset's work (task, preset): {differ}")

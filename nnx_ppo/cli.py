@@ -2,7 +2,7 @@
 
     nnx-ppo train                      # the default agent: an LSTM on cue_memory
     nnx-ppo train gymnax:CartPole-v1 --network mlp --ppo.total-steps 200000
-    nnx-ppo train --resume runs/cue_memory-20250101-120000
+    nnx-ppo resume runs/cue_memory-20250101-120000 --ppo.total-steps 200000
     nnx-ppo eval runs/cue_memory-20250101-120000 --episodes 100
     nnx-ppo eval runs/cue_memory-20250101-120000 --record-activations layers/1/components/action/layers/1 --out act.npz
     nnx-ppo distill runs/cue_memory-20250101-120000 --network gru
@@ -35,6 +35,7 @@ from typing import Annotated, Union
 
 import tyro
 
+from nnx_ppo.algorithms.config import checked, deferred_checks
 from nnx_ppo.app.commands import (
     DEFAULT_ENV,
     DEFAULT_ENV_KWARGS,
@@ -48,6 +49,7 @@ from nnx_ppo.app.commands import (
     EvalCommand,
     ExportCommand,
     PlotCommand,
+    ResumeCommand,
     SweepCommand,
     TrainCommand,
     parse_env_kwargs,
@@ -110,9 +112,11 @@ def _run_envs() -> int:
 
 
 def _find_resume(argv: list[str]) -> str | None:
-    """The value of ``--resume`` in a ``train`` command line, if any (a
-    sweep's ``--resume`` is read by the sweep itself)."""
-    if not argv or argv[0] != "train":
+    """The run a command line resumes: ``resume RUN ...``, or the value of
+    ``--resume`` in a ``train`` or ``sweep`` command line."""
+    if argv[:1] == ["resume"]:
+        return argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
+    if argv[:1] not in (["train"], ["sweep"]):
         return None
     for i, a in enumerate(argv[1:], start=1):
         if a == "--resume" and i + 1 < len(argv):
@@ -134,7 +138,6 @@ def _preset_defaults(preset, command: type = TrainCommand) -> TrainCommand:
         network_kwargs=json.dumps(preset.network_kwargs) if preset.network_kwargs else None,
         train_env_kwargs=json.dumps(preset.train_env_kwargs) if preset.train_env_kwargs else None,
         config=preset.config,
-        reward_scale=preset.reward_scale,
     )
 
 
@@ -143,6 +146,7 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand, sweep_default: Swe
         Annotated[TrainCommand, tyro.conf.subcommand("train", default=train_default, prefix_name=False)],
         Annotated[SweepCommand, tyro.conf.subcommand("sweep", default=sweep_default or SweepCommand(),
                                                      prefix_name=False)],
+        Annotated[ResumeCommand, tyro.conf.subcommand("resume", prefix_name=False)],
         Annotated[EvalCommand, tyro.conf.subcommand("eval", prefix_name=False)],
         Annotated[DistillCommand, tyro.conf.subcommand("distill", prefix_name=False)],
         Annotated[ExportCommand, tyro.conf.subcommand("export", prefix_name=False)],
@@ -153,9 +157,12 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand, sweep_default: Swe
                    f"`{PROG} envs` lists them.")
     out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # cleaned below
-            return tyro.cli(commands, args=argv, prog=PROG, description=description)
-    except ValueError as e:  # a config's __post_init__ rejected a value
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), deferred_checks():  # cleaned below
+            cmd = tyro.cli(commands, args=argv, prog=PROG, description=description)
+        if isinstance(cmd, TrainCommand):
+            cmd = dataclasses.replace(cmd, config=checked(cmd.config))
+        return cmd
+    except ValueError as e:  # a config's check rejected a value: its own one-line text
         raise CliError(str(e)) from None
     finally:
         shown = clean_help(out.getvalue())
@@ -167,7 +174,7 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand, sweep_default: Swe
         sys.stderr.write(clean_help(err.getvalue()) + _did_you_mean(err.getvalue(), argv, train_default))
 
 
-_SUBCOMMANDS = ("train", "sweep", "eval", "distill", "export", "plot", "envs")
+_SUBCOMMANDS = ("train", "sweep", "resume", "eval", "distill", "export", "plot", "envs")
 
 
 def _did_you_mean(error: str, argv: list[str], train_default) -> str:
@@ -215,7 +222,7 @@ def clean_help(text: str) -> str:
 
 TRAIN_FLAG_GROUPS = {
     "env and network": ("--network", "--hidden-size", "--network-kwargs", "--no-preset", "--env-kwargs",
-                        "--train-env-kwargs", "--reward-scale"),
+                        "--train-env-kwargs"),
     "run directory and logging": ("--run-dir", "--resume", "--print-config", "--quiet", "--video-every", "--wandb",
                                   "--wandb-project", "--checkpoint-every-steps", "--keep-checkpoints"),
     "seeds and devices": ("--seed", "--seeds", "--n-devices", "--shard-seeds", "--seed-batching",
@@ -271,16 +278,23 @@ def _preset_of_help(argv: list[str]):
 
 
 def _parse(argv: list[str]):
-    """Parse the command line. ``train --resume`` takes its defaults from the
-    run; ``train ENV`` from ENV's preset (of ``--network``, when given)."""
+    """Parse the command line. ``resume RUN`` (spelled ``train --resume
+    RUN`` or ``sweep --resume RUN`` too) continues the run as its kind (a
+    sweep's members or one run), with the run's settings as the defaults;
+    ``train ENV`` starts from ENV's preset (of ``--network``, when given)."""
     saved = None
     resume = _find_resume(argv)
     helping = any(a in ("-h", "--help") for a in argv)
     if resume is not None and not helping:
         from nnx_ppo.app.train import resume_defaults
 
-        train_default, saved = resume_defaults(resume)
-        return _tyro_parse(argv, train_default), saved
+        default, saved = resume_defaults(resume)
+        rest = ["--resume", *argv[1:]] if argv[0] == "resume" else argv[1:]
+        if isinstance(default, SweepCommand):
+            return _tyro_parse(["sweep", *rest], TrainCommand(), default), saved
+        return _tyro_parse(["train", *rest], default), saved
+    if argv[:1] == ["resume"] and not helping:
+        raise CliError(f"resume: give the run directory to continue: {PROG} resume RUN_DIR [--ppo.total-steps N]")
     if helping and argv and argv[0] in ("train", "sweep") and "--no-preset" not in argv:
         preset = _preset_of_help(argv)
         if preset is not None:  # the help shows the defaults this env starts from
@@ -314,7 +328,6 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
         "network_kwargs": parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs"),
         "env_kwargs": parse_env_kwargs(cmd.env_kwargs, cmd.env),
         "train_env_kwargs": parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs"),
-        "reward_scale": cmd.reward_scale,
         "seeds": list(cmd.seeds) or [cmd.config.seed],
         "preset": None if preset is None else f"{preset.env} ({preset.network})",
         "resume": cmd.resume,
@@ -398,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(cmd, SweepCommand):
             from nnx_ppo.app.sweep import run_sweep
 
-            return run_sweep(cmd, argv)
+            return run_sweep(cmd, argv, saved)
         if isinstance(cmd, TrainCommand):
             from nnx_ppo.app.train import run_train
 

@@ -16,7 +16,7 @@ import pathlib
 from typing import Any
 
 __all__ = ["NetworkSpec", "network_kwargs", "load_network", "FACTORY_KINDS", "is_factory_reference",
-           "resolve_factory_reference"]
+           "resolve_factory_reference", "check_network_function_result", "NetworkFunctionError"]
 
 FACTORY_KINDS = ("mlp", "lstm", "gru")
 """The networks :func:`~nnx_ppo.networks.factories.make_actor_critic_for_env` builds."""
@@ -92,6 +92,74 @@ def resolve_factory_reference(ref: str):
     return function
 
 
+class NetworkFunctionError(TypeError):
+    """A network function (``MODULE:FUNCTION`` or ``FILE.py:FUNCTION``)
+    returned something that is not an nnx_ppo network; the message, one
+    line, names the function and what it returned."""
+
+
+_NETWORK_CONTRACT = ("a network function must return an nnx_ppo network (a StatefulModule ending in a PPOAdapter, "
+                     "see docs/own_network.md)")
+_MODULE_METHODS = ("initialize_state", "reset_state", "__call__")
+
+
+def _kind_of(value: Any) -> str:
+    """``value``'s type with an article, for a message: "a dict", "an Array"."""
+    name = type(value).__qualname__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _output_kind(output: Any) -> str:
+    """What a network's step output is, for a message: "a float32[1, 2] array", "a dict"."""
+    shape, dtype = getattr(output, "shape", None), getattr(output, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"a {dtype}[{', '.join(str(d) for d in shape)}] array"
+    return _kind_of(output)
+
+
+def _one_step_output(network: Any, env: Any) -> Any:
+    """What one step of ``network`` outputs on a batch of one of ``env``'s
+    observations, as shapes only (nothing is computed; the network is left
+    as it is)."""
+    import jax
+
+    from nnx_ppo.algorithms.functional import NetworkFn
+
+    obs = jax.eval_shape(lambda key: jax.vmap(env.reset)(jax.random.split(key, 1)).obs, jax.random.key(0))
+
+    def forward(view, obs):
+        carry, view = view.initialize(1)
+        out, _ = view.apply(carry, obs)
+        return out
+
+    out = jax.eval_shape(forward, NetworkFn.of(network), obs)
+    return getattr(out, "output", out)
+
+
+def check_network_function_result(network: Any, env: Any, ref: str) -> Any:
+    """``network``, what the network function ``ref`` returned for ``env``,
+    once it is known to be an nnx_ppo network: an ``nnx.Module`` with the
+    module contract (``initialize_state``, ``reset_state``, ``__call__``)
+    whose step outputs a :class:`~nnx_ppo.networks.types.PPONetworkOutput`
+    (checked on shapes only). Otherwise a :class:`NetworkFunctionError`
+    names ``ref`` and what it returned."""
+    from flax import nnx
+
+    from nnx_ppo.networks.types import PPONetworkOutput
+
+    if not isinstance(network, nnx.Module):
+        raise NetworkFunctionError(f"{ref} returned {_kind_of(network)}; {_NETWORK_CONTRACT}")
+    missing = [m for m in _MODULE_METHODS if not callable(getattr(network, m, None))]
+    if missing:
+        raise NetworkFunctionError(f"{ref} returned {_kind_of(network)}, which has no {' or '.join(missing)}; "
+                                   f"{_NETWORK_CONTRACT}")
+    output = _one_step_output(network, env)
+    if not isinstance(output, PPONetworkOutput):
+        raise NetworkFunctionError(f"{ref} returned {_kind_of(network)} whose output is {_output_kind(output)}, not a "
+                                   f"PPONetworkOutput; {_NETWORK_CONTRACT}")
+    return network
+
+
 @dataclasses.dataclass(frozen=True)
 class NetworkSpec:
     """A factory actor-critic for an env, rebuildable from JSON.
@@ -136,7 +204,9 @@ class NetworkSpec:
 
     def build(self, env=None, rngs=None):
         """The network, freshly initialized from ``seed`` (or from ``rngs``),
-        for ``env`` (or :meth:`make_env` when not given)."""
+        for ``env`` (or :meth:`make_env` when not given). A network function
+        of the user's that returns no nnx_ppo network is a
+        :class:`NetworkFunctionError` (see :func:`check_network_function_result`)."""
         from flax import nnx
 
         from nnx_ppo.networks.factories import make_actor_critic_for_env
@@ -144,7 +214,8 @@ class NetworkSpec:
         env = self.make_env() if env is None else env
         rngs = nnx.Rngs(int(self.seed)) if rngs is None else rngs
         if is_factory_reference(self.kind):
-            return resolve_factory_reference(self.kind)(env, rngs, **self.kwargs)
+            network = resolve_factory_reference(self.kind)(env, rngs, **self.kwargs)
+            return check_network_function_result(network, env, self.kind)
         return make_actor_critic_for_env(env, self.kind, rngs, **self.kwargs)
 
     def to_dict(self) -> dict[str, Any]:

@@ -42,8 +42,6 @@ class Preset:
       env_kwargs: keyword arguments for ``make`` (training and evaluation).
       train_env_kwargs: keyword arguments for the training env only (e.g.
         ``random_reset_steps``; ``random_initial_steps`` is always on).
-      reward_scale: training rewards are multiplied by this (evaluation
-        reports unscaled returns).
       target: evaluation return every tuning seed reached.
       description: one line for listings.
     """
@@ -55,21 +53,16 @@ class Preset:
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     network_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     train_env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    reward_scale: float = 1.0
     target: float = 0.0
     description: str = ""
 
     def make_envs(self):
-        """``(train_env, eval_env)``: the training env has de-synchronized
-        episodes and scaled rewards; the evaluation env is plain."""
-        from nnx_ppo.envs import make
-        from nnx_ppo.envs.wrappers import RewardScale
+        """``(train_env, eval_env)`` (see :func:`nnx_ppo.run_dir.make_run_envs`):
+        the training env has de-synchronized episodes; the evaluation env is
+        plain. A reward scale is the config's ``ppo.reward_scale``."""
+        from nnx_ppo.run_dir import make_run_envs
 
-        eval_env = make(self.env, **self.env_kwargs)
-        train_env = make(self.env, **{"random_initial_steps": True, **self.env_kwargs, **self.train_env_kwargs})
-        if self.reward_scale != 1.0:
-            train_env = RewardScale(train_env, self.reward_scale)
-        return train_env, eval_env
+        return make_run_envs(self.env, self.env_kwargs, self.train_env_kwargs)
 
     def network_spec(self, seed: int = 0) -> NetworkSpec:
         """The preset's actor-critic as a :class:`~nnx_ppo.network_spec.NetworkSpec`."""
@@ -96,14 +89,13 @@ def _config(total_steps: int, eval_every: int, eval_envs: int, eval_length: int,
 
 def _pendulum(network: str, total_steps: int, eval_every: int, description: str, **ppo: Any) -> Preset:
     """A gymnax Pendulum preset: both networks share the env, the width, the
-    reward scale, the target and most PPO settings."""
+    reward scale (0.1, ``ppo.reward_scale``), the target and most PPO settings."""
     return Preset(
         env="gymnax:Pendulum-v1",
         network=network,
         hidden_size=64,
         config=_config(total_steps, eval_every, 64, 200, n_envs=256, rollout_length=32,
-                       discounting_factor=0.95, **ppo),
-        reward_scale=0.1,
+                       discounting_factor=0.95, reward_scale=0.1, **ppo),
         target=-250.0,
         description=description,
     )

@@ -46,6 +46,13 @@ __all__ = [
     "clear_run",
     "RunLogger",
     "RunOutputWarning",
+    "FAILURE_KEY",
+    "failure_rows",
+    "RunLock",
+    "RunDirInUseError",
+    "append_resumed",
+    "training_env_kwargs",
+    "make_run_envs",
 ]
 
 CONFIG_FILE = "config.json"
@@ -53,6 +60,10 @@ METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "learning_curve.png"
 TB_DIR = "tb"
 CHECKPOINT_DIR = "checkpoints"
+LOCK_FILE = ".lock"
+SCHEMA_VERSION = 2
+"""config.json's ``schema`` (1: before it was recorded; 2: written once, a
+resume appends ``{"at", "command", "changes"}`` to ``resumed``)."""
 
 
 def default_run_dir(env_spec: str, root: str | os.PathLike = "runs") -> Path:
@@ -85,34 +96,172 @@ def train_config_from_dict(data: dict[str, Any], *, learning_rate: Any = None) -
 
 
 def run_content(*, env: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any], network: dict[str, Any],
-                config: TrainConfig, reward_scale: float = 1.0, seeds=(), command: list[str],
-                saved: dict[str, Any] | None = None, env_rebuildable: bool = True) -> dict[str, Any]:
+                config: TrainConfig, seeds=(), command: list[str], env_rebuildable: bool = True) -> dict[str, Any]:
     """What ``config.json`` records, for the CLI and for ``run_dir=`` from
     Python alike: the env spec and kwargs (``train_env_kwargs``: what only
     the training env adds), how to rebuild the network, the whole config,
-    the seeds of a batch, the command, and when the run was created and
-    resumed (a resumed run keeps ``saved``'s history)."""
-    now = _dt.datetime.now().isoformat(timespec="seconds")
+    the seeds of a batch, the command, and when the run was created. It is
+    written once, when the run starts; a resume appends to ``resumed``
+    (:func:`append_resumed`)."""
     content: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
         "env": env,
         "env_kwargs": env_kwargs,
         "train_env_kwargs": train_env_kwargs,
         "network": network,
         "config": train_config_to_dict(config),
-        "reward_scale": reward_scale,
-        "created": saved.get("created", now) if saved else now,
+        "created": _dt.datetime.now().isoformat(timespec="seconds"),
         "command": list(command),
+        "resumed": [],
     }
     if not env_rebuildable:
         content["env_rebuildable"] = False
     if seeds:
         content["seeds"] = [int(s) for s in seeds]
-    if saved:
-        content["resumed"] = [*saved.get("resumed", []), now]
-        for key in ("preset", "wandb_id"):
-            if key in saved:
-                content[key] = saved[key]
     return content
+
+
+def training_env_kwargs(env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of a run's training env, for
+    :func:`nnx_ppo.envs.make`: the env's own (``env_kwargs``, which the
+    evaluation env gets alone), what only training adds (``train_env_kwargs``),
+    and time-limit counters that start at random steps
+    (``random_initial_steps``), so that the vmapped episodes de-synchronize,
+    unless ``train_env_kwargs`` says otherwise. This is the one place the
+    rule is written."""
+    return {"random_initial_steps": True, **env_kwargs, **train_env_kwargs}
+
+
+def make_run_envs(env: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any]):
+    """``(train_env, eval_env)`` of a run: ``make(env, **training_env_kwargs(...))``
+    and ``make(env, **env_kwargs)``."""
+    from nnx_ppo.envs import make
+
+    return make(env, **training_env_kwargs(env_kwargs, train_env_kwargs)), make(env, **env_kwargs)
+
+
+def append_resumed(run_dir: str | os.PathLike, changes: dict[str, list], command: list[str]) -> dict[str, Any]:
+    """Record a resume in the run's ``config.json``: ``{"at", "command",
+    "changes"}`` appended to its ``resumed`` list (``changes``: ``{"ppo.total_steps":
+    [before, after]}``, see :func:`~nnx_ppo.algorithms.config.resume_changes`);
+    nothing else in the file changes. Returns the file's new content."""
+    content = _read_json(Path(run_dir) / CONFIG_FILE)
+    entry = {"at": _dt.datetime.now().isoformat(timespec="seconds"), "command": list(command), "changes": changes}
+    content["resumed"] = [*content.get("resumed", []), entry]
+    write_run_config(Path(run_dir), content)
+    return content
+
+
+def _with_resume_changes(content: dict[str, Any]) -> dict[str, Any]:
+    """``content`` with the config changes its resumes recorded applied to
+    ``config`` (what the run trains with now). A run written before the
+    schema was recorded may hold a top-level ``reward_scale`` (the command
+    line then scaled the training env's rewards): it becomes the config's
+    ``ppo.reward_scale``, the one reward scale there is now."""
+    changes = [e.get("changes", {}) for e in content.get("resumed", []) if isinstance(e, dict)]
+    legacy_scale = content.get("reward_scale", 1.0)
+    if not any(changes) and legacy_scale == 1.0 or not isinstance(content.get("config"), dict):
+        return content
+    config = json.loads(json.dumps(content["config"]))
+    if legacy_scale != 1.0 and isinstance(config.get("ppo"), dict):
+        config["ppo"]["reward_scale"] = config["ppo"].get("reward_scale", 1.0) * legacy_scale
+    for change in changes:
+        for name, (_, after) in change.items():
+            *parents, leaf = name.split(".")
+            node = config
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = after
+    return {**content, "config": config}
+
+
+class RunDirInUseError(ValueError):
+    """Another process is training into the run directory (its pid is in the message)."""
+
+
+_held_locks: dict[str, list] = {}  # resolved run directory -> [file descriptor, depth, whether it created it]
+
+
+class RunLock:
+    """The exclusive right of one process to write a run directory: an
+    ``fcntl.flock`` on ``RUN_DIR/.lock``, which holds the holder's pid and is
+    removed when the lock is released. A second run into a locked directory
+    raises :class:`RunDirInUseError` naming that pid. The kernel drops the
+    lock of a process that dies; the file with its pid stays, and the next
+    run takes the lock over with a warning. Re-entrant within a process (the CLI and the trainer it calls
+    both take it). Use as a context manager, or ``acquire``/``release``."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+
+    def acquire(self) -> "RunLock":
+        key = str(self.run_dir.resolve())
+        if key in _held_locks:
+            _held_locks[key][1] += 1
+            return self
+        created = not self.run_dir.exists()
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = self._lock_file()
+        except OSError as e:
+            raise ValueError(f"cannot write the run directory {os.fspath(self.run_dir)}: "
+                             f"{e.strerror or e}") from None
+        previous = os.read(fd, 64).decode(errors="replace").strip()
+        if previous and previous != str(os.getpid()):
+            import warnings
+
+            warnings.warn(f"{os.fspath(self.run_dir)} was locked by pid {previous}, which ended without releasing "
+                          "it (killed?); taking it over", RunOutputWarning, stacklevel=2)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _held_locks[key] = [fd, 1, created]
+        return self
+
+    def _lock_file(self) -> int:
+        """The locked lock file's descriptor. A clean release removes the
+        file, so a lock taken on a file that was removed meanwhile is taken
+        again on the new one."""
+        import fcntl
+
+        path = self.run_dir / LOCK_FILE
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise RunDirInUseError(f"{os.fspath(self.run_dir)} is in use by another run (pid {holder}); wait "
+                                       "for it to end, or pick another run directory") from None
+            try:
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    def release(self) -> None:
+        import fcntl
+
+        key = str(self.run_dir.resolve())
+        held = _held_locks.get(key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del _held_locks[key]
+            fd, _, created = held
+            (self.run_dir / LOCK_FILE).unlink(missing_ok=True)  # released cleanly: no lock file
+            if created and not any(self.run_dir.iterdir()):
+                self.run_dir.rmdir()  # a run that wrote nothing leaves no directory
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def check_writable(run_dir: str | os.PathLike) -> None:
@@ -157,19 +306,25 @@ def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); the run's config cannot be read") from None
+
+
 def read_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The run's ``config.json`` as a dict; ``FileNotFoundError`` if ``run_dir`` is not a run directory,
-    ``ValueError`` (one line) if its config.json is broken."""
+    """The run's ``config.json`` as a dict, with the config changes its
+    resumes recorded applied to ``config``; ``FileNotFoundError`` if
+    ``run_dir`` is not a run directory, ``ValueError`` (one line) if its
+    config.json is broken."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not an nnx-ppo run directory (no {CONFIG_FILE})")
-    try:
-        content = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); the run's config cannot be read") from None
+    content = _read_json(path)
     if not isinstance(content, dict) or not isinstance(content.get("env"), str) or "network" not in content:
         raise ValueError(f"{path} does not describe an nnx-ppo run (expected an object with 'env' and 'network')")
-    return content
+    return _with_resume_changes(content)
 
 
 # --------------------------------------------------------------------------- metrics.jsonl
@@ -189,6 +344,24 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return rows
+
+
+FAILURE_KEY = "failure"
+"""The key of a ``metrics.jsonl`` row that records the failure of one seed
+(member) of a batch, which the trainer writes when the seed stops training:
+``{"env_steps": 128, "seed": 0, "iteration": 1, "failure": "non-finite values
+...", "failure_type": "NonFiniteError"}`` (the iteration whose health failed;
+the seed's state stays at the iteration before)."""
+
+
+def failure_rows(rows: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    """Per seed (member index of a sweep; None for a run of one seed), its
+    first failure row (see :data:`FAILURE_KEY`) among ``rows``."""
+    failures: dict[Any, dict[str, Any]] = {}
+    for r in rows:
+        if isinstance(r.get(FAILURE_KEY), str):
+            failures.setdefault(r.get("seed"), r)
+    return failures
 
 
 def truncate_metrics(run_dir: str | os.PathLike, max_env_steps: int) -> int:
@@ -312,7 +485,8 @@ class RunLogger:
     Weights & Biases.
 
     Rows whose keys all start with ``eval/`` are evaluation rows: they are
-    written with ``"eval": true`` and refresh the learning curve.
+    written with ``"eval": true`` and refresh the learning curve. Text values
+    (a failure row's, see :data:`FAILURE_KEY`) go into ``metrics.jsonl`` only.
     """
 
     def __init__(
@@ -324,8 +498,10 @@ class RunLogger:
         tensorboard: bool = True,
         wandb_run: Any = None,
         resumed: bool = False,
+        config: dict[str, Any] | None = None,
     ):
         self.run_dir = Path(run_dir)
+        self.config = config  # config.json's content, written again if the file vanishes
         self.steps_per_iteration = steps_per_iteration
         self.title = title
         self.rows = read_metrics(self.run_dir)  # earlier rows of a resumed run, for the curve
@@ -370,19 +546,31 @@ class RunLogger:
             row["eval"] = True
         else:
             row["iteration"] = int(env_steps) // self.steps_per_iteration
-        row.update({k: _json_float(v) for k, v in metrics.items()})
+        row.update({k: v if isinstance(v, str) else _json_float(v) for k, v in metrics.items()})
+        self._keep_config()
         self._file.write(json.dumps(row) + "\n")
         self.rows.append(row)
+        numbers = {k: v for k, v in metrics.items() if not isinstance(v, str)}  # (a failure row's text: the file only)
         if self._tb is not None:
-            for k, v in metrics.items():
+            for k, v in numbers.items():
                 if math.isfinite(float(v)):
                     self._tb.add_scalar(k if seed is None else f"seed{seed}/{k}", float(v), int(env_steps))
-        if self._wandb is not None:
-            self._wandb.log(dict(metrics), step=int(env_steps))
+        if self._wandb is not None and numbers:
+            self._wandb.log(numbers, step=int(env_steps))
         if is_eval:
             if self._tb is not None:
                 self._tb.flush()
             self.refresh_curve()
+
+    def _keep_config(self) -> None:
+        """``config.json`` deleted while the run trains is written again (with
+        a warning): without it the run could not be evaluated or resumed."""
+        if self.config is not None and not (self.run_dir / CONFIG_FILE).exists():
+            import warnings
+
+            write_run_config(self.run_dir, self.config)
+            warnings.warn(f"{self.run_dir / CONFIG_FILE} had vanished; written again from the run's description",
+                          RunOutputWarning, stacklevel=3)
 
     def log_video(self, path: Path, frames: list, fps: float, env_steps: int, max_tb_frames: int = 100) -> None:
         """Log a video already written to ``path``: to TensorBoard as an

@@ -133,7 +133,7 @@ def test_eval_video_on_unrenderable_env_is_a_clear_error(trained_run: Path, caps
 
 def test_train_refuses_to_overwrite_a_run(trained_run: Path, capsys):
     assert cli.main(["train", "--run-dir", str(trained_run)]) == 2
-    assert "--resume" in capsys.readouterr().err
+    assert f"nnx-ppo resume {trained_run}" in capsys.readouterr().err
 
 
 def test_distill_a_run_into_a_gru_then_eval_it(trained_run: Path, tmp_path, capsys):
@@ -149,8 +149,9 @@ def test_distill_a_run_into_a_gru_then_eval_it(trained_run: Path, tmp_path, caps
     assert rows[-1]["replay/max_error"] < 1e-5
     assert cli.main(["eval", str(student), "--episodes", "8"]) == 0
     assert "8 deterministic episodes" in capsys.readouterr().out
-    assert cli.main(["train", "--resume", str(student)]) == 2
-    assert "distillation run" in capsys.readouterr().err
+    assert cli.main(["resume", str(student), "--ppo.total-steps", "768", "--quiet"]) == 0  # from its teacher
+    assert iteration_rows(student)[-1]["env_steps"] == 768
+    assert rd.read_run_config(student)["distillation"] == config["distillation"]
     assert cli.main(["distill", str(tmp_path / "nothing")]) == 2
 
 
@@ -175,19 +176,19 @@ def test_train_env_starts_from_its_preset_and_flags_override_it():
 
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1"])
     preset = get_preset("gymnax:Pendulum-v1")
-    assert (cmd.network, cmd.hidden_size, cmd.config, cmd.reward_scale) == (
-        preset.network, preset.hidden_size, preset.config, preset.reward_scale)
+    assert (cmd.network, cmd.hidden_size, cmd.config) == (preset.network, preset.hidden_size, preset.config)
+    assert cmd.config.ppo.reward_scale == 0.1  # the preset's reward scale is its config's
 
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--ppo.learning-rate", "5e-4"])
     assert cmd.config.ppo.learning_rate == 5e-4
     assert cmd.config.ppo.discounting_factor == preset.config.ppo.discounting_factor
-    assert cmd.reward_scale == preset.reward_scale
+    assert cmd.config.ppo.reward_scale == preset.config.ppo.reward_scale
 
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--network", "lstm"])
     assert cmd.config == get_preset("gymnax:Pendulum-v1", "lstm").config and cmd.network == "lstm"
 
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--no-preset"])
-    assert cmd.config == cli.TrainCommand().config and cmd.reward_scale == 1.0
+    assert cmd.config == cli.TrainCommand().config and cmd.config.ppo.reward_scale == 1.0
 
     cmd, _ = cli._parse(["train", "playground:CartpoleBalance"])  # train-only env kwargs come along
     assert json.loads(cmd.train_env_kwargs) == get_preset("playground:CartpoleBalance").train_env_kwargs
@@ -201,8 +202,8 @@ def test_train_env_starts_from_its_preset_and_flags_override_it():
 
 
 def test_bad_reward_scale_is_a_clear_error(tmp_path, capsys):
-    assert cli.main(["train", "--reward-scale", "0", "--run-dir", str(tmp_path / "r")]) == 2
-    assert "--reward-scale must be positive" in capsys.readouterr().err
+    assert cli.main(["train", "--ppo.reward-scale", "0", "--run-dir", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == "nnx-ppo: error: PPOConfig.reward_scale must be positive, got 0.0\n"
 
 
 def test_unknown_env_is_a_one_line_error(tmp_path, capsys):
@@ -260,7 +261,7 @@ def test_ctrl_c_stops_cleanly_then_resume_appends(tmp_path):
             proc.kill()
     out = "".join(lines) + out
     assert proc.returncode == 0, out
-    assert "stopped early" in out and "--resume" in out
+    assert "stopped early" in out and "nnx-ppo resume" in out
     assert out.strip().splitlines()[-1].startswith("run directory:")
 
     stopped_rows = iteration_rows(run)
@@ -275,9 +276,10 @@ def test_ctrl_c_stops_cleanly_then_resume_appends(tmp_path):
     assert len(rows) == len(stopped_rows) + 2
     assert rows[: len(stopped_rows)] == stopped_rows
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
-    config = json.loads((run / "config.json").read_text())
-    assert config["config"]["ppo"]["total_steps"] == target
-    assert len(config["resumed"]) == 1
+    config = json.loads((run / "config.json").read_text())  # as written at the start, and the resume
+    assert config["config"]["ppo"]["total_steps"] == 100_000_000
+    assert [e["changes"] for e in config["resumed"]] == [{"ppo.total_steps": [100_000_000, target]}]
+    assert rd.read_run_config(run)["config"]["ppo"]["total_steps"] == target  # what the run trains with now
     assert eval_rows(run)[-1]["env_steps"] == target
 
 
@@ -504,7 +506,7 @@ def test_a_failing_seed_is_named_and_the_run_stays_resumable(tmp_path, capsys, m
     assert cli.main(["train", "poisoned_drift", *flags, "--run-dir", str(run)]) == 1
     err = capsys.readouterr().err
     assert f"seed {bad} failed at iteration 2 (256 env steps)" in err and "NaN" in err
-    assert f"seeds [{bad}] failed" in err and "--resume" in err
+    assert f"seeds [{bad}] failed" in err and "nnx-ppo resume" in err
     rows = iteration_rows(run)
     assert [r["iteration"] for r in rows if r.get("seed") == good] == [1, 2, 3, 4]
     assert [r["iteration"] for r in rows if r.get("seed") == bad] == [1]

@@ -11,7 +11,8 @@ import pytest
 
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout
-from nnx_ppo.policy import Policy, load_exported
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.policy import ExportWarning, Policy, export_info, load_exported
 from tests.algorithms.test_replay_consistency import DictActionTarget, everything_network
 
 N, T = 8, 30
@@ -100,7 +101,7 @@ step = export.deserialize(open(path + "/step.jax", "rb").read())
 init = export.deserialize(open(path + "/initial_carry.jax", "rb").read())
 stored = np.load(path + "/params.npz")
 params = [stored[f"arr_{i}"] for i in range(len(stored.files))]
-carry, out = init.call(params), {}
+carry, out = init.call(params, data["done"][0]), {}  # the carry of as many envs as done has
 for t in range(data["obs"].shape[0]):
     action, carry = step.call(params, carry, data["obs"][t], data["done"][t])
     for k, v in action.items():
@@ -130,3 +131,95 @@ def test_exported_policy_runs_without_nnx_ppo(tmp_path):
     loaded = load_exported(path)  # the same through nnx_ppo's reader
     action, _ = loaded.step(loaded.initial_carry(), traj.obs[0], done[0])
     np.testing.assert_array_equal(np.asarray(action["plain"]), want["plain"][0])
+
+
+class _Leaky(StatefulModule):
+    """h <- h / 2 + x: a carry the step and the reset handle for any batch size."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __call__(self, state, x, rollout_extras=None):
+        h = 0.5 * state + x
+        return StatefulModuleOutput(next_state=h, output=jnp.tanh(h))
+
+    def initialize_state(self, batch_size):
+        return jnp.zeros((batch_size, self.size))
+
+    def reset_state(self, prev_state):
+        return jnp.zeros_like(prev_state)
+
+
+class _NeedsANumber(_Leaky):
+    """A reset that needs the batch size as a number (cannot be traced with a symbolic batch)."""
+
+    def reset_state(self, prev_state):
+        return jnp.zeros((int(prev_state.shape[0]), self.size))
+
+
+def _leaky_network(env, core=_Leaky):
+    """An actor-critic for ``env`` (cue_memory: a vector observation, discrete actions) around ``core``."""
+    from flax import nnx
+
+    from nnx_ppo.networks.adapter import PPOAdapter
+    from nnx_ppo.networks.containers import Sequential
+    from nnx_ppo.networks.feedforward import Dense
+    from nnx_ppo.networks.sampling_layers import CategoricalSampler
+
+    rngs = nnx.Rngs(0)
+    n_obs, n_actions = env.observation_space.shape[0], env.action_space.n
+    return Sequential([Dense(n_obs, 8, rngs, activation=jnp.tanh), core(8),
+                       PPOAdapter(action=Sequential([Dense(8, n_actions, rngs), CategoricalSampler(rngs)]),
+                                  value=Dense(8, 1, rngs))])
+
+
+def _compare(policy, exported, env, n, steps=6):
+    """``steps`` steps of ``n`` envs (an episode of env 0 ends at step 3): the
+    exported step's actions are the policy's."""
+    obs = jax.vmap(jax.vmap(env.reset))(jax.random.split(jax.random.key(n), (steps, n))).obs
+    done = np.zeros((steps, n), bool)
+    done[3, 0] = True
+    carry, exported_carry = policy.initial_carry(n), exported.initial_carry(n)
+    for t in range(steps):
+        action, carry = policy(carry, obs[t], done[t])
+        exported_action, exported_carry = exported.step(exported_carry, obs[t], done[t])
+        np.testing.assert_array_equal(np.asarray(exported_action), np.asarray(action))
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_export_without_an_example_serves_any_batch_size(deterministic, tmp_path):
+    """Issue 34 (5): a policy that knows its env exports without an example
+    observation; the one artifact's step, at batch 1 and at batch 5, acts as
+    the policy (sampled actions included)."""
+    import nnx_ppo
+
+    env = nnx_ppo.make("cue_memory")
+    policy = Policy(_leaky_network(env), deterministic, env=env)
+    path = policy.export(tmp_path / "policy")
+    assert export_info(path)["batch_size"] == "any"
+    exported = load_exported(path)
+    assert exported.any_batch_size and exported.batch_size == 1
+    for n in (1, 5):
+        _compare(policy, exported, env, n)
+
+
+def test_a_network_that_needs_a_number_is_exported_for_one_batch_size(tmp_path):
+    """A module that needs the batch size as a number: exported for
+    ``batch_size`` envs, with a warning naming the module's method."""
+    import nnx_ppo
+
+    env = nnx_ppo.make("cue_memory")
+    policy = Policy(_leaky_network(env, _NeedsANumber), env=env)
+    with pytest.warns(ExportWarning, match="in reset_state, .*exported for batches of 2 only"):
+        path = policy.export(tmp_path / "policy", batch_size=2)
+    exported = load_exported(path)
+    assert export_info(path)["batch_size"] == 2 and not exported.any_batch_size
+    _compare(policy, exported, env, 2)
+    with pytest.raises(ValueError, match="exported for batches of 2 envs only, got n=3"):
+        exported.initial_carry(3)
+
+
+def test_export_of_a_policy_without_an_env_asks_for_an_example(tmp_path):
+    with pytest.raises(ValueError, match=r"does not know its env's observations .*policy.export\(path, obs\)"):
+        Policy(everything_network()).export(tmp_path / "policy")
+    assert not (tmp_path / "policy").exists()

@@ -71,8 +71,11 @@ def test_sweep_writes_members_table_and_plots(sweep_run: Path):
         assert c["final"] == pytest.approx(np.mean(finals))
         lo, hi = c["iqm_interval"]
         assert lo <= c["iqm_final"] <= hi
-    table = (sweep_run / "sweep.md").read_text()
-    assert "IQM final" in table and "steps to 0.9" in table and "member" in table
+    finals = [summary["members"][i]["final"] for i in summary["member_ranking"]]
+    assert sorted(summary["member_ranking"]) == [0, 1, 2, 3] and finals == sorted(finals, reverse=True)
+    assert all(m["failure"] is None and set(m["hyperparameters"]) >= {"learning_rate"} for m in summary["members"])
+    table = (sweep_run / "sweep.md").read_text()  # with PBT: the members ranked, with their final values and lineage
+    assert "| rank | member | seed | learning_rate |" in table and "steps to 0.9" in table and "lineage" in table
     for name in ("sweep_learning_rate.png", "pbt_learning_rate.png", "learning_curve.png"):
         assert (sweep_run / name).stat().st_size > 1000
 

@@ -5,6 +5,8 @@ Field names follow the original nnx-ppo where it had them.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import math
@@ -17,7 +19,8 @@ from typing import Annotated, Any, Literal
 from tyro.constructors import PrimitiveConstructorSpec  # tyro is light: no NumPy or JAX
 
 __all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "ScheduleNotSavedError", "config_to_dict", "config_from_dict",
-           "SEED_BATCHING", "check_seed_batching", "check_seed"]
+           "SEED_BATCHING", "check_seed_batching", "check_seed", "check_seeds", "per_member_bounds", "resume_changes",
+           "deferred_checks", "checked"]
 
 SeedBatching = Literal["vmap", "map"]  # TrainConfig.seed_batching
 SEED_BATCHING = typing.get_args(SeedBatching)  # its choices, for checks and messages
@@ -39,6 +42,19 @@ def check_seed(value: Any, where: str = "seed") -> int:
     return int(value)
 
 
+def check_seeds(seeds: Any, where: str = "seeds") -> list[int]:
+    """``seeds`` as a non-empty list of distinct seeds (each as :func:`check_seed`
+    accepts it); the error names ``where`` (e.g. ``"train_seeds: seeds"`` or
+    ``"--seeds"``). The one check of a list of seeds, for the trainers and the
+    command line alike."""
+    seeds = [check_seed(s, f"{where}: each seed") for s in seeds]
+    if not seeds:
+        raise ValueError(f"{where} must name at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"{where} must be distinct, got {seeds}")
+    return seeds
+
+
 # A learning-rate schedule: optimizer update count -> learning rate (an optax schedule).
 Schedule = Callable[[Any], Any]
 
@@ -51,6 +67,45 @@ _LEARNING_RATE_FLAG = PrimitiveConstructorSpec(
     is_instance=lambda value: callable(value) or (isinstance(value, numbers.Real) and not isinstance(value, bool)),
     str_from_instance=lambda value: [_describe_schedule(value) if callable(value) else str(value)],
 )
+
+
+_checks_deferred = contextvars.ContextVar("nnx_ppo_config_checks_deferred", default=False)
+
+
+@contextlib.contextmanager
+def deferred_checks():
+    """Within this block the configs skip their value checks (a parser that
+    builds them field by field, the command line's, runs :func:`checked`
+    afterwards, so a bad value is one line of the config's own text)."""
+    token = _checks_deferred.set(True)
+    try:
+        yield
+    finally:
+        _checks_deferred.reset(token)
+
+
+def checked(config: "TrainConfig") -> "TrainConfig":
+    """``config`` after running every value check of it and its parts (a
+    ValueError names the first bad field, e.g. ``PPOConfig.total_steps must
+    be a positive integer, got 0``)."""
+    return dataclasses.replace(config, ppo=dataclasses.replace(config.ppo), eval=dataclasses.replace(config.eval))
+
+
+def _field(default: Any, *, member: tuple[float, float] | None = None, resume: bool = False) -> Any:
+    """A config field with its rules declared once, as field metadata:
+
+    - ``member``: the field may differ between the members of one compiled
+      program (a number that changes no array shape), and these are the
+      bounds population-based training keeps it in
+      (:func:`per_member_fields`);
+    - ``resume``: the field may change when a run is resumed (the others
+      would change the network, the state's shapes or the run's meaning;
+      :func:`resume_changes`).
+    """
+    metadata: dict[str, Any] = {"resume": resume}
+    if member is not None:
+        metadata["member"] = member
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 _OPTIONAL = ("value_clip_range", "gradient_clipping", "weight_decay", "replay_tolerance", "target_kl")
@@ -129,30 +184,32 @@ class PPOConfig:
 
     n_envs: int = 256
     rollout_length: int = 32
-    total_steps: int = 1_000_000
-    gae_lambda: float = 0.95
-    discounting_factor: float = 0.99
-    clip_range: float = 0.2
-    learning_rate: Annotated[float | Schedule, _LEARNING_RATE_FLAG] = 3e-4
+    total_steps: int = _field(1_000_000, resume=True)
+    gae_lambda: float = _field(0.95, member=(0.5, 1.0))
+    discounting_factor: float = _field(0.99, member=(0.8, 0.9995))
+    clip_range: float = _field(0.2, member=(0.02, 0.5))
+    learning_rate: Annotated[float | Schedule, _LEARNING_RATE_FLAG] = _field(3e-4, member=(1e-6, 1e-1))
     learning_rate_decay: bool = False
     normalize_advantages: bool = True
     combine_advantages: bool = False
-    n_epochs: int = 4
-    n_minibatches: int = 4
+    n_epochs: int = _field(4, resume=True)
+    n_minibatches: int = _field(4, resume=True)
     shuffle_blocks: int = 1
-    critic_loss_weight: float = 0.5
-    value_clip_range: float | None = None
-    gradient_clipping: float | None = 0.5
+    critic_loss_weight: float = _field(0.5, member=(0.05, 5.0))
+    value_clip_range: float | None = _field(None, member=(0.02, 2.0))
+    gradient_clipping: float | None = _field(0.5, member=(0.05, 10.0))
     weight_decay: float | None = None
     bootstrap_on_truncation: bool = True
     recompute_advantages: bool = False
     normalize_rewards: bool = False
-    replay_tolerance: float | None = 1e-3
-    target_kl: float | None = None
-    regularization_weight: float = 1.0
-    reward_scale: float = 1.0
+    replay_tolerance: float | None = _field(1e-3, resume=True)
+    target_kl: float | None = _field(None, member=(1e-3, 0.5))
+    regularization_weight: float = _field(1.0, member=(0.0, 100.0))
+    reward_scale: float = _field(1.0, member=(1e-3, 1e3))
 
     def __post_init__(self):
+        if _checks_deferred.get():
+            return
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches", "shuffle_blocks"):
             _require_positive_int("PPOConfig", name, getattr(self, name))
         if self.n_envs % self.n_minibatches:
@@ -226,13 +283,15 @@ class EvalConfig:
       deterministic: take the policy's mode/mean (``network.eval()``).
     """
 
-    enabled: bool = True
-    every_steps: int = 100_000
-    n_envs: int = 16
-    max_episode_length: int = 1000
-    deterministic: bool = True
+    enabled: bool = _field(True, resume=True)
+    every_steps: int = _field(100_000, resume=True)
+    n_envs: int = _field(16, resume=True)
+    max_episode_length: int = _field(1000, resume=True)
+    deterministic: bool = _field(True, resume=True)
 
     def __post_init__(self):
+        if _checks_deferred.get():
+            return
         for name in ("every_steps", "n_envs", "max_episode_length"):
             _require_positive_int("EvalConfig", name, getattr(self, name))
 
@@ -270,14 +329,16 @@ class TrainConfig:
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     seed: int = 0
-    iterations_per_call: int = 1
-    checkpoint_every_steps: int | None = None
-    keep_checkpoints: int = 3
-    n_devices: int | None = None
-    shard_seeds: bool = False
-    seed_batching: SeedBatching = "vmap"
+    iterations_per_call: int = _field(1, resume=True)
+    checkpoint_every_steps: int | None = _field(None, resume=True)
+    keep_checkpoints: int = _field(3, resume=True)
+    n_devices: int | None = _field(None, resume=True)
+    shard_seeds: bool = _field(False, resume=True)
+    seed_batching: SeedBatching = _field("vmap", resume=True)
 
     def __post_init__(self):
+        if _checks_deferred.get():
+            return
         check_seed(self.seed, "TrainConfig.seed")
         check_seed_batching(self.seed_batching, "TrainConfig.seed_batching")
         _require_positive_int("TrainConfig", "iterations_per_call", self.iterations_per_call)
@@ -356,3 +417,48 @@ def config_from_dict(data: dict[str, Any], cls: type = TrainConfig, where: str =
             value = config_from_dict(value, hint, where)
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def per_member_bounds() -> dict[str, tuple[float, float]]:
+    """``{PPOConfig field: (low, high)}`` of the fields that may differ
+    between the members of one program (declared with ``member=`` on the
+    field), in field order; the bounds are the range population-based
+    training keeps a perturbed value in."""
+    return {f.name: f.metadata["member"] for f in dataclasses.fields(PPOConfig) if "member" in f.metadata}
+
+
+def _flat_fields(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """``{"ppo.total_steps": field, "seed": field, ...}``: every leaf field of a config class."""
+    hints = typing.get_type_hints(cls, include_extras=False)
+    out = {}
+    for f in dataclasses.fields(cls):
+        hint = hints.get(f.name)
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            out.update(_flat_fields(hint, f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = f
+    return out
+
+
+def resume_changes(saved: dict[str, Any], config: TrainConfig) -> dict[str, list]:
+    """What resuming a run saved with the config ``saved`` (its
+    :func:`config_to_dict` form) with ``config`` changes: ``{"ppo.total_steps":
+    [before, after], ...}``, in field order. A change to a field not declared
+    ``resume=True`` (the network's seed, the state's shapes, anything that
+    changes what the run is) raises a ValueError in one line naming the
+    field (as its flag, ``--ppo.n-envs``)."""
+    now = config_to_dict(config)
+    changes = {}
+    for name, field in _flat_fields(TrainConfig).items():
+        before, after = saved, now
+        for part in name.split("."):
+            before = before.get(part, field.default) if isinstance(before, dict) else field.default
+            after = after[part]
+        if before == after:
+            continue
+        if not field.metadata.get("resume", False):
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"cannot change {flag} when resuming ({before!r} in the run, {after!r} given): it "
+                             "changes the network, the training state or what the run is; start a new run instead")
+        changes[name] = [before, after]
+    return changes

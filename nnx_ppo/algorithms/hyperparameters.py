@@ -27,23 +27,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, per_member_bounds
 
 __all__ = ["PER_MEMBER", "PopulationConfigError", "MemberState", "check_population", "hyperparameters_of",
            "initial_member_state", "with_hyperparameters", "member_entry"]
 
-PER_MEMBER: tuple[str, ...] = (
-    "learning_rate",
-    "clip_range",
-    "critic_loss_weight",
-    "discounting_factor",
-    "gae_lambda",
-    "value_clip_range",
-    "gradient_clipping",
-    "target_kl",
-    "regularization_weight",
-    "reward_scale",
-)
+PER_MEMBER: tuple[str, ...] = tuple(per_member_bounds())
 """The :class:`PPOConfig` fields that may differ between members (numbers
 only: a learning-rate schedule, a callable, must be the same object for all;
 an optional field must be ``None`` for all members or a number for all)."""

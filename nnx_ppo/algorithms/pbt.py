@@ -12,9 +12,18 @@ Jaderberg et al. 2017). All of it runs on device, between two iterations of
 the same ``fori_loop``; the draws come from ``PBTConfig.seed`` and the
 iteration, so a resumed population repeats them.
 
+A member whose iteration failed (non-finite values: the trainer keeps it at
+its last healthy state, and it fails the same way every iteration) scores
+nothing from it, ranks below every other member and is never copied: PBT
+replaces it first, *reviving* it from a healthy member. The trainer still
+counts it as failed (its result, its rows and the run directory say so) and
+logs only that lineage (:func:`failed_member_row`).
+
 Every member's iteration metrics gain ``population/score``,
-``population/parent`` (the member it last took over) and
-``hyperparameters/<field>``: its lineage and hyperparameters over time.
+``population/parent`` (the member it last took over),
+``population/took_over`` (the member whose state it took over in this
+iteration, -1 if none) and ``hyperparameters/<field>``: its lineage and
+hyperparameters over time.
 """
 
 from __future__ import annotations
@@ -26,26 +35,19 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from nnx_ppo.algorithms.config import per_member_bounds
 from nnx_ppo.algorithms.driver import IterationOutput
 from nnx_ppo.algorithms.hyperparameters import PER_MEMBER
 from nnx_ppo.algorithms.state import TrainingState
 
-__all__ = ["PBTConfig", "BOUNDS", "population_step"]
+__all__ = ["PBTConfig", "BOUNDS", "population_step", "failed_member_row", "NO_TAKEOVER"]
 
-BOUNDS: dict[str, tuple[float, float]] = {
-    "learning_rate": (1e-6, 1e-1),
-    "clip_range": (0.02, 0.5),
-    "critic_loss_weight": (0.05, 5.0),
-    "discounting_factor": (0.8, 0.9995),
-    "gae_lambda": (0.5, 1.0),
-    "value_clip_range": (0.02, 2.0),
-    "gradient_clipping": (0.05, 10.0),
-    "target_kl": (1e-3, 0.5),
-    "regularization_weight": (0.0, 100.0),
-    "reward_scale": (1e-3, 1e3),
-}
+BOUNDS: dict[str, tuple[float, float]] = per_member_bounds()
 """The range PBT keeps each perturbed hyperparameter in (a member starting
 outside it stays where it is until perturbed)."""
+
+NO_TAKEOVER = -1
+"""``population/took_over`` of a member that took over no state in that iteration."""
 
 _TOWARDS_ONE = ("discounting_factor", "gae_lambda")  # perturbed as 1 - x: the horizon, not the number near 1
 
@@ -98,17 +100,31 @@ def _perturbed(name: str, value: jax.Array, factor: jax.Array) -> jax.Array:
     return jnp.clip(new, low, high)
 
 
-def _exploit_and_explore(state: TrainingState, pbt: PBTConfig, fields: Sequence[str]) -> TrainingState:
+def _rank_scores(score: jax.Array, healthy: jax.Array) -> jax.Array:
+    """What PBT ranks the members by (float32 ``[N]``, higher is better):
+    the ``score``; below every score a member without one yet (NaN: no
+    episode ended), and below everyone a member whose iteration failed
+    (``healthy`` False, bool ``[N]``)."""
+    unscored = jnp.finfo(score.dtype).min
+    return jnp.where(healthy, jnp.where(jnp.isnan(score), unscored, score), -jnp.inf)
+
+
+def _exploit_and_explore(state: TrainingState, pbt: PBTConfig, fields: Sequence[str],
+                         healthy: jax.Array) -> tuple[TrainingState, jax.Array]:
     """The worst members take over the states of members drawn from the best
-    ones and perturb the hyperparameters in ``fields`` (leaves ``[N, ...]``)."""
+    ones and perturb the hyperparameters in ``fields`` (leaves ``[N, ...]``).
+    A member whose iteration failed (``healthy`` False, bool ``[N]``) ranks
+    worst and is never copied. Returns the new state and, per member, the
+    member whose state it took over (int32 ``[N]``, :data:`NO_TAKEOVER` for none)."""
     member = state.member
     n = member.score.shape[0]
     k = max(1, int(n * pbt.fraction))
     key = jax.random.fold_in(jax.random.key(pbt.seed), jnp.max(state.iteration))
     pick_key, factor_key = jax.random.split(key)
-    order = jnp.argsort(jnp.where(jnp.isnan(member.score), -jnp.inf, member.score))  # worst first
+    order = jnp.argsort(_rank_scores(member.score, healthy))  # worst first (a stable sort: ties by index)
     sources = order[n - k:][jax.random.randint(pick_key, (k,), 0, k)]
     source = jnp.arange(n).at[order[:k]].set(sources)  # member i takes over member source[i]
+    source = jnp.where(healthy[source], source, jnp.arange(n))  # (more than n - k failed: a failed one is no source)
     copied = source != jnp.arange(n)
     taken = jax.tree.map(lambda x: x[source], state)
     factors = jnp.asarray(pbt.perturb_factors, jnp.float32)[
@@ -119,30 +135,46 @@ def _exploit_and_explore(state: TrainingState, pbt: PBTConfig, fields: Sequence[
     new_member = dataclasses.replace(taken.member, hyperparameters=values,
                                      parent=jnp.where(copied, source, member.parent).astype(jnp.int32))
     # Each keeps its own key (the copies then explore apart) and iteration count.
-    return dataclasses.replace(taken, key=state.key, iteration=state.iteration, member=new_member)
+    new_state = dataclasses.replace(taken, key=state.key, iteration=state.iteration, member=new_member)
+    return new_state, jnp.where(copied, source, NO_TAKEOVER).astype(jnp.int32)
 
 
 def population_step(pbt: PBTConfig | None, fields: Sequence[str] = ()) -> Callable:
     """``step(state, output) -> (state, output)`` on a population's stacked
     state and iteration output (leaves ``[N, ...]``), run after every
-    iteration: updates the scores, exploits and explores when due (with
+    iteration: updates the scores (a failed iteration, whose metrics are not
+    finite, counts for nothing), exploits and explores when due (with
     ``pbt``; ``fields`` are perturbed), and adds the population metrics."""
     smoothing = 0.2 if pbt is None else pbt.score_smoothing
 
     def step(state: TrainingState, output: IterationOutput) -> tuple[TrainingState, IterationOutput]:
         member = state.member
+        healthy = jnp.ones(member.score.shape, bool) if output.health is None else output.health.ok  # (None: all)
         returns = output.metrics["train/episode_return"]
-        ended = output.metrics["train/completed_episodes"] > 0
+        ended = (output.metrics["train/completed_episodes"] > 0) & healthy
         running = jnp.where(jnp.isnan(member.score), returns, (1 - smoothing) * member.score + smoothing * returns)
         state = dataclasses.replace(state, member=dataclasses.replace(
             member, score=jnp.where(ended, running, member.score)))
+        took_over = jnp.full(member.score.shape, NO_TAKEOVER, jnp.int32)
         if pbt is not None and fields:
             due = jnp.max(state.iteration) % pbt.every_iterations == 0
-            state = jax.lax.cond(due, lambda s: _exploit_and_explore(s, pbt, fields), lambda s: s, state)
+            state, took_over = jax.lax.cond(due, lambda s: _exploit_and_explore(s, pbt, fields, healthy),
+                                            lambda s: (s, took_over), state)
         member = state.member
         metrics = {**output.metrics, "population/score": member.score,
                    "population/parent": member.parent.astype(jnp.float32),
+                   "population/took_over": took_over.astype(jnp.float32),
                    **{f"hyperparameters/{k}": v for k, v in member.hyperparameters.items()}}
         return state, dataclasses.replace(output, metrics=metrics)
 
     return step
+
+
+def failed_member_row(row: dict[str, float]) -> dict[str, float] | None:
+    """What the trainer still logs of a failed member's iteration ``row``
+    (host floats): when PBT copied a healthy member's state over it in that
+    iteration (it *revived* it), ``population/took_over`` and
+    ``population/parent``; otherwise nothing (None)."""
+    if row.get("population/took_over", NO_TAKEOVER) < 0:
+        return None
+    return {key: row[key] for key in ("population/took_over", "population/parent")}

@@ -21,9 +21,9 @@ from typing import Any, Unpack
 
 from flax import nnx
 
-from nnx_ppo.algorithms.config import TrainConfig, check_seed
+from nnx_ppo.algorithms.config import TrainConfig, check_seeds
 from nnx_ppo.algorithms.hyperparameters import PER_MEMBER, check_population
-from nnx_ppo.algorithms.pbt import PBTConfig, population_step
+from nnx_ppo.algorithms.pbt import PBTConfig, failed_member_row, population_step
 from nnx_ppo.algorithms.ppo import PPO
 from nnx_ppo.algorithms.state import TrainResult
 from nnx_ppo.algorithms.trainer import TrainOptions, train
@@ -51,11 +51,7 @@ def population_members(configs: Sequence[TrainConfig], seeds: Sequence[int]) -> 
         program (see :func:`~nnx_ppo.algorithms.hyperparameters.check_population`).
       ValueError: no config or no seed, or a seed repeated.
     """
-    configs, seeds = list(configs), [check_seed(s, "train_population: each seed") for s in seeds]
-    if not seeds:
-        raise ValueError("train_population: seeds must name at least one seed")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"train_population: seeds must be distinct, got {seeds}")
+    configs, seeds = list(configs), check_seeds(seeds, "train_population: seeds")
     check_population(configs)
     return [Member(index=i * len(seeds) + j, config_index=i, seed=s, config=dataclasses.replace(c, seed=s))
             for i, c in enumerate(configs) for j, s in enumerate(seeds)]
@@ -97,14 +93,21 @@ def train_population(
     :func:`population_members` (config-major); a member's result matches
     ``train_ppo(env, make_network(nnx.Rngs(seed)), dataclasses.replace(config, seed=seed))``
     up to float rounding (without ``pbt``), and a member fails alone, as a
-    seed of a batch does. Each member's iteration metrics include
-    ``population/score``, ``population/parent`` and ``hyperparameters/<field>``.
+    seed of a batch does: its result's ``failure`` says where and why, a
+    ``run_dir`` records it (a failure row of ``metrics.jsonl``, see
+    :data:`nnx_ppo.run_dir.FAILURE_KEY`), and it stays failed on resume. PBT
+    may copy a healthy member's state over a failed one (it ranks last):
+    the member stays failed, and its only later rows record that takeover
+    (``population/took_over``). Each member's iteration metrics include
+    ``population/score``, ``population/parent``, ``population/took_over``
+    and ``hyperparameters/<field>``.
     """
     members = population_members(configs, seeds)
     fields = () if pbt is None else pbt_fields(pbt, configs)
     record = {"configs": len(configs), "seeds": [int(s) for s in seeds],
               "pbt": None if pbt is None else dataclasses.asdict(pbt)}
     algorithm = dataclasses.replace(PPO, population_step=population_step(pbt, fields),
+                                    failed_member_row=None if pbt is None else failed_member_row,
                                     run_record={"population": record})
     return train(algorithm, env, members[0].config, make_network=make_network, seeds=[m.index for m in members],
                  members=[m.config for m in members], **options)

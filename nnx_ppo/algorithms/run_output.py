@@ -4,7 +4,7 @@
 writes what ``nnx-ppo train`` writes (``config.json``, ``metrics.jsonl``,
 TensorBoard events, the learning curve, ``checkpoints/`` with the best
 policy) through the same pieces (:mod:`nnx_ppo.run_dir`), so ``nnx-ppo eval``,
-``nnx-ppo plot``, ``load_policy`` and ``nnx-ppo train --resume`` read it.
+``nnx-ppo plot``, ``load_policy`` and ``nnx-ppo resume`` read it.
 The CLI can rebuild the run's network and envs when they are named: the env
 as a spec string (or built by :func:`nnx_ppo.envs.make`) and the network as a
 string (``"mlp"``, ``"lstm"``, ``"gru"``, ``"MODULE:FUNCTION"`` or
@@ -105,28 +105,20 @@ class RunOutput:
         ppo = config.ppo
         n_seeds = len(seeds) if seeds else 1
         logger = None
+        lock = None
         if path is not None:
             path = Path(path)
             rd.check_writable(path)
-            saved = None
-            if (path / rd.CONFIG_FILE).exists():
-                if resuming:
-                    saved = rd.read_run_config(path)
-                else:  # (the trainer refused a directory with checkpoints before)
-                    _restart(path)
-            if network_spec is not None:
-                described = network_spec.to_dict()
-            else:
-                kind = type(network)
-                described = {PYTHON_NETWORK: f"{kind.__module__}.{kind.__qualname__}"}
-            content = rd.run_content(
-                **_env_description(train_env, eval_env), network=described, config=config, seeds=seeds or (),
-                command=[os.path.basename(sys.executable), *sys.argv], saved=saved)
-            content.update(record or {})
-            path.mkdir(parents=True, exist_ok=True)
-            rd.write_run_config(path, content)
+            lock = rd.RunLock(path).acquire()
+            try:
+                content, described = cls._config(path, resuming, train_env, eval_env, network_spec, network, config,
+                                                 seeds, record)
+            except BaseException:
+                lock.release()
+                raise
             title = f"{described.get('kind', described.get(PYTHON_NETWORK))} on {content['env']}"
-            logger = rd.RunLogger(path, steps_per_iteration=ppo.steps_per_iteration, title=title, resumed=resuming)
+            logger = rd.RunLogger(path, steps_per_iteration=ppo.steps_per_iteration, title=title, resumed=resuming,
+                                  config=content)
         bar = None
         if progress:
             from nnx_ppo.progress import Progress
@@ -134,7 +126,37 @@ class RunOutput:
             bar = Progress(ppo.n_iterations * ppo.steps_per_iteration * n_seeds, ppo.steps_per_iteration * n_seeds,
                            quiet=False)
             bar.start()
-        return cls(path, logger, bar, n_seeds, "member" if (record or {}).get("members") else "seed")
+        output = cls(path, logger, bar, n_seeds, "member" if (record or {}).get("members") else "seed")
+        output._lock = lock
+        return output
+
+    @staticmethod
+    def _config(path: Path, resuming: bool, train_env, eval_env, network_spec, network, config, seeds,
+                record) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Write ``config.json`` (a fresh run; a directory whose run saved no
+        checkpoint is cleared first) or record the resume in it (the changes
+        :func:`~nnx_ppo.algorithms.config.resume_changes` allows, refusing
+        the others). Returns its content and the network's description."""
+        from nnx_ppo import run_dir as rd
+        from nnx_ppo.algorithms.config import resume_changes
+
+        command = [os.path.basename(sys.executable), *sys.argv]
+        if network_spec is not None:
+            described = network_spec.to_dict()
+        else:
+            kind = type(network)
+            described = {PYTHON_NETWORK: f"{kind.__module__}.{kind.__qualname__}"}
+        if resuming and (path / rd.CONFIG_FILE).exists():
+            changes = resume_changes(rd.read_run_config(path)["config"], config)
+            return rd.append_resumed(path, changes, command), described
+        if (path / rd.CONFIG_FILE).exists():  # (the trainer refused a directory with checkpoints before)
+            _restart(path)
+        content = rd.run_content(**_env_description(train_env, eval_env), network=described, config=config,
+                                 seeds=seeds or (), command=command)
+        content.update(record or {})
+        path.mkdir(parents=True, exist_ok=True)
+        rd.write_run_config(path, content)
+        return content, described
 
     def metadata(self, network_spec) -> dict[str, Any]:
         """What each checkpoint records, as the CLI writes it."""
@@ -165,5 +187,9 @@ class RunOutput:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        if self._logger is not None:
-            self._logger.close()
+        try:
+            if self._logger is not None:
+                self._logger.close()
+        finally:
+            if getattr(self, "_lock", None) is not None:
+                self._lock.release()

@@ -17,7 +17,8 @@ what one iteration does. :func:`train` does the rest, in this order:
    :class:`ReplayMismatchError`, also for Flax's ``TraceContextError``)
    with the network at its last finite parameters; a seed of a batch fails
    alone (it stays at its last healthy state, the others train on, its
-   result says where and why);
+   result says where and why; a run directory records it as a failure row
+   of ``metrics.jsonl``, and a resumed run keeps it failed);
 5. write the trained variables back into the networks and build one
    :class:`TrainResult` per seed.
 """
@@ -37,7 +38,8 @@ import numpy as np
 from flax import errors as flax_errors
 from flax import nnx
 
-from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seed
+from nnx_ppo import run_dir as rd
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seeds
 from nnx_ppo.algorithms.distributed import any_process, process_count
 from nnx_ppo.algorithms.driver import (
     Driver,
@@ -46,6 +48,7 @@ from nnx_ppo.algorithms.driver import (
     Hooks,
     IterationOutput,
     NonFiniteError,
+    ReplayMismatchError,
     rule_breaking_module_error,
 )
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
@@ -80,12 +83,17 @@ class Algorithm:
       population_step: for a population, ``step(state, output) -> (state,
         output)`` on all members after every iteration (see
         :func:`~nnx_ppo.algorithms.pbt.population_step`).
+      failed_member_row: for a batch, ``failed_member_row(row) -> row or
+        None``: what of a failed member's iteration row is still logged
+        (e.g. :func:`~nnx_ppo.algorithms.pbt.failed_member_row`: PBT reviving
+        it); None: nothing.
     """
 
     initial_state: Callable[[Any, Any, TrainConfig], TrainingState]
     iteration: Callable[[Any, Any, PPOConfig], Iteration]
     run_record: dict[str, Any] | None = None
     population_step: Callable | None = None
+    failed_member_row: Callable[[dict[str, float]], dict[str, float] | None] | None = None
 
 
 class TrainOptions(TypedDict, total=False):
@@ -114,7 +122,7 @@ class TrainOptions(TypedDict, total=False):
       run_dir: write a run directory as ``nnx-ppo train`` does (config.json,
         metrics.jsonl, TensorBoard, learning_curve.png, ``checkpoints/``
         with the best policy; see :mod:`nnx_ppo.algorithms.run_output`), read by
-        ``nnx-ppo eval``/``plot``/``train --resume`` and ``load_policy``. A
+        ``nnx-ppo eval``/``plot``/``resume`` and ``load_policy``. A
         fresh run refuses a directory holding checkpoints (continue that run
         with ``resume_from=run_dir``) and starts again, with a warning, one
         whose run saved none. Replaces ``checkpoint_dir``.
@@ -188,15 +196,6 @@ def resume_state(resume_from: str, checkpoint_dir: str | None, state: TrainingSt
             stacklevel=4,
         )
     return state
-
-
-def _check_seeds(seeds: Sequence[int]) -> list[int]:
-    seeds = [check_seed(s, "train_seeds: each seed") for s in seeds]
-    if not seeds:
-        raise ValueError("train_seeds: seeds must name at least one seed")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"train_seeds: seeds must be distinct, got {seeds}")
-    return seeds
 
 
 def _build_networks(make_network: Callable[[nnx.Rngs], Any], seeds: list[int]) -> tuple[list, Any]:
@@ -307,7 +306,7 @@ def train(
     ppo = config.ppo
     member_record = None
     if batched:
-        seeds = _check_seeds(seeds)
+        seeds = check_seeds(seeds, "train_seeds: seeds")
         devices = local_devices(config.n_devices, ppo.n_envs, len(seeds) if config.shard_seeds else None)
         if members is not None:
             members = list(members)
@@ -331,7 +330,9 @@ def train(
         state = _initial_state(algorithm, env, networks, config, seeds, members)
     if resume_from is not None:
         state = _resumed(state, seeds, resume_from, checkpoint_dir, ppo, member_record)
-    output = None
+    output, earlier_failures = None, None
+    if run_dir is not None and resume_from is not None and batched:
+        earlier_failures = rd.failure_rows(rd.read_metrics(run_dir))
     if run_dir is not None or options.get("progress"):
         record = {**(algorithm.run_record or {}), **({} if member_record is None else {"members": member_record})}
         output = RunOutput.open(run_dir, progress=bool(options.get("progress")), train_env=env, eval_env=eval_env,
@@ -343,7 +344,8 @@ def train(
     try:
         results = _run(algorithm, env, eval_env, config, networks, graphdef, devices, state, seeds, log_fn,
                        checkpoint_dir, checkpoint_metadata, on_evaluation, options.get("should_stop"),
-                       training_seeds if batched else None)
+                       training_seeds if batched else None, earlier_failures=earlier_failures,
+                       record_failure=output.log if output is not None and run_dir is not None else None)
     finally:
         if output is not None:
             output.close()
@@ -389,12 +391,35 @@ def _both(first, second, batched: bool):
     return lambda metrics, env_steps: (first(metrics, env_steps), second(metrics, env_steps))
 
 
+def _failure_metrics(failure: Failure) -> dict[str, str]:
+    """The failure row's own fields: ``{"failure": reason, "failure_type": "NonFiniteError"}``."""
+    return {rd.FAILURE_KEY: str(failure.error), "failure_type": type(failure.error).__name__}
+
+
+def _earlier_failures(rows: dict[Any, dict[str, Any]], seeds: list[int], up_to_steps: int) -> dict[int, Failure]:
+    """The failures a run directory's failure ``rows`` (seed -> row) record (seed index ->
+    :class:`Failure`), up to the env step a resumed run continues from (a
+    later one is trained again, and found again)."""
+    kinds = {"NonFiniteError": NonFiniteError, "ReplayMismatchError": ReplayMismatchError}
+    failures = {}
+    for seed, row in rows.items():
+        if seed in seeds and int(row["env_steps"]) <= up_to_steps:
+            error = kinds.get(row.get("failure_type"), RuntimeError)(row[rd.FAILURE_KEY])
+            failures[seeds.index(seed)] = Failure(iteration=int(row["iteration"]), env_steps=int(row["env_steps"]),
+                                                  error=error)
+    return failures
+
+
 def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: list, graphdef, devices,
          state: TrainingState, seeds: list[int] | None, log_fn, checkpoint_dir, checkpoint_metadata, on_evaluation,
-         should_stop, training_seeds: list[int] | None) -> list[TrainResult]:
+         should_stop, training_seeds: list[int] | None, *, earlier_failures: dict[Any, dict[str, Any]] | None = None,
+         record_failure: Callable[[dict[str, str], int, int], None] | None = None) -> list[TrainResult]:
     """Place and compile, then drive the iterations with their hooks (steps 2-5 above).
     ``seeds`` name a batch's members (in logs and checkpoints), ``training_seeds``
-    are the seeds they train from (the same, but for a population)."""
+    are the seeds they train from (the same, but for a population).
+    ``earlier_failures`` (a resumed run directory's failure rows, seed ->
+    row) stay failures; ``record_failure(row, env_steps, seed)`` writes each
+    new one into the run directory."""
     batched = seeds is not None
     ppo = config.ppo
     if process_count() > 1:  # a stop asked for in one process stops every process at the same iteration
@@ -409,6 +434,18 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: lis
                                   population_step=algorithm.population_step if batched else None)
 
     last_rows: dict[int, dict[str, float]] = {}
+    recorded: set[int] = set()  # the failed seeds whose failure the run directory holds
+
+    def log_failed(i: int, s: int, seed_row: dict[str, float], steps: int) -> None:
+        """Record seed ``i``'s failure once; then log only what the algorithm keeps of its rows."""
+        if i not in recorded:
+            recorded.add(i)
+            if record_failure is not None:
+                failure = driver.failures[i]
+                record_failure(_failure_metrics(failure), failure.env_steps, s)
+        kept = None if algorithm.failed_member_row is None else algorithm.failed_member_row(seed_row)
+        if kept and log_fn is not None:
+            log_fn(kept, steps, s)
 
     def log_seeds(row: dict[str, Any], steps: int) -> None:
         for i, s in enumerate(seeds):
@@ -418,6 +455,9 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: lis
                     last_rows[i] = seed_row
                 if log_fn is not None:
                     log_fn(seed_row, steps, s)
+        for i, s in enumerate(seeds):  # (after the healthy seeds' rows of the step)
+            if i in driver.failures:
+                log_failed(i, s, _per_seed(row, i), steps)
 
     evaluate = evaluation_hook(config, networks[0], eval_env, training_seeds, mesh, on_evaluation) if (
         config.eval.enabled) else None
@@ -440,6 +480,9 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: lis
             snapshot=None if batched else lambda state: jax.tree.map(copy_leaf, (state.params, state.rest)),
         ),
     )
+    if batched and earlier_failures:  # a member that failed before the resumed step stays failed
+        driver.failures.update(_earlier_failures(earlier_failures, seeds, start_iteration * ppo.steps_per_iteration))
+        recorded.update(driver.failures)
     try:
         result = driver.run()
     except flax_errors.TraceContextError as err:

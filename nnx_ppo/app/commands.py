@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import tyro
 
-from nnx_ppo.algorithms.config import TrainConfig
+from nnx_ppo.algorithms.config import TrainConfig, per_member_bounds
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, resolve_factory_reference
 from nnx_ppo.presets import get_preset
 
@@ -24,18 +24,40 @@ def has_checkpoint(directory: Path) -> bool:
     return directory.is_dir() and latest_checkpoint(directory) is not None
 
 
-def fresh_run_dir(run_dir: Path, command: str) -> Path:
+def check_distinct_seeds(seeds, flag: str = "--seeds") -> list[int]:
+    """``seeds`` (none: one run) as distinct valid seeds; a one-line CliError naming ``flag`` otherwise."""
+    from nnx_ppo.algorithms.config import check_seeds
+
+    try:
+        return check_seeds(seeds, flag) if seeds else []
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def lock_run_dir(run_dir: Path):
+    """The run directory's :class:`~nnx_ppo.run_dir.RunLock`, acquired: a
+    directory another process trains into is refused in one line naming its pid."""
+    from nnx_ppo import run_dir as rd
+
+    try:
+        return rd.RunLock(run_dir).acquire()
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def fresh_run_dir(run_dir: Path) -> Path:
     """``run_dir`` for a run that starts from scratch: refused (naming
-    ``PROG command --resume``) when it holds a run with checkpoints, or
-    another run's checkpoints; a run that saved no checkpoint is cleared."""
+    ``PROG resume``) when it holds a run with checkpoints, or
+    another run's checkpoints; a run that saved no checkpoint is cleared.
+    The caller holds the directory's lock (:func:`lock_run_dir`)."""
     from nnx_ppo import run_dir as rd
     from nnx_ppo.algorithms.checkpointing import held_checkpoints
     from nnx_ppo.progress import pretty_path
 
     held = held_checkpoints(run_dir / rd.CHECKPOINT_DIR)
     if held is not None and (run_dir / rd.CONFIG_FILE).exists():
-        raise CliError(f"{run_dir} already holds a run; continue it with {PROG} {command} --resume {run_dir} or "
-                       "pick another --run-dir")
+        raise CliError(f"{run_dir} already holds a run; continue it with {PROG} resume {run_dir} or pick another "
+                       "--run-dir")
     if held is not None:
         raise CliError(f"{run_dir / rd.CHECKPOINT_DIR} already holds {held} (of another run, without its "
                        "config.json); a new run would prune them. Pick another --run-dir, or move them away")
@@ -88,7 +110,7 @@ class TrainCommand:
 
     Writes a run directory (config.json, metrics.jsonl, TensorBoard events in
     tb/, learning_curve.png, checkpoints/). Ctrl-C stops cleanly after the
-    current compiled call and saves a final checkpoint; continue with --resume.
+    current compiled call and saves a final checkpoint; continue with `nnx-ppo resume RUN_DIR`.
     """
 
     env: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV_SPEC")] = DEFAULT_ENV
@@ -131,9 +153,6 @@ class TrainCommand:
         """JSON object of extra keyword arguments for the training env only, e.g. '{"random_reset_steps": 500}' """
         "(evaluation keeps full episodes)."
     )
-
-    reward_scale: float = 1.0
-    """multiply the training rewards by this (evaluation reports unscaled returns)."""
 
     no_preset: Annotated[bool, tyro.conf.FlagCreatePairsOff] = False
     """ignore the env's tuned preset (see `nnx-ppo envs`): start from the library's defaults instead."""
@@ -197,18 +216,15 @@ class SweepCommand(TrainCommand):
     members share (an env with a preset starts from it); --grid gives the
     numbers that differ. Writes one run directory: per-member metrics and
     checkpoints, sweep.md (the configs ranked) and a plot per swept
-    hyperparameter. Ctrl-C stops cleanly; continue with --resume.
+    hyperparameter. Ctrl-C stops cleanly; continue with `nnx-ppo resume RUN_DIR`.
     """
 
-    grid: Annotated[tuple[str, ...], tyro.conf.arg(metavar="FIELD=V1,V2 [FIELD=V1,V2 ...]",
-                                                   help_behavior_hint="(required; not with --resume)")] = ()
-    (
-        "the hyperparameters to sweep and their values, e.g. ppo.learning-rate=1e-3,3e-4 ppo.clip-range=0.1,0.2: "
-        "every combination is a config, trained with every seed of --seeds. Only numbers that change no array "
-        "shape: ppo.learning-rate, clip-range, critic-loss-weight, discounting-factor, gae-lambda, "
-        "value-clip-range, gradient-clipping, target-kl, regularization-weight (scales the entropy bonus), "
-        "reward-scale."
-    )
+    grid: Annotated[tuple[str, ...], tyro.conf.arg(
+        metavar="FIELD=V1,V2 [FIELD=V1,V2 ...]", help_behavior_hint="(required; not with --resume)",
+        help="the hyperparameters to sweep and their values, e.g. ppo.learning-rate=1e-3,3e-4 "
+             "ppo.clip-range=0.1,0.2: every combination is a config, trained with every seed of --seeds. Only "
+             "numbers that change no array shape: " + ", ".join(
+                 "ppo." + name.replace("_", "-") for name in per_member_bounds()) + ".")] = ()
 
     pbt_every: int = 0
     (
@@ -219,6 +235,19 @@ class SweepCommand(TrainCommand):
 
     threshold: Optional[float] = None
     """the return for 'steps/seconds to threshold' in sweep.md (default: the env preset's target, if any)."""
+
+
+@dataclasses.dataclass
+class ResumeCommand:
+    """Continue a run (of train, --seeds or sweep) from its last checkpoint:
+    `nnx-ppo resume RUN_DIR [--ppo.total-steps N]`. The run's own settings
+    are the defaults; a flag may change only what keeps the run the same
+    run (e.g. --ppo.total-steps, evaluation and checkpoint settings), and
+    every change is printed and recorded in config.json's "resumed" list.
+    `train --resume RUN_DIR` and `sweep --resume RUN_DIR` are the same."""
+
+    run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    """a run directory written by `nnx-ppo train` or `nnx-ppo sweep`."""
 
 
 @dataclasses.dataclass
@@ -317,10 +346,15 @@ class ExportCommand:
     """a run directory written by `nnx-ppo train`."""
 
     out: str
-    """the directory to write (step.jax, initial_carry.jax, params.npz, policy.json)."""
+    """the directory to write (step.jax, initial_carry.jax, params.npz, policy.json): new or empty, or a previous
+    export with --overwrite."""
 
-    batch_size: int = 1
-    """the number of envs the exported step takes at once."""
+    batch_size: Optional[int] = None
+    """the number of envs load_exported(DIR).initial_carry() gives by default (default 1). The exported step takes any
+    batch size, unless a module of the network needs a fixed one: then this one (default 1)."""
+
+    overwrite: bool = False
+    """replace the files of a previous export in --out (anything else there is still refused)."""
 
     best: bool = False
     """export the best evaluated policy kept during training instead of the final one."""

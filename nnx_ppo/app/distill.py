@@ -34,6 +34,22 @@ def _teacher(run_dir: Path, saved: dict):
                             what=f"teacher {run_dir}: ")
 
 
+def resumed_distillation(saved: dict) -> DistillSetup:
+    """What a distillation run (its ``config.json`` is ``saved``) needs to be
+    resumed: its teacher, loaded again from the teacher's run, and its
+    distillation settings."""
+    from nnx_ppo.algorithms.distillation import DistillationConfig
+
+    recorded = dict(saved["distillation"])
+    teacher_run = Path(recorded.pop("teacher_run"))
+    try:
+        config = DistillationConfig(**recorded)
+    except (TypeError, ValueError) as e:
+        raise CliError(f"cannot read the distillation settings of the run: {e}") from None
+    teacher = _teacher(teacher_run, read_run(teacher_run, rebuild="use it as a teacher"))
+    return DistillSetup(teacher=teacher, config=config, teacher_run=str(teacher_run))
+
+
 def run_distill(cmd: DistillCommand, argv: list[str]) -> int:
     """``nnx-ppo distill``: returns the exit code (as ``nnx-ppo train``)."""
     from nnx_ppo.algorithms.distillation import DistillationConfig
@@ -63,7 +79,6 @@ def run_distill(cmd: DistillCommand, argv: list[str]) -> int:
         env_kwargs=json.dumps(saved.get("env_kwargs", {})),
         train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
         config=dataclasses.replace(config, ppo=ppo, seed=cmd.seed),
-        reward_scale=float(saved.get("reward_scale", 1.0)),
         no_preset=True,
         run_dir=cmd.run_dir or str(rd.default_run_dir(f"{saved['env']}-distill")),
         quiet=cmd.quiet,

@@ -1,12 +1,21 @@
 """``nnx-ppo eval``: load a run's final policy, evaluate it, record a video
-or the activations of chosen modules (:mod:`nnx_ppo.app.record`)."""
+or the activations of chosen modules (:mod:`nnx_ppo.app.record`).
+
+A run of several seeds (or a sweep's members) is evaluated seed by seed;
+the line of a seed that failed in training ends with its failure (``FAILED
+at iteration I (env steps S): reason``, from the failure rows of
+``metrics.jsonl``), and a sweep member's label names the member whose state
+population-based training copied over it after its failure (``revived from
+member K at iteration I``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from nnx_ppo import run_dir as rd
 from nnx_ppo.app.commands import CliError, EvalCommand, checkpoint_choice, load_run_network, read_run, run_policy_spec
 from nnx_ppo.app.record import check_record_flags, check_record_paths, print_module_paths, record_to_file
+from nnx_ppo.app.sweep import failure_text, lineage_text, member_lineage
 from nnx_ppo.progress import pretty_path
 
 
@@ -43,16 +52,26 @@ def run_eval(cmd: EvalCommand) -> int:
     kind = "stochastic" if cmd.stochastic else "deterministic"
     print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with {policy} of "
           f"{pretty_path(run_dir)}")
+    rows = rd.read_metrics(run_dir)
+    failures, lineage = rd.failure_rows(rows), member_lineage(rows)
     first = None
     for training_seed in training_seeds:
-        network = load_run_network(ckpt_dir, spec.build(env), seed=training_seed, step=which)
+        failure = failures.get(training_seed)
+        mark = "" if failure is None else f"  {failure_text(failure)}"
+        indent = "  " if training_seed is None else f"  {_label(training_seed, members, lineage.get(training_seed))}: "
+        try:
+            network = load_run_network(ckpt_dir, spec.build(env), seed=training_seed, step=which)
+        except CliError:
+            if failure is None or which != "best":
+                raise
+            print(f"{indent}no best policy (it failed before an evaluation saved one){mark}")
+            continue
         first = first or network
         metrics = evaluate(env, network, n_envs=cmd.episodes, max_episode_length=max_len, seed=cmd.seed,
                            deterministic=not cmd.stochastic)
-        indent = "  " if training_seed is None else f"  {_label(training_seed, members)}: "
         print(f"{indent}return  mean {metrics['eval/episode_return']:.4f}  std {metrics['eval/episode_return_std']:.4f}"
               f"  min {metrics['eval/episode_return_min']:.4f}  max {metrics['eval/episode_return_max']:.4f}"
-              f"  length  mean {metrics['eval/episode_length']:.1f}")
+              f"  length  mean {metrics['eval/episode_length']:.1f}{mark}")
     if cmd.video is not None:
         n_frames = record_video(env, first, cmd.video, max_len, cmd.seed, cmd.stochastic, cmd.fps)
         print(f"video: {cmd.video} ({n_frames} frames)")
@@ -61,14 +80,19 @@ def run_eval(cmd: EvalCommand) -> int:
     return 0
 
 
-def _label(index: int, members: list[dict] | None) -> str:
-    """``seed 3``, or for a sweep ``member 5 (seed 1, learning_rate 0.001)``."""
+def _label(index: int, members: list[dict] | None, lineage: list[dict] | None = None) -> str:
+    """``seed 3``, or for a sweep ``member 5 (seed 1, learning_rate 0.001)``
+    (its starting values), with its revival when PBT copied a healthy state
+    over it after it failed (``..., revived from member 2 at iteration 4)``;
+    ``lineage``: its entry of :func:`~nnx_ppo.app.sweep.member_lineage`)."""
     if members is None:
         return f"seed {index}"
     member = members[index]
-    values = ", ".join(f"{k} {v:g}" for k, v in member["hyperparameters"].items()
-                       if len({m["hyperparameters"].get(k) for m in members}) > 1)
-    return f"member {index} (seed {member['seed']}{', ' + values if values else ''})"
+    values = [f"{k} {v:g}" for k, v in member["hyperparameters"].items()
+              if len({m["hyperparameters"].get(k) for m in members}) > 1]
+    revival = lineage_text(lineage or [], only_revival=True)
+    parts = [f"seed {member['seed']}", *values, *([revival] if revival else [])]
+    return f"member {index} ({', '.join(parts)})"
 
 
 def can_render(env) -> bool:

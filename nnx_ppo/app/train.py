@@ -10,15 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.algorithms.config import check_seed
 from nnx_ppo.app.commands import (
     DEFAULT_HIDDEN_SIZE,
     PROG,
     CliError,
     TrainCommand,
     build_network,
+    check_distinct_seeds,
     fresh_run_dir,
     has_checkpoint,
+    lock_run_dir,
     make_env,
     network_spec_of,
     parse_env_kwargs,
@@ -33,69 +34,108 @@ from nnx_ppo.progress import Progress, StopFlag, fmt_seconds, pretty_path
 
 
 def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
-    """A TrainCommand holding a run's saved settings (used as the parser's
-    defaults for --resume, so only flags given explicitly change anything)."""
+    """The command that continues the run in ``run_dir`` (a TrainCommand, or
+    a SweepCommand for a sweep), holding the run's saved settings: the
+    parser's defaults for ``resume``/``--resume``, so that only flags given
+    explicitly change anything (and :func:`resume_changes` checks those)."""
+    from nnx_ppo.app.commands import SweepCommand
+
     saved = read_run(Path(run_dir), rebuild="resume it")
     try:
-        if "distillation" in saved:
-            raise CliError(f"{run_dir} is a distillation run (nnx-ppo distill); it cannot be resumed with "
-                           "`train --resume` yet: distill again with a larger --total-steps")
-        config = rd.train_config_from_dict(saved["config"])
         net = saved["network"]
         hidden_size = int(net.get("hidden_size") or DEFAULT_HIDDEN_SIZE)
         sized = network_kwargs(net["kind"], hidden_size)
         extra = {k: v for k, v in (net.get("kwargs") or {}).items() if k not in sized}
-        cmd = TrainCommand(
+        fields = dict(
             env=saved["env"],
             network=net["kind"],
             hidden_size=hidden_size,
             network_kwargs=json.dumps(extra) if extra else None,
             env_kwargs=json.dumps(saved.get("env_kwargs", {})),
             train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
-            config=config,
-            reward_scale=float(saved.get("reward_scale", 1.0)),
+            config=rd.train_config_from_dict(saved["config"]),
             no_preset=True,  # the run's own settings are the defaults
             seeds=tuple(int(s) for s in saved.get("seeds", ())),
             resume=run_dir,
         )
+        if "members" in saved:
+            population = saved["population"]
+            pbt = population.get("pbt") or {}
+            return SweepCommand(**{**fields, "seeds": tuple(population["seeds"])},
+                                pbt_every=int(pbt.get("every_iterations", 0))), saved
     except (KeyError, TypeError, ValueError) as e:
         raise CliError(f"cannot read {Path(run_dir) / rd.CONFIG_FILE}: {e}") from None
-    return cmd, saved
+    return TrainCommand(**fields), saved
 
 
-def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, env_kwargs: dict, train_env_kwargs: dict) -> Path:
-    """The run directory; for ``--resume``, after checking that nothing that
-    must stay fixed changed and that there is a checkpoint to resume from."""
-    if cmd.seeds and len(set(cmd.seeds)) != len(cmd.seeds):
-        raise CliError(f"--seeds: give distinct seeds, got {list(cmd.seeds)}")
-    for seed in cmd.seeds:
-        try:
-            check_seed(seed, "--seeds: each seed")
-        except ValueError as e:
-            raise CliError(str(e)) from None
-    if cmd.resume is None:
-        run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
-        return fresh_run_dir(run_dir, "train")
-    assert saved is not None
+def resume_changes(cmd: TrainCommand, saved: dict[str, Any], env_kwargs: dict, train_env_kwargs: dict
+                   ) -> dict[str, list]:
+    """What resuming the run ``saved`` with ``cmd`` changes (``{"ppo.total_steps":
+    [before, after]}``), printed; a change of anything that makes the run
+    (the env, the network, the seeds, a config field not declared resumable)
+    is a one-line CliError naming the flag."""
+    from nnx_ppo.algorithms.config import resume_changes as config_changes
+
+    network = saved["network"]
+    kwargs = parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs")
+    sized = network_kwargs(network["kind"], int(network.get("hidden_size") or DEFAULT_HIDDEN_SIZE))
     for what, now, before in (
         ("env", cmd.env, saved["env"]),
-        ("--network", _normalized_network(cmd.network), saved["network"]["kind"]),
-        ("--hidden-size", cmd.hidden_size, saved["network"]["hidden_size"]),
+        ("--network", _normalized_network(cmd.network), network["kind"]),
+        ("--hidden-size", cmd.hidden_size, network["hidden_size"]),
+        ("--network-kwargs", kwargs, {k: v for k, v in (network.get("kwargs") or {}).items() if k not in sized}),
         ("--env-kwargs", env_kwargs, saved.get("env_kwargs", {})),
-        ("--ppo.n-envs", cmd.config.ppo.n_envs, saved["config"]["ppo"]["n_envs"]),
-        ("--ppo.rollout-length", cmd.config.ppo.rollout_length, saved["config"]["ppo"]["rollout_length"]),
-        ("--reward-scale", cmd.reward_scale, float(saved.get("reward_scale", 1.0))),
         ("--train-env-kwargs", train_env_kwargs, saved.get("train_env_kwargs", {})),
-        ("--seeds", list(cmd.seeds), list(saved.get("seeds", []))),
+        ("--seeds", list(cmd.seeds), list(saved.get("population", saved).get("seeds", []))),
     ):
         if now != before:
             raise CliError(f"cannot change {what} when resuming ({before!r} in the run, {now!r} given)")
+    try:
+        changes = config_changes(saved["config"], cmd.config)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    for name, (before, after) in changes.items():
+        print(f"resuming with --{name.replace('_', '-')} {after} (was {before})", flush=True)
+    return changes
+
+
+def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, command: str = "train") -> Path:
+    """The run directory, locked (the caller releases
+    ``rd.RunLock(run_dir)``); for ``--resume``, after checking that there is
+    a checkpoint to resume from."""
+    check_distinct_seeds(cmd.seeds)
+    if cmd.resume is None:
+        run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
+        lock = lock_run_dir(run_dir)
+        try:
+            return fresh_run_dir(run_dir)
+        except BaseException:
+            lock.release()
+            raise
+    assert saved is not None
     if cmd.run_dir is not None and Path(cmd.run_dir).resolve() != Path(cmd.resume).resolve():
         raise CliError("give either --run-dir or --resume, not both")
     run_dir = Path(cmd.resume)
     if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
-        raise CliError(f"{run_dir} has no checkpoints to resume from")
+        raise CliError(f"{run_dir} has no checkpoints to resume from (it stopped before its first one); start it "
+                       f"again: {PROG} {command} ... --run-dir {run_dir}")
+    lock = lock_run_dir(run_dir)
+    try:
+        rd.check_writable(run_dir)
+        _check_writable_files(run_dir)
+    except BaseException:
+        lock.release()
+        raise
     return run_dir
+
+
+def _check_writable_files(run_dir: Path) -> None:
+    """A resumed run appends to its files: each must be writable (one line naming the first that is not)."""
+    import os
+
+    for path in [run_dir, *(run_dir / name for name in (rd.CONFIG_FILE, rd.METRICS_FILE, rd.CHECKPOINT_DIR))]:
+        if path.exists() and not os.access(path, os.W_OK):
+            raise CliError(f"cannot resume {run_dir}: {path} is not writable")
 
 
 def _already_trained(cmd: TrainCommand, run_dir: Path) -> bool:
@@ -109,7 +149,7 @@ def _already_trained(cmd: TrainCommand, run_dir: Path) -> bool:
     if done < wanted:
         return False
     print(f"{pretty_path(run_dir)} already trained {done:,} env steps (--ppo.total-steps {wanted:,}); nothing to "
-          f"do. Train longer with: {PROG} train --resume {pretty_path(run_dir)} --ppo.total-steps N")
+          f"do. Train longer with: {PROG} resume {pretty_path(run_dir)} --ppo.total-steps N")
     return True
 
 
@@ -129,18 +169,9 @@ def _network_title(cmd: TrainCommand) -> str:
 
 
 def _envs(cmd: TrainCommand, env_kwargs: dict, train_env_kwargs: dict):
-    """``(train_env, eval_env)``. Training envs start their time-limit counters
-    at random steps so the vmapped episodes de-synchronize, and get the
-    reward scale; evaluation keeps full-length episodes and plain rewards."""
-    env = make_env(cmd.env, env_kwargs)
-    train_env = make_env(cmd.env, {"random_initial_steps": True, **env_kwargs, **train_env_kwargs})
-    if not cmd.reward_scale > 0:
-        raise CliError(f"--reward-scale must be positive, got {cmd.reward_scale}")
-    if cmd.reward_scale != 1.0:
-        from nnx_ppo.envs.wrappers import RewardScale
-
-        train_env = RewardScale(train_env, cmd.reward_scale)
-    return train_env, env
+    """``(train_env, eval_env)`` (:func:`nnx_ppo.run_dir.training_env_kwargs`
+    says how the training env differs)."""
+    return make_env(cmd.env, rd.training_env_kwargs(env_kwargs, train_env_kwargs)), make_env(cmd.env, env_kwargs)
 
 
 def _import_wandb(cmd: TrainCommand):
@@ -190,14 +221,12 @@ def _wandb_init(wandb, **kwargs):
         return None
 
 
-def _run_config(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, spec, env_kwargs: dict,
-                train_env_kwargs: dict) -> dict[str, Any]:
-    """What ``config.json`` records (a resumed run keeps its history)."""
+def _run_config(cmd: TrainCommand, argv: list[str], spec, env_kwargs: dict, train_env_kwargs: dict) -> dict[str, Any]:
+    """What a fresh run's ``config.json`` records."""
     content = rd.run_content(env=cmd.env, env_kwargs=env_kwargs, train_env_kwargs=train_env_kwargs,
-                             network=spec.to_dict(), config=cmd.config, reward_scale=cmd.reward_scale, seeds=cmd.seeds,
-                             command=[PROG, *argv], saved=saved)
+                             network=spec.to_dict(), config=cmd.config, seeds=cmd.seeds, command=[PROG, *argv])
     preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network)
-    if preset is not None and "preset" not in content:
+    if preset is not None:
         content["preset"] = {"env": preset.env, "network": preset.network}
     return content
 
@@ -215,16 +244,12 @@ def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict, resuming: bool
               "--no-preset starts from the library defaults", flush=True)
 
 
-def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int = 1, distill=None) -> None:
+def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int = 1) -> None:
     import numpy as np
 
-    if stopped and distill is None:
+    if stopped:
         print(f"stopped early at {result.total_steps:,} env steps; continue with: "
-              f"{PROG} train --resume {pretty_path(run_dir)}")
-    elif stopped:  # (a distillation run cannot be resumed yet)
-        print(f"stopped early at {result.total_steps:,} env steps; the student is saved (evaluate it with: {PROG} "
-              f"eval {pretty_path(run_dir)}). A distillation run is not resumable: to train longer, distill again: "
-              f"{PROG} distill {pretty_path(Path(distill.teacher_run))} --total-steps N")
+              f"{PROG} resume {pretty_path(run_dir)}")
     line = f"trained {result.total_steps:,} env steps{' per seed' if n_seeds > 1 else ''} in {fmt_seconds(elapsed)} " \
            f"(compile {result.compile_seconds:.1f} s)"
     if result.eval_history and n_seeds == 1:
@@ -337,101 +362,93 @@ def _video_recorder(cmd: TrainCommand, env, run_dir: Path, logger, progress):
 
 
 def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, distill=None) -> int:
-    """``nnx-ppo train``: returns the exit code (0 done or stopped, 1 failed, 130 aborted).
-    With ``distill`` (a :class:`nnx_ppo.app.distill.DistillSetup`), ``nnx-ppo
-    distill``: the same run, trained by distillation from its teacher.
+    """``nnx-ppo train`` (and ``resume``): returns the exit code (0 done or
+    stopped, 1 failed, 130 aborted). With ``distill`` (a
+    :class:`nnx_ppo.app.distill.DistillSetup`), ``nnx-ppo distill``: the
+    same run, trained by distillation from its teacher.
 
-    The steps are named helpers; what stays here is the order of the run
-    and the one ``try`` that turns every way training can end into an exit
-    code with the run directory intact."""
+    The run directory is locked from the first check to the last line."""
     from nnx_ppo.algorithms.distributed import is_primary, process_count
-    from nnx_ppo.algorithms.driver import NonFiniteError
-    from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
 
-    resuming = cmd.resume is not None
     env_kwargs = parse_env_kwargs(cmd.env_kwargs, cmd.env)
     train_env_kwargs = parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
     primary = is_primary()  # in a run of several processes only process 0 writes the run directory and logs
     if process_count() > 1 and cmd.run_dir is None and cmd.resume is None:
         raise CliError("--run-dir is required with several processes (every process must name the same directory)")
-    run_dir = _run_directory(cmd, saved, env_kwargs, train_env_kwargs) if primary else Path(cmd.resume or cmd.run_dir)
-    if resuming and process_count() == 1 and _already_trained(cmd, run_dir):
-        return 0
+    changes = resume_changes(cmd, saved, env_kwargs, train_env_kwargs) if cmd.resume is not None else {}
+    if cmd.resume is not None and "distillation" in saved:  # a distillation run resumes as one, from its teacher
+        from nnx_ppo.app.distill import resumed_distillation
+
+        distill = resumed_distillation(saved)
+    if not primary:
+        return _train(cmd, argv, Path(cmd.resume or cmd.run_dir), env_kwargs, train_env_kwargs, changes, distill,
+                      primary=False)
+    run_dir = _run_directory(cmd, saved, "distill" if distill is not None else "train")
+    try:
+        if cmd.resume is not None and process_count() == 1 and _already_trained(cmd, run_dir):
+            return 0
+        return _train(cmd, argv, run_dir, env_kwargs, train_env_kwargs, changes, distill, primary=True)
+    finally:
+        rd.RunLock(run_dir).release()
+
+
+def _open_run(cmd: TrainCommand, argv: list[str], run_dir: Path, spec, env_kwargs: dict, train_env_kwargs: dict,
+              changes: dict, distill) -> rd.RunLogger:
+    """Write a fresh run's ``config.json`` (or record the resume in it) and
+    open its logger (with W&B for ``--wandb``)."""
+    wandb = _import_wandb(cmd)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cmd.resume is None:
+        content = _run_config(cmd, argv, spec, env_kwargs, train_env_kwargs)
+        if distill is not None:
+            content["distillation"] = {"teacher_run": distill.teacher_run, **dataclasses.asdict(distill.config)}
+        if wandb is not None:
+            content["wandb_id"] = uuid.uuid4().hex[:8]  # wandb >= 0.31 has no util.generate_id
+        rd.write_run_config(run_dir, content)
+    else:
+        content = rd.append_resumed(run_dir, changes, [PROG, *argv])
+    wandb_run = None
+    if wandb is not None:
+        wandb_run = _wandb_init(wandb, project=cmd.wandb_project, name=run_dir.name,
+                                id=content.get("wandb_id") or uuid.uuid4().hex[:8], dir=str(run_dir),
+                                config=content, resume="allow")
+    return rd.RunLogger(run_dir, steps_per_iteration=cmd.config.ppo.steps_per_iteration,
+                        title=f"{cmd.network} on {cmd.env}", wandb_run=wandb_run, resumed=cmd.resume is not None,
+                        config=content)
+
+
+def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, train_env_kwargs: dict,
+           changes: dict, distill, primary: bool) -> int:
+    """Build the envs and the network, open the run's outputs, train, and
+    turn every way training can end into an exit code with the run directory intact."""
+    from nnx_ppo.algorithms.distributed import process_count
+    from nnx_ppo.algorithms.driver import NonFiniteError
+
+    resuming = cmd.resume is not None
     train_env, env = _envs(cmd, env_kwargs, train_env_kwargs)
-    config = cmd.config
-    spec = network_spec_of(cmd, env_kwargs, config.seed)
+    spec = network_spec_of(cmd, env_kwargs, cmd.config.seed)
     network = build_network(spec, env, cmd)
-    wandb = _import_wandb(cmd) if primary else None
     if cmd.video_every < 0:
         raise CliError(f"--video-every must be >= 0, got {cmd.video_every}")
     if cmd.video_every and cmd.seeds:
         raise CliError("--video-every is not available with --seeds")
     if cmd.video_every:
         check_video_target(str(run_dir / "videos" / "check.mp4"), env, cmd.env, flag="--video-every")
-
-    ppo = config.ppo
     if primary:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        content = _run_config(cmd, argv, saved, spec, env_kwargs, train_env_kwargs)
-        if distill is not None:
-            content["distillation"] = {"teacher_run": distill.teacher_run, **dataclasses.asdict(distill.config)}
-        wandb_run = None
-        if wandb is not None:
-            content.setdefault("wandb_id", uuid.uuid4().hex[:8])  # wandb >= 0.31 has no util.generate_id
-            wandb_run = _wandb_init(wandb, project=cmd.wandb_project, name=run_dir.name, id=content["wandb_id"],
-                                    dir=str(run_dir), config=content, resume="allow")
-        rd.write_run_config(run_dir, content)
+        logger = _open_run(cmd, argv, run_dir, spec, env_kwargs, train_env_kwargs, changes, distill)
         _announce(cmd, run_dir, env_kwargs, resuming)
-        logger = rd.RunLogger(run_dir, steps_per_iteration=ppo.steps_per_iteration,
-                              title=f"{cmd.network} on {cmd.env}", wandb_run=wandb_run, resumed=resuming)
     else:
         logger = _SilentLogger()
+    ppo = cmd.config.ppo
     n_runs = max(len(cmd.seeds), 1)
     progress = Progress(ppo.n_iterations * ppo.steps_per_iteration * n_runs, ppo.steps_per_iteration * n_runs,
                         cmd.quiet or not primary)
-
-    def log_fn(metrics: dict[str, float], env_steps: int) -> None:
-        logger(metrics, env_steps)
-        if rd.RunLogger.is_eval(metrics):
-            progress.evaluation(metrics, env_steps)
-        else:
-            progress.iteration(metrics, env_steps)
-
-    on_evaluation = _video_recorder(cmd, env, run_dir, logger, progress) if cmd.video_every else None
-    metadata = {"network": spec.to_dict(), "run_dir": str(run_dir.resolve())}
-    ckpt_dir = str((run_dir / rd.CHECKPOINT_DIR).resolve())
     t0 = time.perf_counter()
     code, result = 0, None
     stop = StopFlag(progress.write)
     try:
         with stop:
-            if cmd.seeds:
-                results = _train_seeds(cmd, train_env, env, spec, logger, progress, config, dict(
-                    checkpoint_dir=ckpt_dir, resume_from=ckpt_dir if resuming else None,
-                    checkpoint_metadata=metadata, should_stop=stop))
-                result = results[0]
-                failed = [s for s, r in zip(cmd.seeds, results) if r.failure is not None]
-                if failed:
-                    print_error(f"seeds {failed} failed (the others trained on); the run directory is kept and "
-                                f"resumable: {PROG} train --resume {pretty_path(run_dir)}")
-                    code = 1
-            elif distill is not None:
-                from nnx_ppo.algorithms.distillation import train_distillation
-
-                progress.start()
-                result = train_distillation(
-                    train_env, distill.teacher, network, config, distillation=distill.config, eval_env=env,
-                    log_fn=log_fn, checkpoint_dir=ckpt_dir, checkpoint_metadata=metadata, should_stop=stop,
-                    on_evaluation=on_evaluation,
-                )
-            else:
-                state = new_training_state(train_env, network, config)
-                progress.start()
-                result = train_ppo(
-                    train_env, network, config, eval_env=env, log_fn=log_fn, state=state, checkpoint_dir=ckpt_dir,
-                    resume_from=ckpt_dir if resuming else None, checkpoint_metadata=metadata, should_stop=stop,
-                    on_evaluation=on_evaluation,
-                )
+            code, result = _fit(cmd, train_env, env, spec, network, run_dir, logger, progress, stop, distill)
     except KeyboardInterrupt:
         progress.close()
         print_error("aborted; metrics so far are kept, and the last saved checkpoint (if any) is in "
@@ -453,7 +470,45 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
         progress.close()
         logger.close()
     if result is not None and primary:
-        _summary(result, time.perf_counter() - t0, stop.requested, run_dir, n_runs, distill)
+        _summary(result, time.perf_counter() - t0, stop.requested, run_dir, n_runs)
     if primary:
         print(f"run directory: {pretty_path(run_dir)}", flush=True)
     return code
+
+
+def _fit(cmd: TrainCommand, train_env, env, spec, network, run_dir: Path, logger, progress, stop, distill):
+    """Train (PPO, a seed batch, or distillation): ``(exit code, result)``."""
+    from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
+
+    config, resuming = cmd.config, cmd.resume is not None
+    ckpt_dir = str((run_dir / rd.CHECKPOINT_DIR).resolve())
+    checkpoints = dict(checkpoint_dir=ckpt_dir, checkpoint_metadata={"network": spec.to_dict(),
+                                                                     "run_dir": str(run_dir.resolve())},
+                       should_stop=stop)
+
+    def log_fn(metrics: dict[str, float], env_steps: int) -> None:
+        logger(metrics, env_steps)
+        if rd.RunLogger.is_eval(metrics):
+            progress.evaluation(metrics, env_steps)
+        else:
+            progress.iteration(metrics, env_steps)
+
+    on_evaluation = _video_recorder(cmd, env, run_dir, logger, progress) if cmd.video_every else None
+    if cmd.seeds:
+        results = _train_seeds(cmd, train_env, env, spec, logger, progress, config,
+                               dict(checkpoints, resume_from=ckpt_dir if resuming else None))
+        failed = [s for s, r in zip(cmd.seeds, results) if r.failure is not None]
+        if failed:
+            print_error(f"seeds {failed} failed (the others trained on); the run directory is kept and "
+                        f"resumable: {PROG} resume {pretty_path(run_dir)}")
+        return (1 if failed else 0), results[0]
+    progress.start()
+    if distill is not None:
+        from nnx_ppo.algorithms.distillation import train_distillation
+
+        return 0, train_distillation(train_env, distill.teacher, network, config, distillation=distill.config,
+                                     eval_env=env, log_fn=log_fn, on_evaluation=on_evaluation,
+                                     resume_from=ckpt_dir if resuming else None, **checkpoints)
+    state = new_training_state(train_env, network, config)
+    return 0, train_ppo(train_env, network, config, eval_env=env, log_fn=log_fn, state=state,
+                        resume_from=ckpt_dir if resuming else None, on_evaluation=on_evaluation, **checkpoints)

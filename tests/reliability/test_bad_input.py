@@ -130,14 +130,15 @@ def test_a_learning_curve_that_cannot_be_written_is_a_warning(tmp_path, monkeypa
 
 
 def test_a_stopped_distillation_suggests_what_works(tmp_path, capsys):
+    """A distillation run resumes like any other run: the stop line says how."""
     from types import SimpleNamespace
 
     from nnx_ppo.app.train import _summary
 
     result = SimpleNamespace(total_steps=512, compile_seconds=1.0, eval_history=[], metrics={})
-    _summary(result, 2.0, True, tmp_path / "student", distill=SimpleNamespace(teacher_run=str(tmp_path / "teacher")))
+    _summary(result, 2.0, True, tmp_path / "student")
     out = capsys.readouterr().out
-    assert "train --resume" not in out and "nnx-ppo distill" in out and "nnx-ppo eval" in out
+    assert "continue with: nnx-ppo resume" in out and "nnx-ppo eval" in out
 
 
 def test_a_checkpoint_directory_replaced_during_the_run_is_one_error(tmp_path):
