@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nnx_ppo import _original_paths
 from nnx_ppo._lazy import lazy_exports
+
+_original_paths.install()  # the original nnx-ppo 0.3.0's import paths (docs/migrating.md)
 
 __version__ = "0.1.0"
 

@@ -14,7 +14,8 @@ Rollout, replay, minibatching, the optimizer and PPO's initial state are
 shared, and the one trainer (:func:`nnx_ppo.algorithms.trainer.train`: the
 compiled program, the driver loop with evaluation, logging, checkpoints,
 resume and stop, sharding) runs it; only the iteration differs. Teacher and student are any networks with a
-:class:`~nnx_ppo.networks.types.PPONetworkOutput` on the same action space:
+:class:`~nnx_ppo.networks.types.PPONetworkOutput` on the same action space (or one
+``target_fn`` maps the teacher's to the student's):
 an MLP teacher into an LSTM student, or a privileged teacher that reads what
 the student does not see (``teacher_obs``).
 """
@@ -32,12 +33,14 @@ import optax
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Health, IterationOutput
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
+from nnx_ppo.algorithms.hooks import evaluation_hook
 from nnx_ppo.algorithms.losses import replay_error
 from nnx_ppo.algorithms.optimization import make_optimizer, update_epochs
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.rollout import Trajectory, collect_rollout, sum_leaves
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, train
+from nnx_ppo.envs.registry import as_env
 from nnx_ppo.networks.adapter import extras_for_actions
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModuleOutput
 
@@ -94,7 +97,7 @@ class TeacherStudent:
     mixing); observations are the env's, or ``{"student", "teacher"}`` when
     ``privileged``. The output is the student's :class:`PPONetworkOutput`
     with the executed actions; the extras are ``{"student": the student's
-    extras, "teacher_actions": [B, ...]}``.
+    extras, "teacher_actions": [B, ...]}`` (the targets, after ``target``).
 
     Attributes:
       student, teacher: the two networks' functional views (the teacher's in
@@ -102,6 +105,10 @@ class TeacherStudent:
       beta: scalar probability of executing the teacher's action.
       privileged: observations are ``{"student", "teacher"}``.
       mixing: draw the executed action (else the student's always).
+      target: ``target(one env's teacher actions) -> the student's target
+        actions``, applied per env (vmapped) to the teacher's actions before
+        they are recorded (and executed, with mixing); None: the teacher's
+        actions themselves.
     """
 
     student: NetworkFn
@@ -109,6 +116,11 @@ class TeacherStudent:
     beta: jax.Array
     privileged: bool = dataclasses.field(default=False, metadata=dict(static=True))
     mixing: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    target: Callable[[Any], Any] | None = dataclasses.field(default=None, metadata=dict(static=True))
+
+    def targets(self, teacher_actions: Any) -> Any:
+        """The student's targets for the teacher's ``[B, ...]`` actions."""
+        return teacher_actions if self.target is None else jax.vmap(self.target)(teacher_actions)
 
     def _views(self, obs: Any) -> tuple[Any, Any]:
         return (obs["student"], obs["teacher"]) if self.privileged else (obs, obs)
@@ -119,7 +131,7 @@ class TeacherStudent:
         student_obs, teacher_obs = self._views(obs)
         t_out, teacher = self.teacher.apply(carry["teacher"], teacher_obs)
         s_out, student = self.student.apply(carry["student"], student_obs)
-        teacher_actions = jax.lax.stop_gradient(t_out.output.actions)
+        teacher_actions = jax.lax.stop_gradient(self.targets(t_out.output.actions))
         actions = s_out.output.actions
         next_state = {"student": s_out.next_state, "teacher": t_out.next_state}
         if self.mixing:
@@ -165,9 +177,11 @@ def distillation_loss(params: Any, network: NetworkFn, trajectory: Trajectory) -
 
 def distillation_iteration(env, graphdef: Any, teacher: NetworkFn, optimizer: optax.GradientTransformation,
                            config: PPOConfig, distillation: DistillationConfig, observe: Callable | None,
-                           state: TrainingState) -> tuple[TrainingState, IterationOutput]:
+                           state: TrainingState, target: Callable[[Any], Any] | None = None,
+                           ) -> tuple[TrainingState, IterationOutput]:
     """One distillation iteration (pure; the counterpart of
-    :func:`nnx_ppo.algorithms.ppo.train_iteration`).
+    :func:`nnx_ppo.algorithms.ppo.train_iteration`); ``target`` maps one
+    env's teacher actions to the student's targets (see :class:`TeacherStudent`).
 
     1. rollout ``[T, B]`` of :class:`TeacherStudent`;
     2. the student's replay of the whole batch with its own extras must
@@ -178,7 +192,7 @@ def distillation_iteration(env, graphdef: Any, teacher: NetworkFn, optimizer: op
     key, rollout_key, epoch_key = jax.random.split(state.key, 3)
     beta = distillation.beta(state.iteration * config.steps_per_iteration)
     pair = TeacherStudent(student=NetworkFn(graphdef, state.params, state.rest), teacher=teacher, beta=beta,
-                          privileged=observe is not None, mixing=distillation.teacher_mixing > 0)
+                          privileged=observe is not None, mixing=distillation.teacher_mixing > 0, target=target)
     rollout = collect_rollout(env, pair, state.rollout, rollout_key, config.rollout_length,
                               bootstrap_on_truncation=False, observe=observe)
     traj, student = rollout.trajectory, rollout.network.student
@@ -222,9 +236,20 @@ def _check_pair(env, pair: TeacherStudent, carry: Any, observe: Callable | None)
                         f"nnx_ppo.networks.factories or a PPOAdapter), got {type(t_out.output).__name__}")
     s_out = jax.eval_shape(lambda n, c, o: n.apply(c, o)[0], pair.student, one["student"], student_obs)
     describe = lambda tree: jax.tree.map(lambda x: (x.shape, str(x.dtype)), tree)
-    if describe(t_out.output.actions) != describe(s_out.output.actions):
-        raise ValueError(f"train_distillation: teacher actions {describe(t_out.output.actions)} do not match the "
-                         f"student's {describe(s_out.output.actions)} (same action space needed)")
+    teacher_actions, what = t_out.output.actions, "teacher actions"
+    if pair.target is not None:
+        try:
+            teacher_actions = jax.eval_shape(pair.targets, teacher_actions)
+        except Exception as err:
+            one_env = jax.tree.map(lambda x: (x.shape[1:], str(x.dtype)), teacher_actions)
+            raise ValueError(f"train_distillation: target_fn cannot map one env's teacher actions {one_env}: "
+                             f"{err}") from err
+        what = "target_fn(teacher actions)"
+    if describe(teacher_actions) != describe(s_out.output.actions):
+        hint = ("target_fn must return the student's action structure" if pair.target is not None else
+                "same action space needed, or a target_fn mapping the teacher's actions to the student's")
+        raise ValueError(f"train_distillation: {what} {describe(teacher_actions)} do not match the "
+                         f"student's {describe(s_out.output.actions)} ({hint})")
 
 
 def train_distillation(
@@ -235,6 +260,9 @@ def train_distillation(
     *,
     distillation: DistillationConfig = DistillationConfig(),
     teacher_obs: Callable[[Any], Any] | None = None,
+    target_fn: Callable[[Any], Any] | None = None,
+    stop_fn: Callable[[dict[str, float], int], bool] | None = None,
+    initial_eval: bool = False,
     on_evaluation: Callable[[NetworkFn, int], None] | None = None,
     **options: Unpack[TrainOptions],
 ) -> TrainResult:
@@ -259,6 +287,28 @@ def train_distillation(
       teacher_obs: a privileged teacher's view: ``teacher_obs(env_state)``
         for one (un-batched) env state (e.g. ``lambda s: s.data`` for the
         full physical state); default: the env's observation.
+      target_fn: the student's targets from the teacher's actions:
+        ``target_fn(actions)`` for one (un-batched) env's teacher actions,
+        returning actions of the student's structure, shape and dtype (e.g.
+        ``lambda a: a[:2]`` to distill the first two action dims of a larger
+        teacher, ``lambda a: a["arm"]`` for one entry of a dict action, or a
+        transformed action such as ``lambda a: 0.5 * a``). Traced with JAX
+        inside the compiled iteration. With teacher mixing, the teacher's
+        executed action is ``target_fn``'s too. Default: the teacher's
+        actions themselves (then teacher and student need the same action space).
+      stop_fn: ``stop_fn(metrics, env_steps) -> bool``, called between
+        compiled calls (every iteration, with the default
+        ``TrainConfig.iterations_per_call=1``) with the latest iteration's
+        metrics (plus the ``eval/...`` ones when an evaluation has just run)
+        and the env steps so far; True stops training early, as
+        ``should_stop`` does (the state so far is kept, saved and returned),
+        e.g. ``lambda m, steps: m["loss/distillation"] < 0.1``.
+      initial_eval: evaluate the student once before the first update (with
+        ``config.eval``'s settings, also when periodic evaluation is
+        disabled), as an evaluation at env step 0: ``log_fn(metrics, 0)``,
+        ``on_evaluation(policy, 0)`` and first in the result's
+        ``eval_history``. Skipped when resuming. Not written into a
+        ``run_dir``'s ``metrics.jsonl`` (which starts with the first iteration).
       on_evaluation: as for :func:`~nnx_ppo.algorithms.ppo.train_ppo` (the
         evaluated policy is the student).
       **options: the :class:`~nnx_ppo.algorithms.trainer.TrainOptions`, as
@@ -266,15 +316,20 @@ def train_distillation(
 
     Returns:
       A :class:`TrainResult`; metrics ``loss/distillation`` (negative
-      log-likelihood of the teacher's actions), ``distill/teacher_mixing``,
-      ``replay/max_error`` and PPO's ``train/...`` and ``env/...``.
+      log-likelihood of the teacher's actions, or of ``target_fn``'s),
+      ``distill/teacher_mixing``, ``replay/max_error`` and PPO's
+      ``train/...`` and ``env/...``.
     """
     observe = None
     if teacher_obs is not None:
         observe = lambda env_state: {"student": env_state.obs, "teacher": jax.vmap(teacher_obs)(env_state)}
+    if target_fn is not None and not callable(target_fn):
+        raise TypeError(f"train_distillation: target_fn must be callable, got {target_fn!r}")
     teacher_carry, teacher_fn = jax.tree.map(copy_leaf, NetworkFn.of(teacher, deterministic=True)).initialize(
         config.ppo.n_envs)
     mixing = distillation.teacher_mixing > 0
+    initial_evaluation: list[tuple[int, dict[str, float]]] = []
+    log_fn = options.get("log_fn")
 
     def initial_state(env, student, config: TrainConfig) -> TrainingState:
         """PPO's initial state of the student, its carry paired with the teacher's (and mixing keys)."""
@@ -283,17 +338,50 @@ def train_distillation(
         if mixing:
             carry["key"] = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 1), config.ppo.n_envs)
         pair = TeacherStudent(student=NetworkFn.of(student, deterministic=False), teacher=teacher_fn,
-                              beta=jnp.zeros(()), privileged=observe is not None, mixing=mixing)
+                              beta=jnp.zeros(()), privileged=observe is not None, mixing=mixing, target=target_fn)
         _check_pair(env, pair, carry, observe)
+        if initial_eval and options.get("resume_from") is None:
+            eval_env = env if options.get("eval_env") is None else as_env(options["eval_env"])
+            evaluate = evaluation_hook(config, student, eval_env, None, None, on_evaluation)
+            metrics = evaluate(state, 0)  # the student's variables, before any update
+            initial_evaluation.append((0, metrics))
+            if log_fn is not None:
+                log_fn(metrics, 0)
         return dataclasses.replace(state, rollout=dataclasses.replace(state.rollout, carry=carry))
 
     def iteration(env, graphdef, ppo: PPOConfig):
         optimizer = make_optimizer(ppo)
         return lambda state: distillation_iteration(env, graphdef, teacher_fn, optimizer, ppo, distillation, observe,
-                                                    state)
+                                                    state, target_fn)
 
+    if stop_fn is not None:
+        options = {**options, **_stop_options(stop_fn, log_fn, options.get("should_stop"))}
     teacher_class = f"{type(teacher).__module__}.{type(teacher).__qualname__}"
     record = {"distillation": {"teacher": teacher_class, **dataclasses.asdict(distillation)}}
     [result] = train(Algorithm(initial_state=initial_state, iteration=iteration, run_record=record), env, config,
                      network=student, on_evaluation=on_evaluation, **options)
+    result.eval_history[:0] = initial_evaluation
     return result
+
+
+def _stop_options(stop_fn: Callable[[dict[str, float], int], bool], log_fn: Callable | None,
+                  should_stop: Callable[[], bool] | None) -> dict[str, Callable]:
+    """``log_fn`` and ``should_stop`` options that hand ``stop_fn`` what was
+    logged since its last call (the latest iteration's metrics, and an
+    evaluation's) with the env steps, and stop when it, or ``should_stop``,
+    says so."""
+    seen: dict[str, float] = {}
+    steps = [0]
+
+    def logged(metrics: dict[str, float], env_steps: int) -> None:
+        if log_fn is not None:
+            log_fn(metrics, env_steps)
+        seen.update(metrics)
+        steps[0] = env_steps
+
+    def stop() -> bool:
+        metrics = dict(seen)
+        seen.clear()
+        return bool(stop_fn(metrics, steps[0])) or (should_stop is not None and bool(should_stop()))
+
+    return {"log_fn": logged, "should_stop": stop}

@@ -61,8 +61,12 @@ class NetworkFn:
                 m.deterministic = flag
 
     def module(self) -> nnx.Module:
-        """A fresh module with this state (``nnx.merge``)."""
-        return nnx.merge(self.graphdef, self.params, self.rest)
+        """A fresh module with this state (``nnx.merge``). Its variables are
+        new objects holding the same arrays, made in the current trace: a
+        write to one of them (a module writing a variable in ``__call__``)
+        changes neither this view nor any other module."""
+        params, rest = jax.tree.map(lambda leaf: leaf, (self.params, self.rest))
+        return nnx.merge(self.graphdef, params, rest)
 
     def with_state(self, params: Any = None, rest: Any = None) -> "NetworkFn":
         """The same network with other ``params`` and/or ``rest``."""
@@ -92,10 +96,27 @@ class NetworkFn:
     def replay(self, trajectory: Any) -> SequenceOutput:
         """Re-run a ``[T, M]`` slice of a rollout from its stored start carry,
         feeding back the stored extras and resets (``replay_sequence``).
-        Updates to non-parameter variables are discarded. ``trajectory`` is a
-        :class:`~nnx_ppo.algorithms.rollout.Trajectory`."""
-        start = jax.tree.map(lambda x: x[0], trajectory.carry)
+        ``trajectory`` is a :class:`~nnx_ppo.algorithms.rollout.Trajectory`.
+
+        The replay starts from this view's variables (as the rollout left
+        them) and writes made to variables during it are discarded. A write
+        is allowed when the replayed output does not depend on the value the
+        variable had before it (a call counter, a cache written before it is
+        read); otherwise the rollout's write would change what the replay
+        computes, and this raises :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError`
+        naming the module (checked when the replay is traced)."""
         module = self.module()
+        before = _variable_leaves(module)
+        result = self._replay_module(module, trajectory)
+        after = _variable_leaves(module)
+        written = _written(before, after)
+        if written:
+            _refuse_output_changing_writes(self, trajectory, module, before, written)
+        return result
+
+    @staticmethod
+    def _replay_module(module: nnx.Module, trajectory: Any) -> SequenceOutput:
+        start = jax.tree.map(lambda x: x[0], trajectory.carry)
         return module.replay_sequence(start, trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
 
     def update_statistics(self, extras: Any) -> "NetworkFn":
@@ -106,8 +127,118 @@ class NetworkFn:
 jax.tree_util.register_dataclass(NetworkFn, data_fields=["params", "rest"], meta_fields=["graphdef"])
 
 
-def copy_leaf(x: jax.Array) -> jax.Array:
-    """A copy of one array (PRNG key arrays included)."""
+def _variable_leaves(module: nnx.Module) -> tuple[list[tuple[tuple, Any]], Any]:
+    """``([(path, value)], treedef)`` of every variable of ``module``
+    (parameters first), paths as tuples of plain keys."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(nnx.split(module, nnx.Param, ...)[1:])
+    return [(_plain_path(path), leaf) for path, leaf in flat], treedef
+
+
+def _plain_path(path: tuple) -> tuple:
+    keys = []
+    for entry in path[1:]:  # path[0] picks params or rest
+        if isinstance(entry, jax.tree_util.DictKey):
+            keys.append(entry.key)
+        elif isinstance(entry, jax.tree_util.SequenceKey):
+            keys.append(entry.idx)
+        elif isinstance(entry, jax.tree_util.GetAttrKey):
+            if entry.name != "value":
+                keys.append(entry.name)
+        else:
+            keys.append(str(entry))
+    return tuple(keys)
+
+
+def _written(before: tuple, after: tuple) -> list[int]:
+    """Indices of the variable leaves a call replaced (a write stores a new
+    value object; an untouched variable keeps its own)."""
+    (old, old_def), (new, new_def) = before, after
+    if old_def != new_def:
+        from nnx_ppo.algorithms.driver import ReplayMismatchError
+
+        raise ReplayMismatchError(
+            "a module added or removed an NNX variable during the loss replay (inside __call__ or "
+            "replay_sequence); variables are created in __init__ (docs/custom_modules.md)")
+    return [i for i, ((_, a), (_, b)) in enumerate(zip(old, new)) if a is not b]
+
+
+def _refuse_output_changing_writes(view: NetworkFn, trajectory: Any, module: nnx.Module, before: tuple,
+                                   written: list[int]) -> None:
+    """Raise ReplayMismatchError if the replay's output, regularization or
+    carry depends on the value a written variable had before the replay
+    (found by dead-code elimination of the replay traced as a function of
+    those values)."""
+    leaves, treedef = before
+    values = [leaves[i][1] for i in written]
+
+    def replay_from(*written_values):
+        new = [leaf for _, leaf in leaves]
+        for i, value in zip(written, written_values):
+            new[i] = value
+        params, rest = jax.tree_util.tree_unflatten(treedef, new)
+        fresh = nnx.merge(view.graphdef, params, rest)
+        out = NetworkFn._replay_module(fresh, trajectory)
+        return out.output, out.regularization_loss, out.carry
+
+    depends = _inputs_used(replay_from, [jnp.asarray(v) for v in values])
+    culprits = [leaves[i][0] for i, used in zip(written, depends) if used]
+    if culprits:
+        raise _output_changing_write_error(module, culprits)
+
+
+def _inputs_used(fn, args: list[Any]) -> list[bool]:
+    """Which of ``args`` the outputs of ``fn(*args)`` depend on (traced, not
+    run). JAX's dead-code elimination sees through scans and conds; where it
+    is not available, a backward pass over the top-level equations, which
+    counts every input of a used equation as used, decides (it may refuse a
+    harmless write inside a nested scan, never allow a harmful one)."""
+    closed = jax.make_jaxpr(fn)(*args)
+    jaxpr = closed.jaxpr
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        _, used = pe.dce_jaxpr(pe.convert_constvars_jaxpr(jaxpr), [True] * len(jaxpr.outvars))
+        return list(used[len(jaxpr.constvars):])
+    except (ImportError, AttributeError, TypeError):
+        pass
+    live = {id(v) for v in jaxpr.outvars}
+    for eqn in reversed(jaxpr.eqns):
+        if any(id(v) in live for v in eqn.outvars):
+            live.update(id(v) for v in eqn.invars)
+    return [id(v) in live for v in jaxpr.invars]
+
+
+def _output_changing_write_error(module: nnx.Module, variable_paths: list[tuple]) -> Exception:
+    from nnx_ppo.algorithms.driver import ReplayMismatchError
+    from nnx_ppo.networks.types import StatefulModule
+
+    owners = {tuple(path): m for path, m in nnx.iter_modules(module) if isinstance(m, StatefulModule)}
+    named = []
+    for var_path in variable_paths:
+        prefix = max((p for p in owners if var_path[:len(p)] == p), key=len, default=None)
+        if prefix is None:
+            where = "a module"
+            variable = "/".join(str(k) for k in var_path)
+        else:
+            where = f"module {'/'.join(str(k) for k in prefix) or '(the network itself)'} " \
+                    f"({type(owners[prefix]).__name__})"
+            variable = "/".join(str(k) for k in var_path[len(prefix):])
+        entry = f"{where} mutates an NNX variable ({variable})"
+        if entry not in named:
+            named.append(entry)
+    return ReplayMismatchError(
+        f"{'; '.join(named)} inside __call__, and its output depends on the value the rollout left there, so "
+        "the loss replay cannot reproduce the rollout. A write that does not change the output (a call "
+        "counter) is allowed. The randomness rule of docs/custom_modules.md: keep one key per env in the carry "
+        "(seeded in initialize_state, split in __call__) instead of drawing from a class-level nnx.Rngs; "
+        "running statistics change only in update_statistics.")
+
+
+def copy_leaf(x: Any) -> jax.Array:
+    """A copy of one array (PRNG key arrays included); a Python scalar
+    (a variable holding a plain ``int``) becomes an array."""
+    if not hasattr(x, "dtype"):
+        return jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
         return jax.random.wrap_key_data(jnp.copy(jax.random.key_data(x)), impl=jax.random.key_impl(x))
     return jnp.copy(x)

@@ -17,7 +17,7 @@ from nnx_ppo.networks.factories import (
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.noise import BernoulliGate, DropoutMask, GaussianNoise
 from nnx_ppo.networks.normalizer import Normalizer, NormalizerStatistics
-from nnx_ppo.networks.recurrent import GRU, LSTM
+from nnx_ppo.networks.recurrent import GRU, LSTM, RecurrentCell, SimpleRNN
 from nnx_ppo.networks.sampling_layers import ActionSampler, CategoricalSampler, NormalSampler, NormalTanhSampler
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule, StatefulModuleOutput, select_where
 from nnx_ppo.networks.utils import Filter, Flattener, Map, Merge, Scale
@@ -40,6 +40,8 @@ __all__ = [
     "Dense",
     "LSTM",
     "GRU",
+    "SimpleRNN",
+    "RecurrentCell",
     "Delay",
     "Normalizer",
     "NormalizerStatistics",

@@ -28,9 +28,21 @@ __all__ = [
     "Concat",
     "Splitter",
     "DictContainer",
+    "MissingKeyError",
     "resolve_components",
     "combine_sequences",
 ]
+
+
+class MissingKeyError(KeyError, ValueError):
+    """A per-key container (``Map``, ``Concat``, ``PPOAdapter``) got a dict
+    input without a key one of its children reads. A ``KeyError``, as
+    ``x[name]`` raised in the original nnx-ppo, and a ``ValueError``, as
+    this library's other input errors."""
+
+    def __str__(self) -> str:
+        # KeyError shows its argument's repr; the message reads better plain.
+        return str(self.args[0]) if self.args else ""
 
 
 def resolve_components(
@@ -147,7 +159,7 @@ class DictContainer(StatefulModule):
             )
         missing = [k for k in self.names if k not in x]
         if missing:
-            raise ValueError(
+            raise MissingKeyError(
                 f"{type(self).__name__}: x is missing keys {missing}; expected at least "
                 f"{list(self.names)}, got {list(x)}"
             )

@@ -25,8 +25,12 @@ def check_features(owner: str, x: jax.Array, features: int, argument: str = "in_
 class Dense(StatefulModule):
     """Affine layer ``activation(x @ kernel + bias)`` on ``[B, in_features]``.
 
-    Stateless (carry ``()``). ``kernel_init`` defaults to LeCun-normal scaled by
+    Stateless (carry ``()``). The parameters are those of the
+    ``nnx.Linear`` submodule ``self.linear`` (state paths ``linear/kernel``
+    and ``linear/bias``); ``dense.kernel`` and ``dense.bias`` are the same
+    variables. ``kernel_init`` defaults to LeCun-normal scaled by
     ``init_scale``; use a small ``init_scale`` (e.g. 0.01) on policy heads.
+    The bias starts at zero.
     """
 
     def __init__(
@@ -51,14 +55,33 @@ class Dense(StatefulModule):
         init = kernel_init or nnx.initializers.variance_scaling(
             init_scale**2, "fan_in", "truncated_normal"
         )
-        self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), jnp.float32))
-        self.bias = nnx.Param(jnp.zeros((out_features,), jnp.float32)) if use_bias else None
+        # One draw from ``rngs`` per layer (the bias needs none), so a network
+        # built from one nnx.Rngs gets the same parameters as before the
+        # parameters moved into ``self.linear``.
+        key = rngs.params()
+        self.linear = nnx.Linear(
+            in_features,
+            out_features,
+            use_bias=use_bias,
+            kernel_init=lambda _key, shape, dtype: init(key, shape, dtype),
+            bias_init=nnx.initializers.zeros_init(),
+            param_dtype=jnp.float32,
+            rngs=nnx.Rngs(params=key),
+        )
+
+    @property
+    def kernel(self) -> nnx.Param:
+        """``self.linear.kernel``, ``[in_features, out_features]``."""
+        return self.linear.kernel
+
+    @property
+    def bias(self) -> nnx.Param | None:
+        """``self.linear.bias``, ``[out_features]`` (``None`` without bias)."""
+        return self.linear.bias
 
     def __call__(self, state, x, rollout_extras=None):
         check_features("Dense", x, self.in_features)
-        y = x @ self.kernel[...]
-        if self.bias is not None:
-            y = y + self.bias[...][None, :]
+        y = self.linear(x)
         if self.activation is not None:
             y = self.activation(y)
         return StatefulModuleOutput(next_state=(), output=y)

@@ -1,8 +1,9 @@
 """Brain-like networks: named populations joined by (optionally delayed) projections.
 
 A :class:`PopulationGraph` is built in two phases. First declare populations
-and projections; then call :meth:`PopulationGraph.finalize`, which checks the
-wiring and fixes the order in which populations are computed within a step::
+and projections (each declaration is checked as it is made); then call
+:meth:`PopulationGraph.finalize`, which rejects delay-0 cycles and fixes the
+order in which populations are computed within a step::
 
     g = PopulationGraph(nnx.Rngs(0))
     g.add_input("sensory", 3)
@@ -18,13 +19,15 @@ connections) sums the outputs of its incoming projections, adds its external
 input if it is an input population, and applies its activation once. A
 projection ``src -> dst`` with ``delay=k`` feeds ``dst`` with ``src``'s output
 from ``k`` steps earlier (zeros for the first ``k`` steps after
-``initialize_state``/``reset_state``) passed through its ``transform``.
+``initialize_state``/``reset_state``) passed through its ``transform``. The
+graph outputs ``{output_to or name: [B, size]}`` for its output populations.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +48,52 @@ from nnx_ppo.networks.containers import child_extras, prefix_metrics
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["PopulationGraph"]
+__all__ = ["PopulationGraph", "PopulationInfo", "ConnectionInfo"]
+
+
+class PopulationInfo(NamedTuple):
+    """A population as ``PopulationGraph.populations`` shows it.
+
+    Attributes:
+      name: the population's name.
+      kind: ``"input"``, ``"population"`` (hidden) or ``"output"``.
+      size: the number of units.
+      activation: applied once to the summed input (``None``: identity).
+      input_from: the key of ``x`` an input population reads (its name
+        unless ``input_from=`` was given); ``None`` for other populations.
+      output_to: the output key of an output population (its name unless
+        ``output_to=`` was given); ``None`` for other populations.
+      max_outgoing_delay: the longest delay of its outgoing connections
+        (0: it has no delay buffer).
+    """
+
+    name: str
+    kind: str
+    size: int
+    activation: Callable[[jax.Array], jax.Array] | None
+    input_from: str | None
+    output_to: str | None
+    max_outgoing_delay: int
+
+
+class ConnectionInfo(NamedTuple):
+    """A connection as ``PopulationGraph.connections`` shows it.
+
+    Attributes:
+      name: the connection's name (``"src->dst"`` unless ``name=`` was given).
+      src: the source population.
+      dst: the target population.
+      delay: steps between ``src``'s output and its arrival at ``dst``.
+      transform: the module applied to ``src``'s output; ``None`` until
+        ``finalize()`` builds the default ``Dense``.
+    """
+
+    name: str
+    src: str
+    dst: str
+    delay: int
+    transform: Any
+
 
 def _has_leaves(tree: Any) -> bool:
     return bool(jax.tree.leaves(tree))
@@ -55,14 +103,22 @@ class PopulationGraph(StatefulModule):
     """Named neural populations connected by projections with synaptic delays.
 
     Build with :meth:`add_input`, :meth:`add_population`, :meth:`add_output`
-    and :meth:`connect`, then :meth:`finalize`. Using the graph before
+    and :meth:`connect`, then :meth:`finalize`. Each build call checks its
+    own arguments against what is declared so far (duplicate names, unknown
+    populations, transform sizes) and raises there; :meth:`finalize` checks
+    what needs the whole graph (delay-0 cycles). Using the graph before
     ``finalize`` raises a ``RuntimeError``; building after it, too.
+    :attr:`populations` and :attr:`connections` show the declarations.
 
     Input: a dict read by key (``input_from`` or the population name) or, when
-    the graph has a single input population, a bare ``[B, size]`` array.
+    the graph has a single input population, a bare ``[B, size]`` array. A
+    graph without input population only reads the batch size from ``x``.
 
-    Output: ``{output_to or name: [B, size]}``; a graph with exactly one output
-    population that has no ``output_to`` returns the bare ``[B, size]`` array.
+    Output: always a dict, ``{output_to or name: [B, size]}`` (``{}`` for a
+    graph without output population).
+
+    A population with no incoming connection (and no external input) outputs
+    its activation of zeros.
 
     Carry: ``{"buffers": {population: [B, max_delay, size]}, "transforms":
     {connection: carry}}``. A population has a buffer only if one of its
@@ -100,6 +156,14 @@ class PopulationGraph(StatefulModule):
         name = check_name("population", name)
         if io_key is not None:
             check_name("input_from/output_to", io_key)
+        if any(p.name == name for p in self._populations):
+            raise ValueError(f"PopulationGraph: duplicate population name {name!r}")
+        if kind == OUTPUT:
+            key = io_key or name
+            for p in self._populations:
+                if p.kind == OUTPUT and (p.io_key or p.name) == key:
+                    raise ValueError(f"PopulationGraph: output populations {p.name!r} and {name!r} "
+                                     f"both write output key {key!r}")
         pop = Population(name, kind, check_size(name, size), check_activation(name, activation), io_key)
         self._populations = self._populations + (pop,)
 
@@ -123,14 +187,18 @@ class PopulationGraph(StatefulModule):
         """Project ``src`` onto ``dst``; returns the connection name.
 
         Args:
-          src: source population name (checked at :meth:`finalize`).
-          dst: target population name (checked at :meth:`finalize`).
+          src: source population name (added before).
+          dst: target population name (added before).
           delay: ``k >= 0``; ``dst`` sees ``src``'s output from ``k`` steps ago.
           transform: a :class:`StatefulModule` mapping ``[B, src_size]`` to
             ``[B, dst_size]``; default ``Dense(src_size, dst_size, rngs)``
-            without activation.
+            without activation, built at :meth:`finalize`.
           name: the connection name (carry/extras key and metrics prefix);
             default ``"src->dst"``. Needed to connect the same pair twice.
+
+        Raises ``ValueError`` for an unknown population, a negative delay, a
+        duplicate connection name, and a transform whose ``in_features`` /
+        ``out_features`` disagree with the population sizes.
         """
         self._check_building(f"connect {src!r} -> {dst!r}")
         check_name("source population", src)
@@ -142,75 +210,44 @@ class PopulationGraph(StatefulModule):
             raise TypeError(f"PopulationGraph: transform of connection {src!r} -> {dst!r} must be a "
                             f"StatefulModule, got {type(transform).__name__}")
         name = f"{src}->{dst}" if name is None else check_name("connection", name)
+        by_name = {p.name: p for p in self._populations}
+        for role, pname in (("source", src), ("target", dst)):
+            if pname not in by_name:
+                raise ValueError(f"PopulationGraph: connection {name!r} has unknown {role} population "
+                                 f"{pname!r}; known populations: {list(by_name)} (add populations before "
+                                 "connecting them)")
+        if any(c.name == name for c in self._connections):
+            raise ValueError(f"PopulationGraph: duplicate connection name {name!r}; pass name=... to "
+                             "connect() to connect the same pair twice")
+        if transform is not None:
+            src_size, dst_size = by_name[src].size, by_name[dst].size
+            in_f, out_f = getattr(transform, "in_features", None), getattr(transform, "out_features", None)
+            if isinstance(in_f, int) and in_f != src_size:
+                raise ValueError(f"PopulationGraph: connection {name!r}: transform has in_features={in_f}, "
+                                 f"expected {src_size} (size of source population {src!r})")
+            if isinstance(out_f, int) and out_f != dst_size:
+                raise ValueError(f"PopulationGraph: connection {name!r}: transform has out_features={out_f}, "
+                                 f"expected {dst_size} (size of target population {dst!r})")
         self._connections = self._connections + (Connection(name, src, dst, delay),)
         self._pending_transforms.append(transform)
         return name
 
     def finalize(self) -> PopulationGraph:
-        """Validate the wiring, build default transforms and fix the step order.
+        """Build the default transforms and fix the step order.
 
-        One check per kind of wiring mistake, each with its own named error,
-        in the order a user would fix them.
-
-        Raises ``ValueError`` for duplicate population/connection/output names,
-        unknown population names, a transform whose ``in_features`` /
-        ``out_features`` disagree with the population sizes, a non-input
-        population with no incoming connection, a graph without input or
-        output population, and a cycle made only of delay-0 connections (the
-        message names the populations on the cycle). Returns ``self``.
+        Raises ``ValueError`` for a cycle made only of delay-0 connections
+        (the message names the populations on the cycle); the other wiring
+        mistakes are caught by the build calls. A graph without input or
+        output population is accepted. Returns ``self``.
         """
         self._check_building("call finalize() twice: finalize()")
+        order = self._topological_order()
         pops = self._populations
-        by_name: dict[str, Population] = {}
-        for p in pops:
-            if p.name in by_name:
-                raise ValueError(f"PopulationGraph: duplicate population name {p.name!r}")
-            by_name[p.name] = p
-        if not any(p.kind == INPUT for p in pops):
-            raise ValueError("PopulationGraph: needs at least one input population (add_input)")
-        outputs = [p for p in pops if p.kind == OUTPUT]
-        if not outputs:
-            raise ValueError("PopulationGraph: needs at least one output population (add_output)")
-        out_keys: dict[str, str] = {}
-        for p in outputs:
-            key = p.io_key or p.name
-            if key in out_keys:
-                raise ValueError(f"PopulationGraph: output populations {out_keys[key]!r} and {p.name!r} "
-                                 f"both write output key {key!r}")
-            out_keys[key] = p.name
-
-        known = list(by_name)
-        seen_conn: set[str] = set()
-        for c in self._connections:
-            for role, pname in (("source", c.src), ("target", c.dst)):
-                if pname not in by_name:
-                    raise ValueError(f"PopulationGraph: connection {c.name!r} has unknown {role} population "
-                                     f"{pname!r}; known populations: {known}")
-            if c.name in seen_conn:
-                raise ValueError(f"PopulationGraph: duplicate connection name {c.name!r}; pass name=... to "
-                                 "connect() to connect the same pair twice")
-            seen_conn.add(c.name)
-
+        by_name = {p.name: p for p in pops}
         transforms = {}
         for c, t in zip(self._connections, list(self._pending_transforms)):
-            src_size, dst_size = by_name[c.src].size, by_name[c.dst].size
-            if t is None:
-                t = Dense(src_size, dst_size, self._rngs)
-            else:
-                in_f, out_f = getattr(t, "in_features", None), getattr(t, "out_features", None)
-                if isinstance(in_f, int) and in_f != src_size:
-                    raise ValueError(f"PopulationGraph: connection {c.name!r}: transform has in_features={in_f}, "
-                                     f"expected {src_size} (size of source population {c.src!r})")
-                if isinstance(out_f, int) and out_f != dst_size:
-                    raise ValueError(f"PopulationGraph: connection {c.name!r}: transform has out_features={out_f}, "
-                                     f"expected {dst_size} (size of target population {c.dst!r})")
-            transforms[c.name] = t
-
-        for p in pops:
-            if p.kind != INPUT and not any(c.dst == p.name for c in self._connections):
-                raise ValueError(f"PopulationGraph: population {p.name!r} has no incoming connection")
-
-        order = self._topological_order()
+            transforms[c.name] = t if t is not None else Dense(by_name[c.src].size, by_name[c.dst].size,
+                                                               self._rngs)
 
         self.transforms = nnx.Dict(transforms)
         del self._pending_transforms
@@ -247,13 +284,51 @@ class PopulationGraph(StatefulModule):
 
     @property
     def connection_names(self) -> tuple[str, ...]:
+        """The connection names, in the order they were connected."""
         return tuple(c.name for c in self._connections)
+
+    @property
+    def populations(self) -> Mapping[str, PopulationInfo]:
+        """``{name: PopulationInfo}`` in the order the populations were added
+        (read-only; see :class:`PopulationInfo`)."""
+        delays: dict[str, int] = {}
+        for c in self._connections:
+            delays[c.src] = max(delays.get(c.src, 0), c.delay)
+        return MappingProxyType({
+            p.name: PopulationInfo(
+                name=p.name, kind=p.kind, size=p.size, activation=p.activation,
+                input_from=(p.io_key or p.name) if p.kind == INPUT else None,
+                output_to=(p.io_key or p.name) if p.kind == OUTPUT else None,
+                max_outgoing_delay=delays.get(p.name, 0),
+            )
+            for p in self._populations
+        })
+
+    @property
+    def connections(self) -> tuple[ConnectionInfo, ...]:
+        """The connections in the order they were made (see
+        :class:`ConnectionInfo`); after
+        :meth:`finalize` each ``transform`` is the module in
+        ``self.transforms[name]``."""
+        if self._finalized:
+            built = [self.transforms[c.name] for c in self._connections]
+        else:
+            built = list(self._pending_transforms)
+        return tuple(ConnectionInfo(name=c.name, src=c.src, dst=c.dst, delay=c.delay, transform=t)
+                     for c, t in zip(self._connections, built))
 
     def _population(self, name: str) -> Population:
         return next(p for p in self._populations if p.name == name)
 
-    def _read_inputs(self, x: Any) -> dict[str, jax.Array]:
+    def _read_inputs(self, x: Any) -> tuple[dict[str, jax.Array], int]:
+        """``({input population: [B, size]}, B)``."""
         inputs = [p for p in self._populations if p.kind == INPUT]
+        if not inputs:
+            leaves = jax.tree.leaves(x)
+            if not leaves or jnp.ndim(leaves[0]) < 1:
+                raise ValueError("PopulationGraph: the graph has no input population and reads only the batch "
+                                 f"size from x, but x has no [B, ...] array leaf (got {type(x).__name__})")
+            return {}, int(jnp.shape(leaves[0])[0])
         if isinstance(x, Mapping):
             wanted = {p.name: p.io_key or p.name for p in inputs}
             missing = sorted({k for k in wanted.values() if k not in x})
@@ -277,7 +352,7 @@ class PopulationGraph(StatefulModule):
                 raise ValueError(f"PopulationGraph: input population {p.name!r} got x of shape {shape}, "
                                  f"expected {expected}")
             batch = shape[0]
-        return values
+        return values, batch
 
     def initialize_state(self, batch_size: int) -> Any:
         self._require_finalized("initialize_state()")
@@ -311,8 +386,7 @@ class PopulationGraph(StatefulModule):
         order, the delay buffers and the transforms' carries are read and
         written in one pass that is easiest to check top to bottom."""
         self._require_finalized("calling the graph")
-        inputs = self._read_inputs(x)
-        batch = next(iter(inputs.values())).shape[0]
+        inputs, batch = self._read_inputs(x)
         depths = dict(self._buffers)
         buffers = state["buffers"]
         for name, depth in self._buffers:
@@ -350,6 +424,8 @@ class PopulationGraph(StatefulModule):
                 regularization = regularization + out.regularization_loss
                 prefix_metrics(metrics, c.name, out.metrics)
                 total = y if total is None else total + y
+            if total is None:  # no input and no incoming connection
+                total = jnp.zeros((batch, pop.size), jnp.float32)
             values[name] = total if pop.activation is None else pop.activation(total)
 
         next_buffers = {
@@ -357,11 +433,7 @@ class PopulationGraph(StatefulModule):
                                   axis=1)
             for name, _ in self._buffers
         }
-        output_pops = [p for p in self._populations if p.kind == OUTPUT]
-        if len(output_pops) == 1 and output_pops[0].io_key is None:
-            output: Any = values[output_pops[0].name]
-        else:
-            output = {p.io_key or p.name: values[p.name] for p in output_pops}
+        output = {p.io_key or p.name: values[p.name] for p in self._populations if p.kind == OUTPUT}
         return StatefulModuleOutput(
             next_state={"buffers": next_buffers, "transforms": next_transforms},
             output=output,

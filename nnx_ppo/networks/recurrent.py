@@ -1,13 +1,14 @@
-"""Recurrent cells: :class:`LSTM` and :class:`GRU`.
+"""Recurrent cells: :class:`SimpleRNN`, :class:`LSTM`, :class:`GRU`, and
+their base :class:`RecurrentCell`, from which a cell of your own is a few lines.
 
-Both cells are deterministic :class:`~nnx_ppo.networks.types.StatefulModule`
+The cells are deterministic :class:`~nnx_ppo.networks.types.StatefulModule`
 s: the carry holds the hidden state, there is no randomness in the forward
 pass, and ``rollout_extras`` is ``None``.
 
 Shapes (``B`` = batch, ``I`` = ``in_features``, ``H`` = ``hidden_features``):
 
 * ``x``: ``[B, I]``; output: ``[B, H]`` (the new hidden state ``h``).
-* LSTM carry: ``{"h": [B, H], "c": [B, H]}``; GRU carry: ``[B, H]``.
+* LSTM carry: ``{"h": [B, H], "c": [B, H]}``; GRU and SimpleRNN carry: ``[B, H]``.
 
 With ``trainable_initial_state=True`` the initial carry is an ``nnx.Param``
 (one vector per carry entry) tiled over the batch inside
@@ -18,7 +19,8 @@ through every episode start that the replay re-runs.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +37,7 @@ from nnx_ppo.networks.replay import (
 )
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, batch_size_of
 
-__all__ = ["LSTM", "GRU"]
+__all__ = ["RecurrentCell", "SimpleRNN", "LSTM", "GRU"]
 
 
 def _check_positive_int(cls_name: str, name: str, value: Any) -> int:
@@ -57,23 +59,168 @@ def _tile(vector: jax.Array, batch_size: int) -> jax.Array:
     return jnp.tile(vector[None, :], (batch_size, 1))
 
 
-class _RecurrentBase(StatefulModule):
-    """What the gated cells share: the constructor, the weight matrices, the
-    forward pass and the loss replay.
+class RecurrentCell(StatefulModule):
+    """Base class of the recurrent cells (:class:`SimpleRNN`, :class:`LSTM`,
+    :class:`GRU`, and your own).
 
-    A cell sets ``_n_gates`` and defines :meth:`_init_cell_params` (its biases
-    and learnable initial carry), :meth:`initialize_state`, :meth:`_check_state`,
-    :meth:`_project` (``x W_x + b``) and :meth:`_step` (one recurrent update).
+    A cell is one step ``step(carry, z) -> (next_carry, output)`` on a batch;
+    this base does the rest of the module contract:
+
+    * the carry: :meth:`initialize_state` builds it from the layout
+      :attr:`carry_keys` (zeros, or with ``trainable_initial_state=True`` the
+      ``nnx.Param`` vectors ``initial_<key>`` tiled over the batch), and
+      :meth:`reset_state` returns it again for the envs that start an episode;
+    * :meth:`__call__`: checks the shapes of ``x`` and the carry (errors name
+      the class), runs ``step(carry, project_input(x))`` and wraps the result
+      in a :class:`~nnx_ppo.networks.types.StatefulModuleOutput` (no
+      regularization, no metrics, ``rollout_extras=None``);
+    * :meth:`update_statistics`: nothing (a cell has no running statistics);
+    * the loss replay: a cell that overrides :meth:`project_input` computes it
+      for all ``T`` steps of a minibatch at once and scans only :meth:`step`
+      over time; otherwise the generic step-by-step replay runs. Either way
+      the replay reproduces the rollout exactly.
+
+    A subclass calls ``super().__init__(in_features, hidden_features,
+    trainable_initial_state=...)`` first, creates its parameters, and defines:
+
+    * :meth:`step` (required): one recurrent update on ``[B, ...]`` arrays;
+    * :attr:`carry_keys` (the carry layout): ``None`` (the default) for one
+      ``[B, H]`` array (initial parameter ``initial_h``), or a tuple of names
+      for a dict of ``[B, H]`` arrays (``("h", "c")`` in :class:`LSTM`;
+      initial parameters ``initial_h`` and ``initial_c``);
+    * :meth:`project_input` (optional): the part of the step that depends on
+      ``x`` alone (``x W + b``). With it, :meth:`step` runs inside a
+      ``lax.scan`` over the module in the replay, so neither may write an NNX
+      variable (leave it out if your cell counts calls).
+
+    A carry of another form (entries of another width, a non-zero start):
+    override :meth:`initialize_state` as well (it must return ``[B, ...]``
+    leaves; :meth:`reset_state` calls it).
+
+    Shapes (``B`` = batch, ``I`` = ``in_features``, ``H`` = ``hidden_features``):
+    ``x`` is ``[B, I]``, the output what :meth:`step` returns (``[B, H]`` in
+    the library's cells).
+
+    Args:
+      in_features: size ``I`` of the input's last axis.
+      hidden_features: size ``H`` of every carry entry.
+      trainable_initial_state: learn the initial carry (one ``nnx.Param`` of
+        shape ``[H]`` per carry entry) instead of starting from zeros; the
+        loss gradient reaches it through every episode start the replay re-runs.
+    """
+
+    carry_keys: ClassVar[tuple[str, ...] | None] = None
+
+    def __init__(self, in_features: int, hidden_features: int, *, trainable_initial_state: bool = False):
+        name = type(self).__name__
+        self.in_features = _check_positive_int(name, "in_features", in_features)
+        self.hidden_features = _check_positive_int(name, "hidden_features", hidden_features)
+        self.trainable_initial_state = bool(trainable_initial_state)
+        if self.trainable_initial_state:
+            for key in self._carry_names():
+                setattr(self, f"initial_{key}", nnx.Param(jnp.zeros((hidden_features,), jnp.float32)))
+
+    def step(self, carry: Any, z: Any) -> tuple[Any, Any]:
+        """One recurrent update: ``(next_carry, output)`` from the carry
+        (layout :attr:`carry_keys`, leaves ``[B, H]``) and ``z =
+        project_input(x)`` (``x`` itself unless :meth:`project_input` is
+        overridden)."""
+        raise NotImplementedError(f"{type(self).__name__} must define step(carry, z) -> (next_carry, output)")
+
+    def project_input(self, x: jax.Array) -> Any:
+        """The input's part of the step, ``[B, I] -> [B, ...]`` (default: ``x``
+        unchanged). Override it to have the loss replay compute it for all
+        steps of a minibatch at once."""
+        return x
+
+    def _carry_names(self) -> tuple[str, ...]:
+        return ("h",) if self.carry_keys is None else tuple(self.carry_keys)
+
+    def initialize_state(self, batch_size: int) -> Any:
+        """The carry of ``batch_size`` fresh envs: zeros, or the learnable
+        ``initial_<key>`` vectors tiled over the batch."""
+        if self.trainable_initial_state:
+            entries = {key: _tile(getattr(self, f"initial_{key}")[...], batch_size) for key in self._carry_names()}
+        else:
+            shape = (batch_size, self.hidden_features)
+            entries = {key: jnp.zeros(shape, jnp.float32) for key in self._carry_names()}
+        return entries["h"] if self.carry_keys is None else entries
+
+    def reset_state(self, prev_state: Any) -> Any:
+        return self.initialize_state(batch_size_of(prev_state))
+
+    def update_statistics(self, rollout_extras: Any) -> None:
+        """Nothing to fold in: a cell has no running statistics."""
+        return None
+
+    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
+        self._check_x(x)
+        self._check_state(state, x.shape[0])
+        next_state, output = self.step(state, self.project_input(x))
+        return StatefulModuleOutput(next_state=next_state, output=output,
+                                    regularization_loss=0.0, metrics={}, rollout_extras=None)
+
+    def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
+        """Loss replay. With :meth:`project_input` overridden, it is computed
+        for all ``T`` steps at once and only :meth:`step` scans time; equal to
+        the step-by-step replay (same operations, same order), which runs
+        otherwise (and for a subclass that overrides ``__call__``)."""
+        if (not has_fast_replay(self, RecurrentCell)
+                or type(self).project_input is RecurrentCell.project_input):
+            return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
+        T, M = reset.shape
+        flat_x = flatten_time(xs, T, M)
+        self._check_x(flat_x)
+        zx = unflatten_time(self.project_input(flat_x), T, M)
+
+        def step(carry, inputs):
+            z, reset_t, stored = inputs
+            carry_in = select_where(reset_t, straight_through(stored, self.reset_state(carry)), carry)
+            next_state, output = self.step(carry_in, z)
+            return next_state, (output, carry)
+
+        _, (outputs, carries) = jax.lax.scan(step, carry, (zx, reset, stored_carry))
+        return SequenceOutput(output=outputs, regularization_loss=jnp.zeros((), jnp.float32), metrics={},
+                              carry=carries)
+
+    def _check_x(self, x: jax.Array) -> None:
+        _check_array(type(self).__name__, "x", x, (self.in_features,),
+                     f"in_features={self.in_features}")
+
+    def _check_state(self, state: Any, batch: int) -> None:
+        """The carry has the layout of :attr:`carry_keys` and ``[B, H]`` entries."""
+        if self.carry_keys is None:
+            self._check_h("state", state, batch)
+            return
+        if not isinstance(state, dict) or set(state) != set(self.carry_keys):
+            keys = [repr(k) for k in self.carry_keys]
+            listed = keys[0] if len(keys) == 1 else ", ".join(keys[:-1]) + " and " + keys[-1]
+            raise ValueError(f"{type(self).__name__}: state must be a dict with "
+                             f"key{'s' if len(keys) > 1 else ''} {listed}, got {state!r}")
+        for key in self.carry_keys:
+            self._check_h(f"state[{key!r}]", state[key], batch)
+
+    def _check_h(self, name: str, h: jax.Array, batch_size: int) -> None:
+        _check_array(type(self).__name__, name, h, (self.hidden_features,),
+                     f"hidden_features={self.hidden_features}")
+        if h.shape[0] != batch_size:
+            raise ValueError(
+                f"{type(self).__name__}: {name} has batch size {h.shape[0]}, expected {batch_size} "
+                "(the batch size of x)")
+
+
+class _ProjectedCell(RecurrentCell):
+    """What the library's cells share besides :class:`RecurrentCell`: the
+    weight matrices ``kernel_x`` ``[I, G H]`` (LeCun normal) and ``kernel_h``
+    ``[H, G H]`` (one orthogonal block per gate), drawn in that order from
+    ``rngs.params()``, then the cell's own parameters (:meth:`_init_cell_params`).
     """
 
     _n_gates = 1
 
     def __init__(self, in_features: int, hidden_features: int, rngs: nnx.Rngs, *,
                  trainable_initial_state: bool = False):
-        name = type(self).__name__
-        self.in_features = _check_positive_int(name, "in_features", in_features)
-        self.hidden_features = _check_positive_int(name, "hidden_features", hidden_features)
-        self.trainable_initial_state = bool(trainable_initial_state)
+        super().__init__(in_features, hidden_features, trainable_initial_state=trainable_initial_state)
         g = self._n_gates * hidden_features
         self.kernel_x = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (in_features, g)))
         # One orthogonal block per gate keeps the recurrent map well conditioned.
@@ -86,50 +233,44 @@ class _RecurrentBase(StatefulModule):
         """Create the cell's own parameters (after the kernels) for ``h`` hidden features."""
         raise NotImplementedError
 
-    def reset_state(self, prev_state: Any) -> Any:
-        return self.initialize_state(batch_size_of(prev_state))
 
-    def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
-        self._check_x(x)
-        self._check_state(state, x.shape[0])
-        next_state, h_new = self._step(state, self._project(x))
-        return StatefulModuleOutput(next_state=next_state, output=h_new,
-                                    regularization_loss=0.0, metrics={}, rollout_extras=None)
+class SimpleRNN(_ProjectedCell):
+    """Elman recurrent cell::
 
-    def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
-        """Loss replay with the input projection ``x W_x + b`` computed for all
-        ``T`` steps at once; only the recurrent part scans time. Equal to the
-        step-by-step replay (same operations, same order)."""
-        if not has_fast_replay(self, LSTM, GRU):  # a subclass changed the forward pass
-            return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
-        T, M = reset.shape
-        flat_x = flatten_time(xs, T, M)
-        self._check_x(flat_x)
-        zx = unflatten_time(self._project(flat_x), T, M)
+        h' = activation(x W_x + h W_h + b)
 
-        def step(carry, inputs):
-            z, reset_t, stored = inputs
-            carry_in = select_where(reset_t, straight_through(stored, self.reset_state(carry)), carry)
-            next_state, h = self._step(carry_in, z)
-            return next_state, (h, carry)
+    with ``tanh`` by default. ``W_x`` is LeCun normal, ``W_h`` orthogonal, ``b``
+    starts at zero. Carry ``[B, H]``; output ``h'``.
 
-        _, (hs, carries) = jax.lax.scan(step, carry, (zx, reset, stored_carry))
-        return SequenceOutput(output=hs, regularization_loss=jnp.zeros((), jnp.float32), metrics={}, carry=carries)
+    Args:
+      in_features: size ``I`` of the input's last axis.
+      hidden_features: size ``H`` of the hidden state.
+      rngs: ``nnx.Rngs`` used for weight initialisation only.
+      activation: the nonlinearity (default ``jnp.tanh``); a bounded one keeps
+        the hidden state from growing over long episodes.
+      trainable_initial_state: learn the initial ``h`` (``nnx.Param`` of shape
+        ``[H]``) instead of starting from zeros.
+    """
 
-    def _check_x(self, x: jax.Array) -> None:
-        _check_array(type(self).__name__, "x", x, (self.in_features,),
-                     f"in_features={self.in_features}")
+    def __init__(self, in_features: int, hidden_features: int, rngs: nnx.Rngs, *,
+                 activation: Callable[[jax.Array], jax.Array] = jnp.tanh, trainable_initial_state: bool = False):
+        if not callable(activation):
+            raise ValueError(f"SimpleRNN: activation must be callable, got {activation!r}")
+        self.activation = activation
+        super().__init__(in_features, hidden_features, rngs, trainable_initial_state=trainable_initial_state)
 
-    def _check_h(self, name: str, h: jax.Array, batch_size: int) -> None:
-        _check_array(type(self).__name__, name, h, (self.hidden_features,),
-                     f"hidden_features={self.hidden_features}")
-        if h.shape[0] != batch_size:
-            raise ValueError(
-                f"{type(self).__name__}: {name} has batch size {h.shape[0]}, expected {batch_size} "
-                "(the batch size of x)")
+    def _init_cell_params(self, h: int) -> None:
+        self.bias = nnx.Param(jnp.zeros((h,), jnp.float32))
+
+    def project_input(self, x: jax.Array) -> jax.Array:
+        return x @ self.kernel_x[...] + self.bias[...][None, :]
+
+    def step(self, h, zx):
+        h_new = self.activation(zx + h @ self.kernel_h[...])
+        return h_new, h_new
 
 
-class LSTM(_RecurrentBase):
+class LSTM(_ProjectedCell):
     """Long short-term memory cell.
 
     Gates (``σ`` = logistic sigmoid, ``⊙`` = elementwise product)::
@@ -153,6 +294,7 @@ class LSTM(_RecurrentBase):
     """
 
     _n_gates = 4
+    carry_keys = ("h", "c")
 
     def __init__(self, in_features: int, hidden_features: int, rngs: nnx.Rngs, *,
                  trainable_initial_state: bool = False, forget_bias: float = 1.0):
@@ -164,27 +306,11 @@ class LSTM(_RecurrentBase):
     def _init_cell_params(self, h: int) -> None:
         bias = jnp.zeros((4 * h,), jnp.float32).at[h:2 * h].set(self.forget_bias)
         self.bias = nnx.Param(bias)
-        if self.trainable_initial_state:
-            self.initial_h = nnx.Param(jnp.zeros((h,), jnp.float32))
-            self.initial_c = nnx.Param(jnp.zeros((h,), jnp.float32))
 
-    def initialize_state(self, batch_size: int) -> dict[str, jax.Array]:
-        if self.trainable_initial_state:
-            return {"h": _tile(self.initial_h[...], batch_size),
-                    "c": _tile(self.initial_c[...], batch_size)}
-        shape = (batch_size, self.hidden_features)
-        return {"h": jnp.zeros(shape, jnp.float32), "c": jnp.zeros(shape, jnp.float32)}
-
-    def _check_state(self, state: Any, batch: int) -> None:
-        if not isinstance(state, dict) or set(state) != {"h", "c"}:
-            raise ValueError(f"LSTM: state must be a dict with keys 'h' and 'c', got {state!r}")
-        self._check_h("state['h']", state["h"], batch)
-        self._check_h("state['c']", state["c"], batch)
-
-    def _project(self, x: jax.Array) -> jax.Array:
+    def project_input(self, x: jax.Array) -> jax.Array:
         return x @ self.kernel_x[...] + self.bias[...][None, :]
 
-    def _step(self, state, zx):
+    def step(self, state, zx):
         h, c = state["h"], state["c"]
         z = zx + h @ self.kernel_h[...]
         i, f, g, o = jnp.split(z, 4, axis=-1)
@@ -193,7 +319,7 @@ class LSTM(_RecurrentBase):
         return {"h": h_new, "c": c_new}, h_new
 
 
-class GRU(_RecurrentBase):
+class GRU(_ProjectedCell):
     """Gated recurrent unit (the variant with the reset gate applied after the
     recurrent matrix, as in cuDNN)::
 
@@ -217,21 +343,11 @@ class GRU(_RecurrentBase):
     def _init_cell_params(self, h: int) -> None:
         self.bias_x = nnx.Param(jnp.zeros((3 * h,), jnp.float32))
         self.bias_hn = nnx.Param(jnp.zeros((h,), jnp.float32))
-        if self.trainable_initial_state:
-            self.initial_h = nnx.Param(jnp.zeros((h,), jnp.float32))
 
-    def initialize_state(self, batch_size: int) -> jax.Array:
-        if self.trainable_initial_state:
-            return _tile(self.initial_h[...], batch_size)
-        return jnp.zeros((batch_size, self.hidden_features), jnp.float32)
-
-    def _check_state(self, state: Any, batch: int) -> None:
-        self._check_h("state", state, batch)
-
-    def _project(self, x: jax.Array) -> jax.Array:
+    def project_input(self, x: jax.Array) -> jax.Array:
         return x @ self.kernel_x[...] + self.bias_x[...][None, :]
 
-    def _step(self, h, zx):
+    def step(self, h, zx):
         hdim = self.hidden_features
         kh = self.kernel_h[...]
         zh_ru = h @ kh[:, :2 * hdim]

@@ -3,9 +3,9 @@
 A sampler turns distribution parameters ``[B, P]`` into a sampler dict
 ``{"action": [B, ...], "log_likelihood": [B]}``.
 
-* Rollout (``rollout_extras=None``): sample with the module's own
-  ``nnx.Rngs`` (the one place a class-level RNG is allowed) and emit the raw
-  sample in ``rollout_extras``.
+* Rollout (``rollout_extras=None``): sample from the ``action`` stream of
+  the module's own ``nnx.Rngs``, ``self.rng`` (the one place a class-level
+  RNG is allowed) and emit the raw sample in ``rollout_extras``.
 * Loss replay (``rollout_extras`` given): no sampling; the log-likelihood is
   computed for the stored raw action, so the ratio compares the action that
   was actually taken.
@@ -48,16 +48,37 @@ def categorical_choices():
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
+def _sampling_rng(owner: str, rng: nnx.Rngs | None, legacy: dict) -> nnx.Rngs:
+    """``rng``; an earlier version of this library called the argument
+    ``rngs``, which is still accepted as a keyword."""
+    unexpected = sorted(set(legacy) - {"rngs"})
+    if unexpected:
+        raise TypeError(f"{owner}.__init__() got an unexpected keyword argument {unexpected[0]!r}")
+    if "rngs" in legacy:
+        if rng is not None:
+            raise TypeError(f"{owner}.__init__() got both rng and rngs; pass rng")
+        rng = legacy["rngs"]
+    if rng is None:
+        raise TypeError(f"{owner}.__init__() missing required argument: 'rng'")
+    return rng
+
+
 class ActionSampler(StatefulModule):
     """Base class of samplers. Subclasses implement ``distribution_size`` and
     ``_sample_and_score``; the carry is ``()``."""
 
     deterministic: bool = False
 
-    def __init__(self, rngs: nnx.Rngs, entropy_weight: float = 0.0):
+    def __init__(self, rng: nnx.Rngs | None = None, entropy_weight: float = 0.0, **legacy: nnx.Rngs):
+        """Args:
+          rng: the ``nnx.Rngs`` whose ``action`` stream the rollout samples
+            from (kept as ``self.rng``).
+          entropy_weight: weight of the entropy bonus, ``>= 0``.
+        """
+        rng = _sampling_rng(type(self).__name__, rng, legacy)
         if entropy_weight < 0:
             raise ValueError(f"{type(self).__name__}: entropy_weight must be >= 0, got {entropy_weight}")
-        self.rngs = rngs
+        self.rng = rng
         self.entropy_weight = float(entropy_weight)
         self.deterministic = False
 
@@ -101,16 +122,24 @@ def _log_one_minus_tanh_sq(x):
 
 class NormalSampler(ActionSampler):
     """Diagonal Gaussian policy, unsquashed: input ``[B, 2A]`` = mean and a std
-    pre-activation; ``std = (softplus(pre) + min_std) * std_scale``."""
+    pre-activation; ``std = (softplus(pre) + min_std) * std_scale``.
+
+    Args:
+      rng: the ``nnx.Rngs`` sampled from in the rollout (``self.rng``).
+      entropy_weight: weight of the entropy bonus, ``>= 0``.
+      min_std: floor added to the std, ``>= 0``.
+      std_scale: factor on the std, ``> 0``.
+    """
 
     def __init__(
         self,
-        rngs: nnx.Rngs,
+        rng: nnx.Rngs | None = None,
         entropy_weight: float = 0.0,
         min_std: float = 1e-3,
         std_scale: float = 1.0,
+        **legacy: nnx.Rngs,
     ):
-        super().__init__(rngs, entropy_weight)
+        super().__init__(_sampling_rng(type(self).__name__, rng, legacy), entropy_weight)
         if not min_std >= 0 or not std_scale > 0:
             raise ValueError(
                 f"{type(self).__name__}: min_std must be >= 0 and std_scale > 0, got "
@@ -136,7 +165,7 @@ class NormalSampler(ActionSampler):
             return stored
         if self.deterministic:
             return mean
-        return mean + std * jax.random.normal(self.rngs.action(), mean.shape)
+        return mean + std * jax.random.normal(self.rng.action(), mean.shape)
 
     def _sample_and_score(self, x, stored):
         mean, std = self._distribution(x)
@@ -207,7 +236,7 @@ class CategoricalSampler(ActionSampler):
         elif self.deterministic:
             action = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         else:
-            action = jax.random.categorical(self.rngs.action(), logits, axis=-1).astype(jnp.int32)
+            action = jax.random.categorical(self.rng.action(), logits, axis=-1).astype(jnp.int32)
         loglik = jnp.take_along_axis(log_probs, action[:, None], axis=-1)[:, 0]
         entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
         return action, action, loglik, entropy, {}

@@ -13,8 +13,10 @@ emitted during a rollout, stacked to ``[T, B, ...]``.
 
 Rules (see ``docs/custom_modules.md``):
 
-* ``__call__`` never writes an NNX variable that changes the forward output;
-  running statistics change only in :meth:`StatefulModule.update_statistics`.
+* ``__call__`` never writes an NNX variable that changes the forward output
+  (a write that does not, such as a call counter, is allowed: kept in the
+  rollout, discarded in the loss replay); running statistics change only in
+  :meth:`StatefulModule.update_statistics`.
 * A stochastic module keeps one PRNG key per env in its carry (shape ``[B]``),
   seeded in :meth:`StatefulModule.initialize_state` and split locally in
   ``__call__``. Action samplers are the one exception.
@@ -23,11 +25,13 @@ Rules (see ``docs/custom_modules.md``):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from nnx_ppo.jax_dataclass import JaxDataclass
 
 # Defined with the replay machinery (nnx_ppo.networks.replay); this module,
 # the contract module writers import from, is their public path.
@@ -45,6 +49,7 @@ __all__ = [
     "StatefulModule",
     "StatefulModuleOutput",
     "PPONetworkOutput",
+    "ModuleState",
     "batch_size_of",
     "as_rngs",
     "split_key_carry",
@@ -57,11 +62,18 @@ __all__ = [
     "straight_through",
 ]
 
+#: The carry of a :class:`StatefulModule` (its ``state`` argument, what
+#: ``initialize_state`` returns): any JAX pytree whose leaves have the batch
+#: ``[B, ...]`` as their leading axis, ``()`` for a module without state.
+ModuleState: TypeAlias = Any
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class StatefulModuleOutput:
+class StatefulModuleOutput(JaxDataclass):
     """What one forward step of a :class:`StatefulModule` returns (a pytree).
+
+    ``out.replace(output=...)`` returns a copy with fields changed.
 
     Attributes:
       next_state: carry for the next step; leaves ``[B, ...]``; ``()`` when the
@@ -75,7 +87,7 @@ class StatefulModuleOutput:
         ``[B, ...]``. ``None`` when the module records nothing.
     """
 
-    next_state: Any
+    next_state: ModuleState
     output: Any
     regularization_loss: jax.Array | float = 0.0
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -84,7 +96,7 @@ class StatefulModuleOutput:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PPONetworkOutput:
+class PPONetworkOutput(JaxDataclass):
     """The output a network trained by PPO must produce.
 
     Attributes:
@@ -156,11 +168,12 @@ class StatefulModule(nnx.Module):
 
 
 def batch_size_of(tree: Any) -> int:
-    """The leading-axis size shared by the leaves of ``tree``."""
+    """The leading-axis size shared by the leaves of ``tree`` (an int, or a
+    symbolic dimension while ``jax.export`` traces for any batch size)."""
     leaves = jax.tree.leaves(tree)
     if not leaves:
         raise ValueError("cannot infer a batch size from an empty tree")
-    return int(jnp.shape(leaves[0])[0])
+    return jnp.shape(leaves[0])[0]
 
 
 def as_rngs(rngs: Any) -> nnx.Rngs:

@@ -17,7 +17,13 @@ import jax.numpy as jnp
 from nnx_ppo.networks.containers import DictContainer, Parallel
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["Flattener", "Filter", "Map", "Merge", "Scale", "flatten_batch"]
+__all__ = ["Flattener", "Filter", "Map", "Merge", "Scale", "flatten_batch", "NotADictError"]
+
+
+class NotADictError(TypeError, ValueError):
+    """A :class:`Merge` child output something other than a dict. A
+    ``TypeError``, as in the original nnx-ppo, and a ``ValueError``, as this
+    library's other input errors."""
 
 
 def flatten_batch(tree: Any) -> jax.Array:
@@ -29,12 +35,18 @@ def flatten_batch(tree: Any) -> jax.Array:
     return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=-1)
 
 
-def _flatten_below(x: Any, levels: int) -> Any:
-    if levels == 0 or not isinstance(x, (Mapping, list, tuple)):
+def _flatten_below(x: Any, levels: int, preserve_levels: int) -> Any:
+    if levels == 0:
         return flatten_batch(x)
     if isinstance(x, Mapping):
-        return {k: _flatten_below(v, levels - 1) for k, v in x.items()}
-    return type(x)(_flatten_below(v, levels - 1) for v in x)
+        return {k: _flatten_below(v, levels - 1, preserve_levels) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_flatten_below(v, levels - 1, preserve_levels) for v in x)
+    depth = preserve_levels - levels
+    raise TypeError(
+        f"Flattener: preserve_levels={preserve_levels} keeps {preserve_levels} levels of dict/list/tuple "
+        f"structure, but the input has a leaf ({type(x).__name__}) at depth {depth}"
+    )
 
 
 class Flattener(StatefulModule):
@@ -43,7 +55,8 @@ class Flattener(StatefulModule):
     With ``preserve_levels=N`` the top ``N`` levels of dict/list/tuple
     structure are kept and only what lies below is flattened:
     ``Flattener(preserve_levels=1)`` maps ``{"a": {"p": [B, 4], "q": [B, 2]}, "b": [B, 3]}``
-    to ``{"a": [B, 6], "b": [B, 3]}``.
+    to ``{"a": [B, 6], "b": [B, 3]}``. An input with a leaf (an array)
+    less than ``N`` levels deep is a ``TypeError``.
     """
 
     def __init__(self, preserve_levels: int = 0):
@@ -52,7 +65,7 @@ class Flattener(StatefulModule):
         self.preserve_levels = preserve_levels
 
     def __call__(self, state, x, rollout_extras=None):
-        return StatefulModuleOutput(next_state=(), output=_flatten_below(x, self.preserve_levels))
+        return StatefulModuleOutput(next_state=(), output=_flatten_below(x, self.preserve_levels, self.preserve_levels))
 
 
 FilterSpec = str | tuple | Callable[[Any], Any]
@@ -109,21 +122,24 @@ class Map(DictContainer):
     """Per-key dispatch: child ``name`` maps ``x[name]`` to ``output[name]``.
 
     ``Map(arm=NormalTanhSampler(rngs), grip=CategoricalSampler(rngs))``. Input
-    keys without a child are dropped.
+    keys without a child are dropped; a missing key is a
+    :class:`~nnx_ppo.networks.containers.MissingKeyError` (a ``KeyError``
+    and a ``ValueError``).
     """
 
 
 class Merge(Parallel):
     """Run every child on the same input (like :class:`Parallel`) and merge
     their dict outputs into one flat dict; a key produced by two children is
-    an error."""
+    a ``ValueError``, a child whose output is not a dict a
+    :class:`NotADictError` (a ``TypeError`` and a ``ValueError``)."""
 
     def _combine(self, outputs):
         merged = {}
         for name in self.names:
             out = outputs[name]
             if not isinstance(out, Mapping):
-                raise ValueError(f"Merge: child {name!r} must output a dict, got {type(out).__name__}")
+                raise NotADictError(f"Merge: child {name!r} must output a dict, got {type(out).__name__}")
             for key, value in out.items():
                 if key in merged:
                     raise ValueError(f"Merge: key {key!r} is produced by more than one child")

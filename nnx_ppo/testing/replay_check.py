@@ -105,10 +105,13 @@ def check_replay_consistency(
     """Run one rollout, then replay it minibatch by minibatch without updating,
     and compare log-likelihoods and values.
 
-    A module that follows the rules (per-env keys in the carry, no writes in
-    ``__call__``, samplers replaying the stored action) passes with errors
-    around 1e-7; one that draws from a class-level RNG inside ``__call__``
-    fails. Does not modify ``network``. Use an env with episodes shorter than
+    A module that follows the rules (per-env keys in the carry, no write in
+    ``__call__`` that changes its output, samplers replaying the stored
+    action) passes with errors around 1e-7; one that draws from a
+    class-level RNG inside ``__call__`` fails (a module without carry raises
+    :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError` naming it).
+    Writes that leave the output unchanged, such as a call counter, pass.
+    Does not modify ``network``. Use an env with episodes shorter than
     ``rollout_length`` so that resets happen inside the rollout.
     """
     env = as_env(env)

@@ -157,3 +157,99 @@ def test_a_trained_mlp_teacher_distills_into_an_lstm_student():
         result = train_distillation(train_env, teacher, student, distill, eval_env=eval_env)
         student_return = result.eval_history[-1][1]["eval/episode_return"]
         assert student_return >= 0.95 * teacher_return, (seed, student_return, teacher_return)
+
+
+# --- the hooks: target_fn, stop_fn, initial_eval ------------------------------------------------------------
+
+
+def two_action_teacher() -> PPOAdapter:
+    """The LQR controller on action dim 0 of a two-dim action (dim 1: mean 0)."""
+    rngs = nnx.Rngs(0)
+    head = Dense(4, 4, rngs)  # means (2), then std pre-activations (2)
+    head.kernel[...] = jnp.stack([K, jnp.zeros(4), jnp.zeros(4), jnp.zeros(4)], axis=1)
+    return PPOAdapter(action=Sequential(head, NormalTanhSampler(rngs)), value=Dense(4, 1, rngs))
+
+
+def tiny(total_steps, **eval_kwargs):
+    return TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=16, total_steps=total_steps, n_minibatches=2,
+                                     learning_rate=3e-3),
+                       eval=EvalConfig(**{"n_envs": 4, "max_episode_length": 20, **eval_kwargs}))
+
+
+def tiny_student(env, seed=1):
+    return make_actor_critic_for_env(env, "mlp", nnx.Rngs(seed), actor_hidden_sizes=(8,), critic_hidden_sizes=(8,))
+
+
+def test_target_fn_distills_part_of_a_larger_teachers_action():
+    """target_fn picks the teacher's first action dim for a one-dim student;
+    with beta = 1 the executed action is target_fn's, the LQR controller's,
+    so every training episode lasts the whole 200 steps."""
+    env = make("cartpole_no_velocity", full_observation=True)
+    with pytest.raises(ValueError, match=r"teacher actions .* do not match the student's .* or a target_fn"):
+        train_distillation(env, two_action_teacher(), tiny_student(env), tiny(1024))
+    with pytest.raises(ValueError, match=r"target_fn\(teacher actions\) .* do not match the student's"):
+        train_distillation(env, two_action_teacher(), tiny_student(env), tiny(1024), target_fn=lambda a: a)
+    logs = []
+    train_distillation(env, two_action_teacher(), tiny_student(env), tiny(8 * 16 * 30, enabled=False),
+                       distillation=DistillationConfig(teacher_mixing=1.0), target_fn=lambda a: a[:1],
+                       log_fn=lambda m, s: logs.append(m))
+    ended = [m for m in logs if m["train/completed_episodes"] > 0]
+    assert ended and all(m["train/episode_return"] == 200.0 for m in ended)
+    assert logs[-1]["loss/distillation"] < logs[0]["loss/distillation"]
+    assert max(m["replay/max_error"] for m in logs) < 1e-5
+
+
+def test_target_fn_scores_the_mapped_actions():
+    """The student is trained on target_fn's actions: distilling the negated
+    teacher drives the student's mean action to the opposite sign of the
+    teacher's, and its loss on the teacher's own actions rises."""
+    env = make("cartpole_no_velocity", full_observation=True)
+    student = tiny_student(env)
+    train_distillation(env, lqr_teacher(), student, tiny(8 * 16 * 30, enabled=False), target_fn=lambda a: -a)
+    obs = jax.random.uniform(jax.random.key(0), (64, 4), minval=-0.3, maxval=0.3)
+
+    def mean(net):
+        net.eval()
+        return net(net.initialize_state(64), obs).output.actions
+
+    teacher_action, student_action = mean(lqr_teacher()), mean(student)
+    assert float(jnp.mean(teacher_action * student_action)) < 0
+
+
+def test_stop_fn_stops_between_iterations_and_keeps_the_state():
+    env = make("cartpole_no_velocity", full_observation=True)
+    student = tiny_student(env)
+    calls = []
+
+    def stop_fn(metrics, env_steps):
+        calls.append((env_steps, metrics))
+        return env_steps >= 3 * 128
+
+    result = train_distillation(env, lqr_teacher(), student, tiny(100 * 128, every_steps=256), stop_fn=stop_fn)
+    assert [s for s, _ in calls] == [128, 256, 384]
+    assert result.total_steps == 384 and int(result.state.iteration) == 3
+    assert all("loss/distillation" in m for _, m in calls)
+    # evaluations after the first call (128) and 256 steps later (384)
+    assert [("eval/episode_return" in m) for _, m in calls] == [True, False, True]
+    trained, fresh = (jax.tree.leaves(nnx.state(net, nnx.Param)) for net in (student, tiny_student(env)))
+    assert any(not np.array_equal(a, b) for a, b in zip(trained, fresh))  # the student holds the 3 iterations
+    # should_stop still works beside it
+    result = train_distillation(env, lqr_teacher(), tiny_student(env), tiny(100 * 128, enabled=False),
+                                stop_fn=lambda m, s: m["loss/distillation"] < 0, should_stop=lambda: True)
+    assert result.total_steps == 128
+
+
+def test_initial_eval_evaluates_the_student_before_the_first_update():
+    env = make("cartpole_no_velocity", full_observation=True)
+    logs, evaluated = [], []
+    result = train_distillation(env, lqr_teacher(), tiny_student(env), tiny(2 * 128, enabled=False),
+                                initial_eval=True, log_fn=lambda m, s: logs.append((s, m)),
+                                on_evaluation=lambda policy, s: evaluated.append(s))
+    assert logs[0][0] == 0 and "eval/episode_return" in logs[0][1]
+    assert all("eval/episode_return" not in m for _, m in logs[1:])  # periodic evaluation is off
+    assert [s for s, _ in result.eval_history] == [0] and evaluated == [0]
+    assert result.eval_history[0][1] == logs[0][1]
+    # the same untrained student evaluated as the trainer's evaluations do, at step 0: the same numbers
+    again = train_distillation(env, lqr_teacher(), tiny_student(env), tiny(128, every_steps=128), initial_eval=True)
+    assert [s for s, _ in again.eval_history] == [0, 128]
+    assert again.eval_history[0][1] == result.eval_history[0][1]

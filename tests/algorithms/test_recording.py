@@ -143,6 +143,7 @@ def test_population_graph_connections_are_recordable():
     projection at step t is its Dense applied to h from step t - 1 (the
     graph's delay buffer, in the graph's recorded carry)."""
     from nnx_ppo.networks.graph import PopulationGraph
+    from nnx_ppo.networks.utils import Flattener
 
     rngs = nnx.Rngs(0)
     graph = PopulationGraph(rngs)
@@ -153,8 +154,8 @@ def test_population_graph_connections_are_recordable():
     graph.connect("h", "h", delay=1)
     graph.connect("h", "o", delay=1)
     graph.finalize()
-    net = Sequential([graph, PPOAdapter(action=Sequential([Dense(3, 2, rngs), NormalTanhSampler(rngs)]),
-                                        value=Dense(3, 1, rngs))])
+    net = Sequential([graph, Flattener(), PPOAdapter(action=Sequential([Dense(3, 2, rngs), NormalTanhSampler(rngs)]),
+                                                     value=Dense(3, 1, rngs))])
     recurrent = "layers/0/transforms/h->h"
     assert recurrent in module_paths(net)
     rec = record_activations(Countdown(), net, ["layers/0", recurrent], n_envs=2, n_steps=6)

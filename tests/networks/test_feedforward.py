@@ -72,5 +72,5 @@ def test_jit_with_split_merge():
     np.testing.assert_allclose(f(params, x), d((), x).output, rtol=1e-5, atol=1e-6)
     # gradients reach kernel and bias
     grads = nnx.grad(lambda m: jnp.sum(m((), x).output))(d)
-    assert float(jnp.abs(grads["kernel"][...]).sum()) > 0
-    assert float(jnp.abs(grads["bias"][...]).sum()) > 0
+    assert float(jnp.abs(grads["linear"]["kernel"][...]).sum()) > 0
+    assert float(jnp.abs(grads["linear"]["bias"][...]).sum()) > 0

@@ -62,12 +62,13 @@ def _stateful_graph(seed=0):
     return g.finalize()
 
 
-def _run(g, state, xs):
+def _run(g, state, xs, key=None):
+    """Step ``g`` over ``xs``; the outputs, or their entry ``key``."""
     outs = []
     for x in xs:
         o = g(state, x)
         state = o.next_state
-        outs.append(o.output)
+        outs.append(o.output if key is None else o.output[key])
     return state, outs
 
 
@@ -79,8 +80,9 @@ def test_delay0_chain_equals_manual_dense():
     assert state == {"buffers": {}, "transforms": {}}
     out = g(state, x)
     expected = _dense(g.transforms["h->o"], jnp.tanh(_dense(g.transforms["a->h"], x)))
-    np.testing.assert_allclose(out.output, expected, rtol=1e-6, atol=1e-6)
-    assert out.output.shape == (2, 2)
+    assert set(out.output) == {"o"}  # a single output is still a dict, keyed by its name
+    np.testing.assert_allclose(out.output["o"], expected, rtol=1e-6, atol=1e-6)
+    assert out.output["o"].shape == (2, 2)
     assert set(out.rollout_extras) == {"a->h", "h->o"}
 
 
@@ -90,7 +92,7 @@ def test_delayed_recurrent_loop_by_hand():
     assert state["buffers"]["b"].shape == (2, 2, 1)
     assert g.order == ("a", "b")
     xs = [jnp.full((2, 1), t + 1.0) + jnp.array([[0.0], [10.0]]) for t in range(6)]
-    _, outs = _run(g, state, xs)
+    _, outs = _run(g, state, xs, "b")
     env0 = [1.0, 2.0, 3.5, 5.0, 6.75, 8.5]
     env1 = [11.0, 12.0, 18.5, 20.0, 24.25, 26.0]  # x = 11, 12, 13 + 5.5, 14 + 6, 15 + 9.25, 16 + 10
     np.testing.assert_allclose(np.concatenate(outs, axis=1), np.array([env0, env1]), rtol=1e-6)
@@ -106,7 +108,7 @@ def test_reset_zeros_buffers_and_restarts_the_loop():
     np.testing.assert_array_equal(reset["buffers"]["b"], 0.0)
     # reset env 0 only, as the trainer does
     mixed = select_where(jnp.array([True, False]), reset, state)
-    _, outs = _run(g, mixed, xs)
+    _, outs = _run(g, mixed, xs, "b")
     np.testing.assert_allclose([float(o[0, 0]) for o in outs], [1.0, 2.0, 3.5], rtol=1e-6)
     # env 1 continues: b history 1, 2, 3.5 -> b = 1 + 0.5*2, 2 + 0.5*3.5, 3 + 0.5*2
     np.testing.assert_allclose([float(o[1, 0]) for o in outs], [2.0, 3.75, 4.0], rtol=1e-6)
@@ -159,28 +161,29 @@ def _base():
     return g
 
 
-def test_unknown_name_duplicate_and_size_mismatch_errors():
+def test_wiring_mistakes_raise_at_the_call_that_makes_them():
     g = _base()
-    g.connect("x", "nope")
-    with pytest.raises(ValueError, match="unknown target population 'nope'"):
-        g.finalize()
-
-    g = _base()
-    g.add_population("x", 2)
-    g.connect("x", "y")
+    with pytest.raises(ValueError, match=r"unknown target population 'nope'; known populations: \['x', 'y'\]"):
+        g.connect("x", "nope")
+    with pytest.raises(ValueError, match="unknown source population 'nope'"):
+        g.connect("nope", "y")
     with pytest.raises(ValueError, match="duplicate population name 'x'"):
-        g.finalize()
-
-    g = _base()
-    g.connect("x", "y", transform=Dense(2, 4, nnx.Rngs(0)))
+        g.add_population("x", 2)
+    with pytest.raises(ValueError, match="duplicate population name 'y'"):
+        g.add_input("y", 4)
+    with pytest.raises(ValueError, match="output populations 'y' and 'z' both write output key 'y'"):
+        g.add_output("z", 4, output_to="y")
     with pytest.raises(ValueError, match=r"'x->y'.*in_features=2, expected 3"):
-        g.finalize()
-
-    g = _base()
-    g.add_population("lonely", 2)
+        g.connect("x", "y", transform=Dense(2, 4, nnx.Rngs(0)))
+    with pytest.raises(ValueError, match=r"'x->y'.*out_features=5, expected 4"):
+        g.connect("x", "y", transform=Dense(3, 5, nnx.Rngs(0)))
     g.connect("x", "y")
-    with pytest.raises(ValueError, match="'lonely' has no incoming"):
-        g.finalize()
+    with pytest.raises(ValueError, match="duplicate connection name 'x->y'; pass name="):
+        g.connect("x", "y", delay=1)
+    # the failed calls left nothing behind: the graph is the one declared
+    assert list(g.populations) == ["x", "y"] and g.connection_names == ("x->y",)
+    g.finalize()
+    assert set(g(g.initialize_state(2), jnp.zeros((2, 3))).output) == {"y"}
 
     # a transform of the wrong output size is caught at call time
     g = _base()
@@ -196,6 +199,17 @@ def test_unknown_name_duplicate_and_size_mismatch_errors():
         g(g.initialize_state(2), jnp.zeros((2, 5)))
     with pytest.raises(ValueError, match="delay of connection .* must be an int >= 0"):
         _base().connect("x", "y", delay=-1)
+
+
+def test_population_without_incoming_connection_outputs_its_activation_of_zero():
+    g = _base()
+    g.add_population("lonely", 2, activation=lambda v: v + 1.5)
+    g.add_output("bias", 2)
+    g.connect("x", "y")
+    g.connect("lonely", "bias", transform=Scale(2.0))
+    g.finalize()
+    out = g(g.initialize_state(3), jnp.zeros((3, 3)))
+    np.testing.assert_allclose(out.output["bias"], np.full((3, 2), 3.0))
 
 
 def test_use_before_finalize_and_build_after_finalize_raise():
@@ -228,11 +242,11 @@ def test_multiple_inputs_from_dict_obs():
     t = g.transforms
     p1 = jnp.tanh(obs["proprio"])  # delayed motor is zero at t = 0
     m1 = _dense(t["vision->motor"], obs["img"]) + _dense(t["proprio->motor"], p1)
-    np.testing.assert_allclose(out1.output, m1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out1.output["motor"], m1, rtol=1e-5, atol=1e-6)
     out2 = g(out1.next_state, obs)
     p2 = jnp.tanh(obs["proprio"] + _dense(t["motor->proprio"], m1))
     m2 = _dense(t["vision->motor"], obs["img"]) + _dense(t["proprio->motor"], p2)
-    np.testing.assert_allclose(out2.output, m2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out2.output["motor"], m2, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="missing keys"):
         g(state, {"img": obs["img"]})
     with pytest.raises(ValueError, match="2 input populations"):

@@ -65,9 +65,9 @@ def test_flattener_preserve_levels():
     out2 = Flattener(preserve_levels=2)((), x2).output
     assert out2["a"]["p"].shape == (B, 4)
     assert isinstance(out2["b"], list) and [v.shape for v in out2["b"]] == [(B, 3), (B, 2)]
-    # levels beyond the tree depth stop at arrays
-    np.testing.assert_array_equal(Flattener(preserve_levels=3)((), {"z": _r(6, 2, 2)}).output["z"],
-                                  _r(6, 2, 2).reshape(B, 4))
+    # levels beyond the tree depth are a TypeError (as in the original)
+    with pytest.raises(TypeError, match=r"Flattener: preserve_levels=3 keeps 3 levels .* a leaf \(\w+\) at depth 1"):
+        Flattener(preserve_levels=3)((), {"z": _r(6, 2, 2)})
     with pytest.raises(ValueError, match="preserve_levels must be >= 0"):
         Flattener(preserve_levels=-1)
     with pytest.raises(ValueError, match="Flattener: input has no array leaves"):
