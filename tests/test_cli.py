@@ -507,9 +507,13 @@ def test_a_failing_seed_is_named_and_the_run_stays_resumable(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert f"seed {bad} failed at iteration 2 (256 env steps)" in err and "NaN" in err
     assert f"seeds [{bad}] failed" in err and "nnx-ppo resume" in err
-    rows = iteration_rows(run)
+    rows = [r for r in iteration_rows(run) if rd.FAILURE_KEY not in r]
     assert [r["iteration"] for r in rows if r.get("seed") == good] == [1, 2, 3, 4]
     assert [r["iteration"] for r in rows if r.get("seed") == bad] == [1]
+    assert rd.failure_rows(rd.read_metrics(run))[bad]["iteration"] == 2  # the run directory keeps the failure
+    assert cli.main(["eval", str(run), "--episodes", "2"]) == 0
+    assert f"seed {bad}: " in (out := capsys.readouterr().out) and "FAILED at iteration 2 (env steps 256)" in out
     assert cli.main(["train", "--resume", str(run), "--ppo.total-steps", "768", "--quiet"]) == 1
     assert f"seed {bad} failed at iteration 2" in capsys.readouterr().err
-    assert [r["iteration"] for r in iteration_rows(run) if r.get("seed") == good] == [1, 2, 3, 4, 5, 6]
+    assert [r["iteration"] for r in iteration_rows(run) if r.get("seed") == good and rd.FAILURE_KEY not in r] == [
+        1, 2, 3, 4, 5, 6]

@@ -62,7 +62,7 @@ from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.envs.registry import as_env
 from nnx_ppo.run_dir import CHECKPOINT_DIR, CONFIG_FILE
 
-__all__ = ["Algorithm", "TrainOptions", "train", "resume_state", "CheckpointDirInUseError"]
+__all__ = ["Algorithm", "TrainOptions", "train", "resume_state", "CheckpointDirInUseError", "failure_metrics"]
 
 Iteration = Callable[[TrainingState], tuple[TrainingState, IterationOutput]]
 
@@ -391,7 +391,7 @@ def _both(first, second, batched: bool):
     return lambda metrics, env_steps: (first(metrics, env_steps), second(metrics, env_steps))
 
 
-def _failure_metrics(failure: Failure) -> dict[str, str]:
+def failure_metrics(failure: Failure) -> dict[str, str]:
     """The failure row's own fields: ``{"failure": reason, "failure_type": "NonFiniteError"}``."""
     return {rd.FAILURE_KEY: str(failure.error), "failure_type": type(failure.error).__name__}
 
@@ -442,7 +442,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: lis
             recorded.add(i)
             if record_failure is not None:
                 failure = driver.failures[i]
-                record_failure(_failure_metrics(failure), failure.env_steps, s)
+                record_failure(failure_metrics(failure), failure.env_steps, s)
         kept = None if algorithm.failed_member_row is None else algorithm.failed_member_row(seed_row)
         if kept and log_fn is not None:
             log_fn(kept, steps, s)

@@ -319,8 +319,11 @@ def _train_seeds(cmd: TrainCommand, train_env, env, spec, logger, progress, conf
     if finals:
         progress.write("final eval return per seed: " + ", ".join(f"{s}: {f:.3f}" for s, f in finals)
                        + f"; mean {sum(f for _, f in finals) / len(finals):.3f}")
+    from nnx_ppo.algorithms.trainer import failure_metrics
+
     for s, r in zip(seeds, results):
         if r.failure is not None:
+            logger(failure_metrics(r.failure), r.failure.env_steps, s)  # the run directory keeps the failure
             print_error(f"seed {s} failed at iteration {r.failure.iteration} ({r.failure.env_steps} env steps) and "
                         f"keeps its parameters from iteration {r.failure.iteration - 1}: {r.failure.error}")
     return results
