@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
 from typing import Any
 
 import jax
@@ -137,8 +138,35 @@ def _hint(section: str) -> str:
     return ""
 
 
+_RENAMED = (
+    (re.compile(r"/(kernel|bias)$"), r"/linear/\1"),  # Dense holds an nnx.Linear (as the original's does)
+    (re.compile(r"/rngs/"), "/rng/"),                  # the samplers' nnx.Rngs is .rng (the original's name)
+)
+"""Variables that an earlier version of this library stored under another
+path: ``(pattern, replacement)`` of the old path."""
+
+
+def _renamed(saved: list[dict], expected: list[dict]) -> list[dict]:
+    """``saved`` with each path that the template lacks, but has under its
+    new name (:data:`_RENAMED`), given that name: a checkpoint written
+    before a rename still loads (its leaves keep their order)."""
+    expected_paths = {e["path"] for e in expected}
+    out = []
+    for entry in saved:
+        path = entry["path"]
+        if path not in expected_paths:
+            for pattern, replacement in _RENAMED:
+                new = pattern.sub(replacement, path)
+                if new in expected_paths:
+                    entry = {**entry, "path": new}
+                    break
+        out.append(entry)
+    return out
+
+
 def check_layout_matches(path: pathlib.Path, section: str, saved: list[dict], expected: list[dict]) -> None:
     """Raise ValueError naming the first leaf whose path, shape, dtype or key impl differ."""
+    saved = _renamed(saved, expected)
     saved_by_path = {e["path"]: e for e in saved}
     expected_paths = {e["path"] for e in expected}
     where = f"checkpoint {str(path)!r} does not match the template's {_what(section)}"

@@ -420,3 +420,26 @@ def test_best_evaluated_policy_is_kept(tmp_path):
     assert checkpointing.find_checkpoint(tmp_path).name == f"step_{6 * STEPS_PER_ITERATION:012d}"  # the final one
     with pytest.raises(FileNotFoundError, match="no checkpoint at step 5 .* saved steps: \\[16, 32"):
         checkpointing.find_checkpoint(tmp_path, 5)
+
+
+def test_a_checkpoint_from_before_the_renames_still_loads(tmp_path):
+    """Dense's parameters moved under ``linear/`` and the samplers' RNG from
+    ``rngs/`` to ``rng/`` (the original's names): a checkpoint written with
+    the old paths (here: this one's layout.json rewritten to them) restores
+    into today's network and training state, values intact."""
+    import json
+
+    net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    state = new_training_state(Target(), net, _config(1))
+    save_training_state(tmp_path, state, _config(1), step=16)
+    layout_file = latest_checkpoint(tmp_path) / "layout.json"
+    layout = json.loads(layout_file.read_text())
+    old = json.dumps(layout).replace("/linear/kernel", "/kernel").replace("/linear/bias", "/bias")
+    old = old.replace("/rng/", "/rngs/")
+    assert old != json.dumps(layout) and "/rngs/" in old
+    layout_file.write_text(old)
+    restored = restore_training_state(tmp_path, new_training_state(Target(), net, _config(1)))
+    _assert_trees_equal(restored.params, state.params)
+    _assert_trees_equal(restored.opt_state, state.opt_state)
+    fresh = restore_network(tmp_path, make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(5)))
+    _assert_trees_equal(nnx.state(fresh, nnx.Param), nnx.state(net, nnx.Param))
