@@ -12,10 +12,12 @@ recomputed ``reset_state`` (so a trainable initial state still learns).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.functional import NetworkFn
@@ -23,7 +25,8 @@ from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.rollout import Trajectory, sum_leaves
 from nnx_ppo.networks.types import PPONetworkOutput
 
-__all__ = ["Minibatch", "split_minibatches", "largest_difference", "replay_error", "normalize_advantages", "ppo_loss"]
+__all__ = ["Minibatch", "split_minibatches", "largest_difference", "replay_error", "normalize_advantages",
+           "check_scalar_regularization", "ppo_loss"]
 
 
 @jax.tree_util.register_dataclass
@@ -116,6 +119,95 @@ def replay_error(replayed: PPONetworkOutput, trajectory: Any) -> jax.Array:
         largest_difference(replayed.value_estimates, trajectory.values)))
 
 
+# graphdefs whose one-step regularization_loss was found scalar (checked once per network structure)
+_SCALAR_REGULARIZATION: set = set()
+
+
+def check_scalar_regularization(network: NetworkFn, trajectory: Any) -> None:
+    """Raise a ``ValueError`` naming the module (path and class) whose
+    ``regularization_loss`` is not a scalar; the loss adds it to a scalar.
+
+    Checked on one step of ``trajectory`` (its first: carry, obs and extras;
+    leaves ``[T, M, ...]``) with ``jax.eval_shape`` when the loss is traced,
+    once per network structure: nothing runs, and the compiled program is
+    unchanged. A module that returns a per-env loss ``[B]`` must average it
+    itself (the modules' losses are summed as they are).
+    """
+    try:
+        if network.graphdef in _SCALAR_REGULARIZATION:
+            return
+    except TypeError:  # an unhashable graphdef: check every time
+        pass
+    first = jax.tree.map(lambda x: x[0], (trajectory.carry, trajectory.obs, trajectory.extras))
+    shapes = []
+
+    def one_step(params, rest, step_inputs):
+        module = nnx.merge(network.graphdef, params, rest)
+        shapes.append(jnp.shape(module(*step_inputs).regularization_loss))
+
+    try:
+        jax.eval_shape(one_step, network.params, network.rest, first)
+    except Exception:  # noqa: BLE001 -- not this check's to report: the replay below runs the same step and names it
+        return
+    if shapes[0] == ():
+        try:
+            _SCALAR_REGULARIZATION.add(network.graphdef)
+        except TypeError:
+            pass
+        return
+    raise ValueError(_non_scalar_regularization_message(network, first, shapes[0]))
+
+
+def _non_scalar_regularization_message(network: NetworkFn, first: Any, shape: tuple) -> str:
+    """The message naming the innermost module whose regularization_loss is
+    not a scalar, found by tracing one step with every module's ``__call__``
+    recorded (only here, to name it)."""
+    from nnx_ppo.networks.types import StatefulModule
+
+    finished = []  # ((path, module), shape), in the order the calls return: inner modules first
+
+    def one_step(params, rest, step_inputs):
+        module = nnx.merge(network.graphdef, params, rest)
+        owners = {id(m): (path, m) for path, m in nnx.iter_modules(module) if isinstance(m, StatefulModule)}
+        defining = {next((c for c in type(m).__mro__ if "__call__" in vars(c)), None) for _, m in owners.values()}
+        originals = {c: vars(c)["__call__"] for c in defining if c is not None}
+
+        def recorded(call):
+            @functools.wraps(call)
+            def wrapper(self, *args, **kwargs):
+                out = call(self, *args, **kwargs)
+                if id(self) in owners:
+                    finished.append((owners[id(self)], jnp.shape(getattr(out, "regularization_loss", 0.0))))
+                return out
+
+            return wrapper
+
+        for cls, call in originals.items():
+            cls.__call__ = recorded(call)
+        try:
+            module(*step_inputs)
+        finally:
+            for cls, call in originals.items():
+                cls.__call__ = call
+
+    try:
+        jax.eval_shape(one_step, network.params, network.rest, first)
+    except Exception:  # noqa: BLE001 -- the message then names the network only
+        finished.clear()
+    culprit = next(((owner, s) for owner, s in finished if s != ()), None)
+    if culprit is None:
+        where, shape_seen = "the network", shape
+    else:
+        (path, module), shape_seen = culprit
+        name = "/".join(str(k) for k in path) or "(the network itself)"
+        where = f"module {name} ({type(module).__module__}.{type(module).__qualname__})"
+    return (
+        f"{where} returns a regularization_loss of shape {tuple(shape_seen)}; regularization_loss must be a "
+        "scalar (the loss sums the modules' terms as they are): average a per-env term over the batch in the "
+        "module, e.g. jnp.mean(...)"
+    )
+
+
 def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
     """Clipped-surrogate PPO loss on one minibatch (differentiable in ``params``).
 
@@ -128,9 +220,12 @@ def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
     (entropy bonus, KL, ...), averaged over steps. With
     ``config.recompute_advantages`` the advantages and value targets are
     recomputed by GAE from the replayed (current) values of this minibatch
-    instead of the rollout's. Returns ``(total, metrics)``.
+    instead of the rollout's. Returns ``(total, metrics)``. A module whose
+    ``regularization_loss`` is not a scalar is a ``ValueError`` naming it
+    (:func:`check_scalar_regularization`, when the loss is traced).
     """
     traj = batch.trajectory
+    check_scalar_regularization(network.with_state(params=params), traj)
     replay = network.with_state(params=params).replay(traj)
     new = replay.output
 

@@ -17,8 +17,12 @@ import numpy as np
 from nnx_ppo.envs.spaces import Box, Discrete
 from nnx_ppo.envs.types import EnvState, RLEnv, as_f32
 
-__all__ = ["GymnaxEnv", "PlaygroundEnv", "BraxEnv"]
+__all__ = ["GymnaxEnv", "PlaygroundEnv", "BraxEnv", "OriginalEnv", "EnvAdaptedWarning"]
 
+
+class EnvAdaptedWarning(UserWarning):
+    """The one-line note :func:`~nnx_ppo.envs.as_env` gives when it adapts an
+    env written for the original nnx-ppo (see :class:`OriginalEnv`)."""
 
 
 def _f32_tree(tree):
@@ -44,7 +48,8 @@ class GymnaxEnv(RLEnv):
     when that limit (and not a true termination) ended the episode.
 
     Discrete action spaces become ``Discrete(n)``; Box action spaces become
-    ``Box((k,), -1, 1)`` and actions are rescaled to the env's bounds and clipped.
+    ``Box((k,), -1, 1)`` and actions are rescaled to the env's bounds and clipped;
+    a ``Dict`` action space becomes a dict of those (dict actions).
     Observations are cast to float32.
     """
 
@@ -64,20 +69,7 @@ class GymnaxEnv(RLEnv):
         self.env = env
         self.params = params
 
-        gact = env.action_space(params)
-        if isinstance(gact, gspaces.Discrete):
-            self._act_space = Discrete(int(gact.n))
-            self._act_low = self._act_high = None
-            self._act_shape = None
-        elif isinstance(gact, gspaces.Box):
-            shape = tuple(gact.shape) if gact.shape is not None else ()
-            self._act_shape = shape
-            self._act_low = np.broadcast_to(np.asarray(gact.low, np.float32), shape)
-            self._act_high = np.broadcast_to(np.asarray(gact.high, np.float32), shape)
-            size = int(np.prod(shape)) if shape else 1
-            self._act_space = Box((size,), -1.0, 1.0)
-        else:
-            raise TypeError(f"gymnax:{self.name}: unsupported action space {gact!r}")
+        self._act_space, self._to_env_action = self._convert_action_space(env.action_space(params), gspaces)
 
         gobs = env.observation_space(params)
         self._obs_space = self._convert_obs_space(gobs, gspaces)
@@ -102,11 +94,28 @@ class GymnaxEnv(RLEnv):
     def action_space(self):
         return self._act_space
 
+    def _convert_action_space(self, s, gspaces):
+        """``(space, to_env)``: this library's action space for the gymnax
+        space ``s`` and the function mapping its actions to the env's."""
+        if isinstance(s, gspaces.Discrete):
+            return Discrete(int(s.n)), lambda a: jnp.asarray(a, jnp.int32).reshape(())
+        if isinstance(s, gspaces.Box):
+            shape = tuple(s.shape) if s.shape is not None else ()
+            low = np.broadcast_to(np.asarray(s.low, np.float32), shape).reshape(-1)
+            high = np.broadcast_to(np.asarray(s.high, np.float32), shape).reshape(-1)
+
+            def to_env(a):
+                return _rescale_action(jnp.reshape(a, (-1,)), low, high).reshape(shape)
+
+            return Box((int(np.prod(shape)) if shape else 1,), -1.0, 1.0), to_env
+        if isinstance(s, gspaces.Dict):
+            parts = {k: self._convert_action_space(v, gspaces) for k, v in s.spaces.items()}
+            return ({k: space for k, (space, _) in parts.items()},
+                    lambda a: {k: to_env(a[k]) for k, (_, to_env) in parts.items()})
+        raise TypeError(f"gymnax:{self.name}: unsupported action space {s!r}")
+
     def _env_action(self, action):
-        if self._act_low is None:
-            return jnp.asarray(action, jnp.int32).reshape(())
-        a = _rescale_action(jnp.reshape(action, (-1,)), self._act_low.reshape(-1), self._act_high.reshape(-1))
-        return a.reshape(self._act_shape)
+        return self._to_env_action(action)
 
     def reset(self, key):
         key, sub = jax.random.split(key)
@@ -151,20 +160,63 @@ def _allow_rank_promotion():
     return jax.numpy_rank_promotion("allow")
 
 
-def _space_from_size(size) -> Any:
-    if isinstance(size, int):
-        return Box((size,))
-    if isinstance(size, (tuple, list)) and all(isinstance(d, int) for d in size):
-        return Box(tuple(size))
+def _is_shape(size) -> bool:
+    return isinstance(size, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in size)
+
+
+def _space_from_size(size, low=-np.inf, high=np.inf, what="observation") -> Any:
+    """A space (tree) from an ``observation_size`` / ``action_size`` as the
+    original nnx-ppo and MuJoCo Playground give them: an int ``n`` (a vector
+    ``(n,)``), a shape tuple, or a dict (nested) of those."""
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        return Box((int(size),), low, high)
+    if _is_shape(size):
+        return Box(tuple(int(d) for d in size), low, high)
     if isinstance(size, dict) or hasattr(size, "items"):
-        return {k: _space_from_size(v) for k, v in size.items()}
-    raise TypeError(f"cannot convert observation size {size!r} to a space")
+        return {k: _space_from_size(v, low, high, what) for k, v in size.items()}
+    raise TypeError(f"cannot convert {what} size {size!r} to a space (expected an int, a shape tuple or a dict)")
+
+
+def _strong(x):
+    """``x`` as an array that is not weakly typed: a Python scalar (the
+    original's ``info={"step": 0}`` at reset) or a weakly typed array
+    (``jnp.where(c, 1.0, 0.0)``) gets its default dtype for good, so reset and
+    step states keep the same dtypes through the trainer's scans."""
+    if isinstance(x, (bool, int, float, complex)) or getattr(x, "weak_type", False):
+        x = jnp.asarray(x)
+        return jax.lax.convert_element_type(x, x.dtype)
+    return x
+
+
+def _f32_actions(action):
+    """Floating action leaves as float32 (integer leaves, a categorical
+    head's choices, are passed unchanged)."""
+
+    def leaf(a):
+        a = jnp.asarray(a)
+        return a if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_ else a.astype(jnp.float32)
+
+    return jax.tree_util.tree_map(leaf, action)
+
+
+def _truncated_of(inner, done):
+    """``info["truncated"]`` of the wrapped state (where it has one) as
+    float32 and only where ``done``; 0 otherwise."""
+    info = getattr(inner, "info", None)
+    if isinstance(info, dict) and "truncated" in info:
+        return as_f32(jnp.logical_and(jnp.asarray(info["truncated"]) > 0, done > 0))
+    return as_f32(0.0)
 
 
 class _JaxPhysicsEnv(RLEnv):
     """Shared adapter for envs whose state already has ``obs``, ``reward``,
-    ``done`` and ``metrics`` (MuJoCo Playground, Brax): the env's own state is
-    kept in ``data``; actions are in ``[-1, 1]``."""
+    ``done``, ``metrics`` and ``info`` (MuJoCo Playground, Brax, envs written
+    for the original nnx-ppo): the env's own state is kept in ``data``;
+    ``observation_size`` and ``action_size`` (ints, shape tuples or dicts of
+    them) give the spaces, continuous actions are in ``[-1, 1]`` (a dict
+    ``action_size`` gives dict actions). Rewards may be dicts; a
+    ``"truncated"`` flag in the wrapped state's ``info`` becomes
+    ``info["truncated"]``."""
 
     check_keys_in_data = False  # the wrapped env may keep a reset-only key
 
@@ -179,28 +231,29 @@ class _JaxPhysicsEnv(RLEnv):
 
     @property
     def action_space(self):
-        return Box((int(self.env.action_size),), -1.0, 1.0)
+        return _space_from_size(self.env.action_size, -1.0, 1.0, what="action")
 
     def _wrap(self, inner, info):
-        inner = inner.replace(reward=_f32_tree(inner.reward), done=as_f32(inner.done))
+        inner = jax.tree_util.tree_map(_strong, inner)
+        done = as_f32(inner.done)
         return EnvState(
-            obs=inner.obs,
-            reward=inner.reward,
-            done=inner.done,
-            metrics={k: as_f32(v) for k, v in inner.metrics.items()},
-            info=info,
+            obs=_f32_tree(inner.obs),
+            reward=_f32_tree(inner.reward),
+            done=done,
+            metrics=_f32_tree(dict(getattr(inner, "metrics", None) or {})),
+            info={**info, "truncated": _truncated_of(inner, done)},
             data=inner,
         )
 
     def reset(self, key):
         with _allow_rank_promotion():
             inner = self.env.reset(key)
-        return self._wrap(inner, {"truncated": as_f32(0.0)})
+        return self._wrap(inner, {})
 
     def step(self, state, action):
         with _allow_rank_promotion():
-            inner = self.env.step(state.data, jnp.asarray(action, jnp.float32))
-        return self._wrap(inner, {**state.info, "truncated": as_f32(0.0)})
+            inner = self.env.step(state.data, _f32_actions(action))
+        return self._wrap(inner, state.info)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r})"
@@ -242,3 +295,80 @@ class BraxEnv(_JaxPhysicsEnv):
     Brax's own info (e.g. ``time_out``) stays inside ``data``; ``make`` wraps
     this adapter in :class:`TimeLimit`.
     """
+
+
+# --------------------------------------------------------------------------- the original nnx-ppo's envs
+
+
+class OriginalEnv(_JaxPhysicsEnv):
+    """Adapter for an env written for the original nnx-ppo (0.3.0).
+
+    The original's protocol: ``reset(key)`` and ``step(state, action)``
+    returning a state with ``obs``, ``reward`` (a float or a dict of them),
+    ``done`` (bool or float: termination *or* truncation) and ``info``;
+    ``observation_size`` / ``action_size`` (ints, shape tuples or dicts of
+    them) where the env declares them. :func:`~nnx_ppo.envs.as_env` (and so
+    ``train_ppo``) wraps such an env in this adapter, with a one-line
+    :class:`EnvAdaptedWarning`.
+
+    * ``state.data`` holds the env's own state, passed back to its ``step``;
+      obs, rewards, ``done`` and metrics are cast to float32, and leaves
+      without a fixed dtype (a Python ``0`` in ``info`` at reset) get one.
+    * ``info["truncated"]``: the env's own ``info["truncated"]`` where it has
+      one (the original's episode wrapper sets it), else 0. The original's
+      ``done`` does not tell a time limit from a real end, so without it every
+      ``done`` is a termination: the value after it is 0, not bootstrapped
+      from the last observation (what the original did too). Add a
+      ``TimeLimit`` (``as_env(env, episode_length=N)``) or set
+      ``info["truncated"]`` to bootstrap on time limits.
+    * ``observation_space``: from ``observation_size``, else the shapes of the
+      reset observation (float32 ``Box`` leaves).
+    * ``action_space``: from ``action_size``: ``Box(shape, -1, 1)`` leaves
+      (the original's policies are tanh-Gaussian: continuous actions in
+      ``[-1, 1]``; it has no discrete actions), a dict for a dict
+      ``action_size``. An env without ``action_size`` has no action space:
+      training passes the network's actions as they are (build the network
+      by hand), and ``make_actor_critic_for_env`` / ``check_env`` ask for one.
+    """
+
+    def __init__(self, env, name: str | None = None):
+        super().__init__(env, name if name is not None else type(env).__name__)
+
+    def reset_shapes(self) -> Any:
+        """The shapes of one reset state of the wrapped env (``jax.eval_shape``: nothing runs)."""
+        with _allow_rank_promotion():
+            return jax.eval_shape(self.env.reset, jax.random.key(0))
+
+    @property
+    def observation_space(self):
+        if getattr(self.env, "observation_size", None) is not None:
+            return super().observation_space
+        obs = self.reset_shapes().obs
+        return jax.tree_util.tree_map(lambda x: Box(x.shape), obs)
+
+    @property
+    def action_space(self):
+        if getattr(self.env, "action_size", None) is None:
+            raise AttributeError(
+                f"{self.name} (an env written for the original nnx-ppo) has no action_size, so its action space "
+                "is unknown: give the env an action_size (an int, a shape tuple or a dict of them), or build the "
+                "network by hand (training passes the network's actions to the env as they are)"
+            )
+        return super().action_space
+
+    def describe(self, reset_shapes: Any = None) -> str:
+        """How the env is adapted, for the one-line note: where the spaces
+        come from and what ``done`` means (``reset_shapes``: those of
+        :meth:`reset_shapes`, if already at hand)."""
+        has_obs = getattr(self.env, "observation_size", None) is not None
+        has_act = getattr(self.env, "action_size", None) is not None
+        info = getattr(self.reset_shapes() if reset_shapes is None else reset_shapes, "info", None)
+        has_truncated = isinstance(info, dict) and "truncated" in info
+        parts = [
+            "observation space from observation_size" if has_obs else "observation space from the reset observation",
+            "actions Box(-1, 1) from action_size" if has_act else "no action_size: actions passed as the network "
+                                                                  "gives them",
+            "info['truncated'] read from the env" if has_truncated else
+            "info['truncated'] filled with 0: every done is a termination (no bootstrap on time limits)",
+        ]
+        return "; ".join(parts)

@@ -356,6 +356,33 @@ def _playground_episode_length(pg_env) -> int:
     return int(cfg.get("episode_length", 1000)) if cfg is not None and hasattr(cfg, "get") else 1000
 
 
+def _as_original_env(env) -> RLEnv | None:
+    """``env`` in :class:`~nnx_ppo.envs.adapters.OriginalEnv` (with the
+    one-line note) when its reset state is the original nnx-ppo's kind: has
+    ``obs``, ``reward`` and ``done`` but is not an
+    :class:`~nnx_ppo.envs.types.EnvState`; None otherwise (this library's
+    API, or something the env checks will name). The reset is traced, not run."""
+    import warnings
+
+    from nnx_ppo.envs.adapters import EnvAdaptedWarning, OriginalEnv
+    from nnx_ppo.envs.types import EnvState
+
+    adapted = OriginalEnv(env)
+    try:
+        state = adapted.reset_shapes()
+    except Exception:  # noqa: BLE001 -- not ours to diagnose here: the env checks run the reset and name it
+        return None
+    if isinstance(state, EnvState) or not all(hasattr(state, f) for f in ("obs", "reward", "done")):
+        return None
+    warnings.warn(
+        f"nnx_ppo: {adapted.name} follows the original nnx-ppo's env protocol; adapted with OriginalEnv "
+        f"({adapted.describe(state)}). See docs/environments.md#envs-written-for-the-original-nnx-ppo",
+        EnvAdaptedWarning,
+        stacklevel=3,
+    )
+    return adapted
+
+
 def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool = False,
            random_reset_steps: int = 0) -> RLEnv:
     """``env`` in this library's env API, wrapping a third-party env as it ships.
@@ -369,6 +396,13 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
     * a Brax env (``brax.envs.get_environment(...)``) likewise, default 1000 steps;
     * a gymnax env instance gets :class:`~nnx_ppo.envs.adapters.GymnaxEnv`
       (its own time limit);
+    * an env written for the original nnx-ppo (``reset``/``step`` returning
+      a state with ``obs``, ``reward``, ``done`` and ``info`` that is not an
+      :class:`~nnx_ppo.envs.types.EnvState`) gets
+      :class:`~nnx_ppo.envs.adapters.OriginalEnv`, with a one-line
+      :class:`~nnx_ppo.envs.adapters.EnvAdaptedWarning` saying how; a
+      :class:`~nnx_ppo.envs.wrappers.TimeLimit` only when ``episode_length``
+      is given (its own ``done`` ends its episodes);
     * any other object with ``reset`` and ``step`` is returned unchanged (the
       checks before training name what it lacks); anything else is a TypeError.
 
@@ -399,7 +433,12 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
 
         return GymnaxEnv(env)
     if callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
-        return env  # duck-typed: the env checks before training validate it
+        original = _as_original_env(env)
+        if original is None:
+            return env  # duck-typed: the env checks before training validate it
+        if episode_length is None:
+            return original
+        return TimeLimit(original, int(episode_length), random_initial_steps, random_reset_steps)
     raise TypeError(
         f"expected an env with this library's API (an nnx_ppo.envs.RLEnv: reset(key) / step(state, action) "
         f"returning EnvState with info['truncated']), a MuJoCo Playground, Brax or gymnax env; got {name} "

@@ -13,6 +13,7 @@ import numpy as np
 
 from nnx_ppo.envs import spaces as _spaces
 from nnx_ppo.envs.spaces import Box, Discrete
+from nnx_ppo.envs.types import EnvState
 
 __all__ = ["EnvCheckError", "check_env_structure", "check_actions"]
 
@@ -93,7 +94,10 @@ def check_env_structure(env, n_envs: int, actions=None) -> None:
         if not hasattr(reset, field):
             fail(f"{field}: the env's reset state has no field {field!r} (expected an EnvState)")
     if not isinstance(reset.info, dict) or "truncated" not in reset.info:
-        fail('info["truncated"]: missing from the reset state (set it to 0.0 at reset, 1.0 on time-limit ends)')
+        hint = "" if isinstance(reset, EnvState) else (
+            "; an env written for the original nnx-ppo, whose state is not an EnvState, is adapted by "
+            "nnx_ppo.envs.as_env, which train_ppo calls")
+        fail(f'info["truncated"]: missing from the reset state (set it to 0.0 at reset, 1.0 on time-limit ends){hint}')
     if actions is None:
         actions = jax.eval_shape(jax.vmap(lambda k: _spaces.sample(env.action_space, k)), keys)
     step = jax.eval_shape(jax.vmap(env.step), reset, actions)

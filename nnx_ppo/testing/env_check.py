@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nnx_ppo.envs import spaces as _spaces
+from nnx_ppo.envs.registry import as_env
 from nnx_ppo.envs.types import EnvState
 from nnx_ppo.envs.validation import (
     check_scalar_per_env,
@@ -124,8 +125,13 @@ def check_env(env, *, n_envs: int = 4, n_steps: int = 8, seed: int = 0, check_ke
       Keys in ``data`` are skipped for adapters of third-party envs
       (``env.unwrapped.check_keys_in_data = False``).
 
+    ``env`` goes through :func:`~nnx_ppo.envs.as_env` first, as in training:
+    a raw Playground, Brax or gymnax env, or one written for the original
+    nnx-ppo, is checked as the adapter the trainer would use.
+
     Returns an :class:`EnvCheckReport` with the rewards/dones/truncations seen.
     """
+    env = as_env(env)
     key = jax.random.PRNGKey(seed)
     key, reset_key, act_key = jax.random.split(key, 3)
     obs_space, act_space = env.observation_space, env.action_space
