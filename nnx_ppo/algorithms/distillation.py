@@ -34,7 +34,7 @@ from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Health, IterationOutput
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
 from nnx_ppo.algorithms.hooks import evaluation_hook
-from nnx_ppo.algorithms.losses import replay_error
+from nnx_ppo.algorithms.losses import check_scalar_regularization, replay_error
 from nnx_ppo.algorithms.optimization import make_optimizer, update_epochs
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.rollout import Trajectory, collect_rollout, sum_leaves
@@ -169,6 +169,7 @@ def distillation_loss(params: Any, network: NetworkFn, trajectory: Trajectory) -
     that acted. ``total = -mean log p(teacher action) + regularization`` (the
     student's modules' ``regularization_loss``: KL, entropy bonus, ...).
     """
+    check_scalar_regularization(network.with_state(params=params), trajectory)
     replay = network.with_state(params=params).replay(trajectory)
     nll = -jnp.mean(sum_leaves(replay.output.loglikelihoods))
     total = nll + replay.regularization_loss

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, Unpack
 
@@ -180,6 +181,10 @@ def _heads(
     (``2 * action_size``), then its sampler; the value head is one ``Dense``,
     or a :class:`Parallel` of them keyed by ``value_keys``.
     """
+    if isinstance(action_size, bool) or not isinstance(action_size, numbers.Integral):
+        raise TypeError(f"action_size must be an int (the number of action dims, or of discrete actions), got "
+                        f"{action_size!r}; for a tuple or dict of actions, build the policy head by hand: a "
+                        "PPOAdapter whose action port ends in one sampler per action (docs/networks.md)")
     if options["discrete"]:
         policy: list[StatefulModule] = [
             Dense(policy_in, action_size, rngs, init_scale=0.01),

@@ -191,3 +191,16 @@ def test_make_actor_critic_for_env_unknown_network():
     envs = pytest.importorskip("nnx_ppo.envs")
     with pytest.raises(ValueError, match="network must be 'mlp', 'lstm' or 'gru'"):
         make_actor_critic_for_env(envs.make("cue_memory"), "transformer")
+
+
+def test_a_tuple_action_size_is_a_named_error():
+    """The original's Parrot env gives a tuple action_size; the factories
+    build one flat head, so they say what to do instead of failing later."""
+    import numpy as np
+    from flax import nnx
+
+    from nnx_ppo.networks.factories import make_mlp_actor_critic
+
+    with pytest.raises(TypeError, match=r"action_size must be an int .* got \(3,\); .* by hand"):
+        make_mlp_actor_critic(3, (3,), rngs=nnx.Rngs(0))
+    make_mlp_actor_critic(3, np.int64(2), rngs=nnx.Rngs(0))  # a NumPy integer is an int
