@@ -52,6 +52,7 @@ from nnx_ppo.app.commands import (
     ResumeCommand,
     SweepCommand,
     TrainCommand,
+    flag_groups,
     parse_env_kwargs,
     print_error,
 )
@@ -169,7 +170,7 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand, sweep_default: Swe
         if argv[:1] == ["train"]:
             shown = group_options(shown, TRAIN_FLAG_GROUPS)
         elif argv[:1] == ["sweep"]:
-            shown = group_options(shown, {"sweep": ("--grid", "--pbt-every", "--threshold"), **TRAIN_FLAG_GROUPS})
+            shown = group_options(shown, flag_groups(SweepCommand))
         sys.stdout.write(shown)
         sys.stderr.write(clean_help(err.getvalue()) + _did_you_mean(err.getvalue(), argv, train_default))
 
@@ -220,17 +221,10 @@ def clean_help(text: str) -> str:
     return "".join(lines)
 
 
-TRAIN_FLAG_GROUPS = {
-    "env and network": ("--network", "--hidden-size", "--network-kwargs", "--no-preset", "--env-kwargs",
-                        "--train-env-kwargs"),
-    "run directory and logging": ("--run-dir", "--resume", "--print-config", "--quiet", "--video-every", "--wandb",
-                                  "--wandb-project", "--checkpoint-every-steps", "--keep-checkpoints"),
-    "seeds and devices": ("--seed", "--seeds", "--n-devices", "--shard-seeds", "--seed-batching",
-                          "--iterations-per-call", "--coordinator-address", "--num-processes", "--process-id",
-                          "--distributed-timeout"),
-}
+TRAIN_FLAG_GROUPS = flag_groups(TrainCommand)
 """How ``train --help`` splits tyro's one box of top-level flags (the
-training and evaluation hyperparameters keep their own ``ppo`` and ``eval`` boxes)."""
+training and evaluation hyperparameters keep their own ``ppo`` and ``eval``
+boxes): each field declares its section (``group`` in its metadata)."""
 
 
 def group_options(text: str, groups: dict[str, tuple[str, ...]]) -> str:

@@ -91,7 +91,14 @@ def checked(config: "TrainConfig") -> "TrainConfig":
     return dataclasses.replace(config, ppo=dataclasses.replace(config.ppo), eval=dataclasses.replace(config.eval))
 
 
-def _field(default: Any, *, member: tuple[float, float] | None = None, resume: bool = False) -> Any:
+GROUP_ENV = "env and network"
+GROUP_RUN = "run directory and logging"
+GROUP_DEVICES = "seeds and devices"
+"""The help groups of ``nnx-ppo train --help`` a field may declare (``group=``)."""
+
+
+def _field(default: Any, *, member: tuple[float, float] | None = None, resume: bool = False,
+           group: str | None = None) -> Any:
     """A config field with its rules declared once, as field metadata:
 
     - ``member``: the field may differ between the members of one compiled
@@ -100,9 +107,13 @@ def _field(default: Any, *, member: tuple[float, float] | None = None, resume: b
       (:func:`per_member_fields`);
     - ``resume``: the field may change when a run is resumed (the others
       would change the network, the state's shapes or the run's meaning;
-      :func:`resume_changes`).
+      :func:`resume_changes`);
+    - ``group``: the section of ``nnx-ppo train --help`` its flag is listed in
+      (one of the ``GROUP_*`` names; the ``ppo`` and ``eval`` fields have their own).
     """
     metadata: dict[str, Any] = {"resume": resume}
+    if group is not None:
+        metadata["group"] = group
     if member is not None:
         metadata["member"] = member
     return dataclasses.field(default=default, metadata=metadata)
@@ -328,13 +339,13 @@ class TrainConfig:
 
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
-    seed: int = 0
-    iterations_per_call: int = _field(1, resume=True)
-    checkpoint_every_steps: int | None = _field(None, resume=True)
-    keep_checkpoints: int = _field(3, resume=True)
-    n_devices: int | None = _field(None, resume=True)
-    shard_seeds: bool = _field(False, resume=True)
-    seed_batching: SeedBatching = _field("vmap", resume=True)
+    seed: int = _field(0, group=GROUP_DEVICES)
+    iterations_per_call: int = _field(1, resume=True, group=GROUP_DEVICES)
+    checkpoint_every_steps: int | None = _field(None, resume=True, group=GROUP_RUN)
+    keep_checkpoints: int = _field(3, resume=True, group=GROUP_RUN)
+    n_devices: int | None = _field(None, resume=True, group=GROUP_DEVICES)
+    shard_seeds: bool = _field(False, resume=True, group=GROUP_DEVICES)
+    seed_batching: SeedBatching = _field("vmap", resume=True, group=GROUP_DEVICES)
 
     def __post_init__(self):
         if _checks_deferred.get():
