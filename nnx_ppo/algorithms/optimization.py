@@ -20,6 +20,7 @@ import optax
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.losses import ppo_loss, split_minibatches
+from nnx_ppo.algorithms.rollout import count_nonfinite
 
 __all__ = ["make_optimizer", "update_epochs"]
 
@@ -70,6 +71,7 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         metrics["optimizer/grad_norm"] = optax.tree.norm(grads)
+        metrics["health/nonfinite_gradients"] = count_nonfinite(grads)
         if config.target_kl is None or "policy/approx_kl" not in metrics:
             return (new_params, new_opt_state, stopped), metrics
         # Early stop: this minibatch's policy already moved too far; skip its update and the rest.
@@ -85,5 +87,6 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
     keys = jax.random.split(key, config.n_epochs)
     (params, opt_state, _), metrics = jax.lax.scan(epoch, (network.params, opt_state, jnp.asarray(False)), keys)
     # replay/*: measured on the first minibatch, before any update (must be ~0).
-    metrics = {k: v[0, 0] if k.startswith("replay/") else jnp.mean(v) for k, v in metrics.items()}
+    metrics = {k: v[0, 0] if k.startswith("replay/") else jnp.sum(v) if k.startswith("health/") else jnp.mean(v)
+               for k, v in metrics.items()}
     return network.with_state(params=params), opt_state, metrics

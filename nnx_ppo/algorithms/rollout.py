@@ -96,6 +96,10 @@ class RolloutStats:
       completed_length_sum: sum of their lengths.
       finite_reward: every reward was finite.
       finite_obs: every observation (after steps and after resets) was finite.
+      nonfinite_rewards: env steps whose (summed) reward was NaN or inf.
+      nonfinite_observations: NaN or inf numbers in the observations the
+        envs returned (after steps, and after resets where an episode ended).
+      nonfinite_actions: NaN or inf numbers in the actions the network took.
     """
 
     completed_episodes: jax.Array
@@ -103,6 +107,9 @@ class RolloutStats:
     completed_length_sum: jax.Array
     finite_reward: jax.Array
     finite_obs: jax.Array
+    nonfinite_rewards: jax.Array
+    nonfinite_observations: jax.Array
+    nonfinite_actions: jax.Array
 
     @classmethod
     def total(cls, per_step: "RolloutStats") -> "RolloutStats":
@@ -113,16 +120,23 @@ class RolloutStats:
             completed_length_sum=jnp.sum(per_step.completed_length_sum),
             finite_reward=jnp.all(per_step.finite_reward),
             finite_obs=jnp.all(per_step.finite_obs),
+            nonfinite_rewards=jnp.sum(per_step.nonfinite_rewards),
+            nonfinite_observations=jnp.sum(per_step.nonfinite_observations),
+            nonfinite_actions=jnp.sum(per_step.nonfinite_actions),
         )
 
     def metrics(self) -> dict[str, jax.Array]:
         """``train/...`` metrics of the completed episodes (count, mean
-        return, mean length; means are 0 when no episode ended)."""
+        return, mean length; means are 0 when no episode ended) and the
+        ``health/nonfinite_...`` counts."""
         episodes = jnp.maximum(self.completed_episodes, 1.0)
         return {
             "train/completed_episodes": self.completed_episodes,
             "train/episode_return": self.completed_return_sum / episodes,
             "train/episode_length": self.completed_length_sum / episodes,
+            "health/nonfinite_rewards": self.nonfinite_rewards,
+            "health/nonfinite_observations": self.nonfinite_observations,
+            "health/nonfinite_actions": self.nonfinite_actions,
         }
 
 
@@ -156,6 +170,19 @@ def sum_leaves(tree: Any) -> jax.Array:
     for leaf in leaves[1:]:
         total = total + leaf
     return total
+
+
+def count_nonfinite(tree: Any, where: jax.Array | None = None) -> jax.Array:
+    """float32 ``[]``: the NaN and inf numbers in the float leaves of ``tree``
+    (leaves ``[B, ...]``; with ``where`` ``[B]``, only in those rows)."""
+    counts = []
+    for x in jax.tree.leaves(tree):
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            bad = ~jnp.isfinite(x)
+            if where is not None:
+                bad = bad & where.reshape(where.shape + (1,) * (x.ndim - where.ndim))
+            counts.append(jnp.sum(bad, dtype=jnp.float32))
+    return sum(counts, jnp.zeros((), jnp.float32))
 
 
 def all_finite(tree: Any) -> jax.Array:
@@ -198,7 +225,7 @@ def _truncation_values(network: NetworkFn, carry: Any, final_obs: Any, truncated
 
 
 def _episode_step(state: "RolloutState", reward: jax.Array, done: jax.Array, stepped_obs: Any,
-                  next_obs: Any) -> tuple[RolloutStats, jax.Array, jax.Array]:
+                  next_obs: Any, actions: Any) -> tuple[RolloutStats, jax.Array, jax.Array]:
     """One step of episode bookkeeping: this step's :class:`RolloutStats`
     and the running returns and lengths ``[B]`` (zeroed where episodes ended)."""
     ep_return = state.episode_return + reward
@@ -210,6 +237,9 @@ def _episode_step(state: "RolloutState", reward: jax.Array, done: jax.Array, ste
         completed_length_sum=jnp.sum(ep_length.astype(jnp.float32) * donef),
         finite_reward=jnp.all(jnp.isfinite(reward)),
         finite_obs=all_finite(stepped_obs) & all_finite(next_obs),
+        nonfinite_rewards=jnp.sum(~jnp.isfinite(reward), dtype=jnp.float32),
+        nonfinite_observations=count_nonfinite(stepped_obs) + count_nonfinite(next_obs, where=done),
+        nonfinite_actions=count_nonfinite(actions),
     )
     return stats, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length)
 
@@ -248,7 +278,7 @@ def collect_rollout(
         env_state = reset_ended(env, done, stepped, jax.random.split(step_key)[0])
         fresh_carry, net = net.reset(out.next_state)
         step_stats, ep_return, ep_length = _episode_step(rs, sum_leaves(stepped.reward), done, stepped.obs,
-                                                         env_state.obs)
+                                                         env_state.obs, net_out.actions)
         next_rs = RolloutState(env_state=env_state, carry=select_where(done, fresh_carry, out.next_state),
                                episode_return=ep_return, episode_length=ep_length, fresh=done)
         record = dict(

@@ -41,3 +41,53 @@ class _Batchless(_Counter):
         state = super().reset(key)
         return state.replace(data={**state.data, "ncollision": jnp.zeros((1,), jnp.int32),
                                    "contacts": jnp.zeros((0, 3))})
+
+
+
+class _NaNAtStep2:
+    """obs [1, 1]; at each episode's step 2 the reward and the first obs
+    number are NaN (episodes of 4 steps, then a reset)."""
+
+    def reset(self, key):
+        return EnvState(obs=jnp.ones(2), reward=as_f32(0.0), done=as_f32(0.0), metrics={},
+                        info={"truncated": as_f32(0.0), "t": jnp.zeros((), jnp.int32)})
+
+    def step(self, state, action):
+        t = state.info["t"] + 1
+        nan = jnp.where(t == 2, jnp.nan, 0.0)
+        done = (t == 4).astype(jnp.float32)
+        return EnvState(obs=jnp.ones(2).at[0].add(nan), reward=1.0 + nan, done=done, metrics={},
+                        info={"truncated": done, "t": t})
+
+
+def test_nonfinite_counts():
+    """health/nonfinite_*: per rollout, the env steps with a NaN reward, the
+    NaN numbers in the observations and in the actions, and (in the update)
+    in the gradients; all 0 in a healthy run (checked through train_ppo)."""
+    from flax import nnx
+
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.functional import NetworkFn
+    from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
+    from nnx_ppo.algorithms.rollout import collect_rollout
+    from nnx_ppo.networks.factories import make_mlp_actor_critic
+    from tests.algorithms.toy_envs import Target
+
+    net = make_mlp_actor_critic(2, 2, rngs=nnx.Rngs(0), actor_hidden_sizes=(8,), critic_hidden_sizes=(8,))
+    config = TrainConfig(ppo=PPOConfig(n_envs=3, rollout_length=8, n_minibatches=1, total_steps=48),
+                         eval=EvalConfig(enabled=False))
+    env = _NaNAtStep2()
+    state = new_training_state(env, net, config)
+    rollout = collect_rollout(env, NetworkFn.of(net, deterministic=False), state.rollout, jax.random.key(0), 8, True)
+    metrics = rollout.stats.metrics()
+    assert float(metrics["health/nonfinite_rewards"]) == 2 * 3  # steps 2 and 6 of 8, 3 envs
+    assert float(metrics["health/nonfinite_observations"]) == 2 * 3
+    assert float(metrics["health/nonfinite_actions"]) == 2 * 3 * 2  # the NaN obs of steps 3 and 7 act: 2 numbers each
+
+    rows = []
+    train_ppo(Target(obs_size=2), make_mlp_actor_critic(2, 2, rngs=nnx.Rngs(0), actor_hidden_sizes=(8,),
+                                                         critic_hidden_sizes=(8,)),
+              config, log_fn=lambda m, s: rows.append(m))
+    keys = {"health/nonfinite_rewards", "health/nonfinite_observations", "health/nonfinite_actions",
+            "health/nonfinite_gradients"}
+    assert rows and all(keys <= set(r) and all(r[k] == 0 for k in keys) for r in rows)
