@@ -106,6 +106,9 @@ INTERNAL_NAMES = {
 # must match (re.search) the node id "file::Class::test" and the error's
 # first line; the first matching entry wins. No match: "break".
 TABLE: list[tuple[str | None, str | None, str]] = [
+    # the Delay carry: a shift register here, a ring buffer with its index there
+    (r"delay_test\.py::DelayTest::", r"(string indexing; got idx='buffer'|KeyError: 'buffer')",
+     "the Delay carry is the buffer alone here (no 'buffer'/'idx' dict): " + MIG + "networks"),
     # imports of names this library replaced, each with its one-line ImportError
     (None, r"ReplacedImportError: nnx_ppo\.algorithms\.types\.LoggingLevel",
      "imports LoggingLevel (no logging levels here, a fixed set of metrics): " + MIG + "metrics"),
