@@ -106,6 +106,13 @@ INTERNAL_NAMES = {
 # must match (re.search) the node id "file::Class::test" and the error's
 # first line; the first matching entry wins. No match: "break".
 TABLE: list[tuple[str | None, str | None, str]] = [
+    # the PopulationGraph carry and default activation, AR1's keyword-only smoothness_weight
+    (r"graph_test\.py::.*test_reset_state_zeros_buffer", r"KeyError: 'populations'",
+     "the graph carry is {'buffers', 'transforms'} here, not {'populations'}: " + MIG + "networks"),
+    (r"graph_test\.py::.*test_sum_integration_two_inputs", None,
+     "a hidden population's default activation is tanh here (none in the original): " + MIG + "networks"),
+    (None, r"missing \d+ required keyword-only argument: 'smoothness_weight'",
+     "AR1VariationalBottleneck's smoothness_weight is keyword-only and required here: " + MIG + "networks"),
     # the Delay carry: a shift register here, a ring buffer with its index there
     (r"delay_test\.py::DelayTest::", r"(string indexing; got idx='buffer'|KeyError: 'buffer')",
      "the Delay carry is the buffer alone here (no 'buffer'/'idx' dict): " + MIG + "networks"),

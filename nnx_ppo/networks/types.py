@@ -69,11 +69,13 @@ ModuleState: TypeAlias = Any
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class StatefulModuleOutput(JaxDataclass):
     """What one forward step of a :class:`StatefulModule` returns (a pytree).
 
-    ``out.replace(output=...)`` returns a copy with fields changed.
+    ``out.replace(output=...)`` returns a copy with fields changed. Fields may
+    be given by keyword or by position, in the order below (the original
+    nnx-ppo's order).
 
     Attributes:
       next_state: carry for the next step; leaves ``[B, ...]``; ``()`` when the
@@ -95,9 +97,11 @@ class StatefulModuleOutput(JaxDataclass):
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class PPONetworkOutput(JaxDataclass):
     """The output a network trained by PPO must produce.
+
+    Fields by keyword or by position, in the order below (the original's).
 
     Attributes:
       actions: actions sent to the environment, ``[B, ...]`` (a pytree when

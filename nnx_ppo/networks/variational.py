@@ -43,12 +43,13 @@ class VariationalBottleneck(StatefulModule):
     Args:
       latent_size: ``L``.
       rng: ``nnx.Rngs`` (or an int seed) used only to seed the per-env keys.
-      kl_weight: weight of the KL term in ``regularization_loss``.
+      kl_weight: weight of the KL term in ``regularization_loss`` (default 1.0,
+        as in the original nnx-ppo).
       min_std: lower bound added to the softplus standard deviation.
       fresh_keys_on_reset: see above.
     """
 
-    def __init__(self, latent_size: int, rng: nnx.Rngs, kl_weight: float, min_std: float = 1e-6,
+    def __init__(self, latent_size: int, rng: nnx.Rngs, kl_weight: float = 1.0, min_std: float = 1e-6,
                  *, fresh_keys_on_reset: bool = False):
         name = type(self).__name__
         if isinstance(latent_size, bool) or not isinstance(latent_size, int) or latent_size <= 0:
@@ -126,7 +127,8 @@ class AR1VariationalBottleneck(VariationalBottleneck):
       latent_size: ``L``, as for :class:`VariationalBottleneck` (the same
         positions for the first four arguments).
       rng: ``nnx.Rngs`` (or an int seed) used only to seed the per-env keys.
-      kl_weight: weight of the KL term in ``regularization_loss``.
+      kl_weight: weight of the KL term in ``regularization_loss`` (default 1.0,
+        as in the original nnx-ppo).
       min_std: lower bound added to the softplus standard deviation.
       fresh_keys_on_reset: draw fresh keys in :meth:`reset_state`.
       smoothness_weight: weight of the smoothness penalty; keyword-only, so
@@ -139,7 +141,7 @@ class AR1VariationalBottleneck(VariationalBottleneck):
         ``backprop_through_time=True``).
     """
 
-    def __init__(self, latent_size: int, rng: nnx.Rngs, kl_weight: float, min_std: float = 1e-6, *,
+    def __init__(self, latent_size: int, rng: nnx.Rngs, kl_weight: float = 1.0, min_std: float = 1e-6, *,
                  smoothness_weight: float, fresh_keys_on_reset: bool = False):
         super().__init__(latent_size, rng, kl_weight, min_std,
                          fresh_keys_on_reset=fresh_keys_on_reset)

@@ -13,8 +13,6 @@ from nnx_ppo.networks import (
     Delay,
     Dense,
     NormalTanhSampler,
-    PPONetworkOutput,
-    StatefulModuleOutput,
     VariationalBottleneck,
     make_mlp_actor_critic,
 )
@@ -29,8 +27,6 @@ from nnx_ppo.networks import (
     lambda: Dense(3, 2, nnx.Rngs(0), jax.nn.relu),  # activation was the 4th positional
     lambda: Delay(jnp.zeros(3), 2, 0.5),  # initial_value
     lambda: make_mlp_actor_critic(3, 2, [8], [8], nnx.Rngs(0), nnx.relu),  # activation
-    lambda: StatefulModuleOutput((), jnp.zeros(1), 0.0, {}, None),
-    lambda: PPONetworkOutput(jnp.zeros(1), jnp.zeros(1), jnp.zeros(1)),
 ])
 def test_original_positional_calls_that_would_mean_something_else_are_errors(call):
     with pytest.raises(TypeError):

@@ -382,3 +382,26 @@ def test_flattener_preserving_more_levels_than_the_input_has_is_a_type_error():
         Flattener(preserve_levels=1)((), jnp.zeros((2, 3)))
     out = Flattener(preserve_levels=2)((), {"a": {"p": jnp.zeros((2, 3, 2))}, "b": [jnp.zeros((2, 1))]}).output
     assert out["a"]["p"].shape == (2, 6) and out["b"][0].shape == (2, 1)
+
+
+# --- 8. the original's positional fields and defaults ----------------------
+
+
+def test_outputs_take_the_original_positional_field_order():
+    """Original: ``StatefulModuleOutput(next_state, output, regularization_loss,
+    metrics[, rollout_extras])`` and ``PPONetworkOutput(actions, loglikelihoods,
+    value_estimates)`` positionally; keywords still work."""
+    out = StatefulModuleOutput((), jnp.ones(2), 0.5, {"m": 1.0}, "extra")
+    assert out == StatefulModuleOutput(next_state=(), output=out.output, regularization_loss=0.5,
+                                       metrics={"m": 1.0}, rollout_extras="extra")
+    assert (out.regularization_loss, out.metrics, out.rollout_extras) == (0.5, {"m": 1.0}, "extra")
+    assert StatefulModuleOutput((), 1).regularization_loss == 0.0
+    ppo = PPONetworkOutput(jnp.zeros(2), jnp.ones(2), jnp.full(2, 2.0))
+    assert [float(v[0]) for v in (ppo.actions, ppo.loglikelihoods, ppo.value_estimates)] == [0.0, 1.0, 2.0]
+    assert jax.tree.map(lambda v: v + 1, ppo).value_estimates[0] == 3.0
+
+
+def test_variational_bottleneck_kl_weight_defaults_to_one():
+    """Original: ``VariationalBottleneck(latent_size, rng, kl_weight=1.0, min_std=1e-6)``."""
+    assert VariationalBottleneck(3, nnx.Rngs(0)).kl_weight == 1.0
+    assert AR1VariationalBottleneck(3, nnx.Rngs(0), smoothness_weight=0.1).kl_weight == 1.0
