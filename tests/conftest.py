@@ -60,7 +60,11 @@ _FIRST = (
     "test_replay_consistency.py", # 115
     "test_examples.py",           # 75 (measured at LLVM level 0; the older figures at the default)
     "test_population.py",         # 60 (2026-12-03, with a benchmark running beside it)
+    "test_one_runner.py",         # 100 (2026-12-04)
     "test_python_run_dir.py",     # 50
+    "test_original_protocol.py",  # 50 (its quick cases)
+    "test_export_and_network_errors.py",  # 45
+    "test_failed_members.py",     # 40
     "test_sweep.py",              # 40
     "test_distillation.py",       # 75
     "test_learning.py",           # 75

@@ -235,7 +235,10 @@ ORIGINAL_ENVS = {
 }
 
 
-@pytest.mark.parametrize("name", list(ORIGINAL_ENVS))
+_QUICK = ("move_to_center", "dummy_counter", "two_arm")  # one per way the spaces are found; the rest: -m slow
+
+
+@pytest.mark.parametrize("name", [n if n in _QUICK else pytest.param(n, marks=pytest.mark.slow) for n in ORIGINAL_ENVS])
 def test_original_env_trains_unchanged_with_a_note(name):
     make_env, make_net, how = ORIGINAL_ENVS[name]
     env = make_env()

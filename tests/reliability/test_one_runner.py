@@ -196,6 +196,7 @@ def test_a_value_the_config_refuses_is_its_own_line(capsys):
         assert message in line and "tyro" not in line
 
 
+@pytest.mark.slow  # a process of its own, compiling a sweep (train's Ctrl-C: tests/test_cli.py)
 def test_stopping_a_sweep_says_how_to_continue(tmp_path):
     """Case 4: Ctrl-C on a sweep printed a finished-looking table and no
     "stopped early; continue with ..." line."""
