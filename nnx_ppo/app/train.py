@@ -44,8 +44,7 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
     try:
         net = saved["network"]
         hidden_size = int(net.get("hidden_size") or DEFAULT_HIDDEN_SIZE)
-        sized = network_kwargs(net["kind"], hidden_size)
-        extra = {k: v for k, v in (net.get("kwargs") or {}).items() if k not in sized}
+        extra = _extra_network_kwargs(net)
         fields = dict(
             env=saved["env"],
             network=net["kind"],
@@ -68,6 +67,13 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
     return TrainCommand(**fields), saved
 
 
+def _extra_network_kwargs(network: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of a saved network (config.json's ``network``)
+    that ``--network-kwargs`` gave: those its width does not set."""
+    sized = network_kwargs(network["kind"], int(network.get("hidden_size") or DEFAULT_HIDDEN_SIZE))
+    return {k: v for k, v in (network.get("kwargs") or {}).items() if k not in sized}
+
+
 def resume_changes(cmd: TrainCommand, saved: dict[str, Any], env_kwargs: dict, train_env_kwargs: dict
                    ) -> dict[str, list]:
     """What resuming the run ``saved`` with ``cmd`` changes (``{"ppo.total_steps":
@@ -78,12 +84,11 @@ def resume_changes(cmd: TrainCommand, saved: dict[str, Any], env_kwargs: dict, t
 
     network = saved["network"]
     kwargs = parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs")
-    sized = network_kwargs(network["kind"], int(network.get("hidden_size") or DEFAULT_HIDDEN_SIZE))
     for what, now, before in (
         ("env", cmd.env, saved["env"]),
         ("--network", _normalized_network(cmd.network), network["kind"]),
         ("--hidden-size", cmd.hidden_size, network["hidden_size"]),
-        ("--network-kwargs", kwargs, {k: v for k, v in (network.get("kwargs") or {}).items() if k not in sized}),
+        ("--network-kwargs", kwargs, _extra_network_kwargs(network)),
         ("--env-kwargs", env_kwargs, saved.get("env_kwargs", {})),
         ("--train-env-kwargs", train_env_kwargs, saved.get("train_env_kwargs", {})),
         ("--seeds", list(cmd.seeds), list(saved.get("population", saved).get("seeds", []))),
