@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo.algorithms.config import TrainConfig, config_from_dict, config_to_dict
+from nnx_ppo.algorithms.outputs import FAILURE_KEY  # (the key of a failure row of metrics.jsonl)
 
 __all__ = [
     "CONFIG_FILE",
@@ -33,7 +34,6 @@ __all__ = [
     "default_run_dir",
     "train_config_to_dict",
     "train_config_from_dict",
-    "run_content",
     "write_run_config",
     "read_run_config",
     "read_metrics",
@@ -93,32 +93,6 @@ def train_config_from_dict(data: dict[str, Any], *, learning_rate: Any = None) -
     a warning) so older/newer run directories still load. ``learning_rate``
     replaces the saved one (required for a config saved with a schedule)."""
     return config_from_dict(data, where=CONFIG_FILE, learning_rate=learning_rate)
-
-
-def run_content(*, env: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any], network: dict[str, Any],
-                config: TrainConfig, seeds=(), command: list[str], env_rebuildable: bool = True) -> dict[str, Any]:
-    """What ``config.json`` records, for the CLI and for ``run_dir=`` from
-    Python alike: the env spec and kwargs (``train_env_kwargs``: what only
-    the training env adds), how to rebuild the network, the whole config,
-    the seeds of a batch, the command, and when the run was created. It is
-    written once, when the run starts; a resume appends to ``resumed``
-    (:func:`append_resumed`)."""
-    content: dict[str, Any] = {
-        "schema": SCHEMA_VERSION,
-        "env": env,
-        "env_kwargs": env_kwargs,
-        "train_env_kwargs": train_env_kwargs,
-        "network": network,
-        "config": train_config_to_dict(config),
-        "created": _dt.datetime.now().isoformat(timespec="seconds"),
-        "command": list(command),
-        "resumed": [],
-    }
-    if not env_rebuildable:
-        content["env_rebuildable"] = False
-    if seeds:
-        content["seeds"] = [int(s) for s in seeds]
-    return content
 
 
 def training_env_kwargs(env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -344,14 +318,6 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return rows
-
-
-FAILURE_KEY = "failure"
-"""The key of a ``metrics.jsonl`` row that records the failure of one seed
-(member) of a batch, which the trainer writes when the seed stops training:
-``{"env_steps": 128, "seed": 0, "iteration": 1, "failure": "non-finite values
-...", "failure_type": "NonFiniteError"}`` (the iteration whose health failed;
-the seed's state stays at the iteration before)."""
 
 
 def failure_rows(rows: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:

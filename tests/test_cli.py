@@ -485,7 +485,8 @@ class _PoisonedDrift:
 def test_a_failing_seed_is_named_and_the_run_stays_resumable(tmp_path, capsys, monkeypatch):
     """--seeds with one seed whose rewards turn NaN in its 2nd iteration: the
     other seed trains to the end, the failed one is named, the exit code is
-    1, and --resume continues the run (the failed seed fails again at once)."""
+    1, and --resume continues the run: the failed seed stays failed (it is
+    not trained again, and its failure is recorded once)."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -517,3 +518,5 @@ def test_a_failing_seed_is_named_and_the_run_stays_resumable(tmp_path, capsys, m
     assert f"seed {bad} failed at iteration 2" in capsys.readouterr().err
     assert [r["iteration"] for r in iteration_rows(run) if r.get("seed") == good and rd.FAILURE_KEY not in r] == [
         1, 2, 3, 4, 5, 6]
+    assert [r["iteration"] for r in iteration_rows(run) if r.get("seed") == bad and rd.FAILURE_KEY not in r] == [1]
+    assert sum(1 for r in rd.read_metrics(run) if r.get("seed") == bad and rd.FAILURE_KEY in r) == 1

@@ -29,7 +29,6 @@ import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
 import jax
@@ -38,7 +37,6 @@ import numpy as np
 from flax import errors as flax_errors
 from flax import nnx
 
-from nnx_ppo import run_dir as rd
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seeds
 from nnx_ppo.algorithms.distributed import any_process, process_count
 from nnx_ppo.algorithms.driver import (
@@ -54,13 +52,12 @@ from nnx_ppo.algorithms.driver import (
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
 from nnx_ppo.algorithms.hooks import best_policy_hook, checkpoint_hook, evaluation_hook
 from nnx_ppo.algorithms.hyperparameters import check_population, initial_member_state, member_entry
+from nnx_ppo.algorithms.outputs import FAILURE_KEY, RunOutput, run_layer
 from nnx_ppo.algorithms.program import compile_iterations, seed_slice, stack_trees
 from nnx_ppo.algorithms.rollout import all_finite
-from nnx_ppo.algorithms.run_output import RunOutput, network_from_description
 from nnx_ppo.algorithms.sharding import local_devices, place, replicated
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.envs.registry import as_env
-from nnx_ppo.run_dir import CHECKPOINT_DIR, CONFIG_FILE
 
 __all__ = ["Algorithm", "TrainOptions", "train", "resume_state", "CheckpointDirInUseError", "failure_metrics"]
 
@@ -121,13 +118,17 @@ class TrainOptions(TypedDict, total=False):
         training early (the state so far is saved and returned).
       run_dir: write a run directory as ``nnx-ppo train`` does (config.json,
         metrics.jsonl, TensorBoard, learning_curve.png, ``checkpoints/``
-        with the best policy; see :mod:`nnx_ppo.algorithms.run_output`), read by
-        ``nnx-ppo eval``/``plot``/``resume`` and ``load_policy``. A
-        fresh run refuses a directory holding checkpoints (continue that run
-        with ``resume_from=run_dir``) and starts again, with a warning, one
-        whose run saved none. Replaces ``checkpoint_dir``.
+        with the best policy), through the run layer's one runner
+        (:class:`nnx_ppo.runner.Run`), read by ``nnx-ppo eval``/``plot``/``resume``
+        and ``load_policy``. A fresh run refuses a directory holding
+        checkpoints (continue that run with ``resume_from=run_dir``) and
+        starts again, with a warning, one whose run saved none. Replaces
+        ``checkpoint_dir``.
       progress: show the command line's progress bar (plain lines at most
         every 30 s when stderr is not a terminal).
+      run: an open :class:`~nnx_ppo.algorithms.outputs.RunOutput` to write
+        into (what ``run_dir=`` opens; the command line opens its own and
+        closes it).
     """
 
     log_fn: Callable[..., None] | None
@@ -138,6 +139,7 @@ class TrainOptions(TypedDict, total=False):
     should_stop: Callable[[], bool] | None
     run_dir: str | os.PathLike | None
     progress: bool
+    run: RunOutput | None
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -292,19 +294,18 @@ def train(
         raise ValueError("train: give a network (one run), or make_network and seeds (a seed batch)")
     log_fn, eval_env = options.get("log_fn"), options.get("eval_env")
     checkpoint_dir, resume_from = options.get("checkpoint_dir"), options.get("resume_from")
-    checkpoint_metadata = options.get("checkpoint_metadata")
-    run_dir = options.get("run_dir")
-    if run_dir is not None and checkpoint_dir is not None:
+    output, run_dir = options.get("run"), options.get("run_dir")
+    if (run_dir is not None or output is not None) and checkpoint_dir is not None:
         raise ValueError("give run_dir or checkpoint_dir, not both (a run directory keeps its checkpoints in "
                          "run_dir/checkpoints)")
     if resume_from is not None:
-        resume_from = _checkpoints_of(resume_from)
+        resume_from = run_layer().checkpoints_of(resume_from)
     batched = seeds is not None
     env = as_env(env)
     eval_env = env if eval_env is None else as_env(eval_env)
     network, make_network, network_spec = _named_network(network, make_network, env, eval_env, config)
     ppo = config.ppo
-    member_record = None
+    record = dict(algorithm.run_record or {})
     if batched:
         seeds = check_seeds(seeds, "train_seeds: seeds")
         devices = local_devices(config.n_devices, ppo.n_envs, len(seeds) if config.shard_seeds else None)
@@ -313,69 +314,60 @@ def train(
             check_population([config, *members])
             if len(members) != len(seeds):
                 raise ValueError(f"train: {len(members)} member configs for {len(seeds)} members")
-            member_record = [member_entry(m) for m in members]
+            record["members"] = [member_entry(m) for m in members]
         training_seeds = seeds if members is None else [m.seed for m in members]
         networks, graphdef = _build_networks(make_network, training_seeds)
-        checkpoint_metadata = {**(checkpoint_metadata or {}), "seeds": seeds}
-        if member_record is not None:
-            checkpoint_metadata["members"] = member_record
     else:
         devices = local_devices(config.n_devices, ppo.n_envs)
         networks, graphdef = [network], NetworkFn.of(network, deterministic=False).graphdef  # training samples
-    if run_dir is not None:
-        checkpoint_dir = str((Path(run_dir) / CHECKPOINT_DIR).resolve())
-    if checkpoint_dir is not None and resume_from is None:
-        _check_fresh_checkpoint_dir(checkpoint_dir)
-    if state is None:
-        state = _initial_state(algorithm, env, networks, config, seeds, members)
-    if resume_from is not None:
-        state = _resumed(state, seeds, resume_from, checkpoint_dir, ppo, member_record)
-    output, earlier_failures = None, None
-    if run_dir is not None and resume_from is not None and batched:
-        earlier_failures = rd.failure_rows(rd.read_metrics(run_dir))
-    if run_dir is not None or options.get("progress"):
-        record = {**(algorithm.run_record or {}), **({} if member_record is None else {"members": member_record})}
-        output = RunOutput.open(run_dir, progress=bool(options.get("progress")), train_env=env, eval_env=eval_env,
-                                network_spec=network_spec, network=networks[0], config=config, seeds=seeds,
-                                resuming=resume_from is not None, record=record)
-        log_fn = _both(output.log, log_fn, batched)
-        if run_dir is not None:
-            checkpoint_metadata = {**output.metadata(network_spec), **(checkpoint_metadata or {})}
+    opened = None
+    if output is None and (run_dir is not None or options.get("progress")):
+        output = opened = run_layer().open_output(
+            run_dir, progress=bool(options.get("progress")), train_env=env, eval_env=eval_env,
+            network_spec=network_spec, network=networks[0], config=config, seeds=seeds,
+            resuming=resume_from is not None)
     try:
-        results = _run(algorithm, env, eval_env, config, networks, graphdef, devices, state, seeds, log_fn,
-                       checkpoint_dir, checkpoint_metadata, on_evaluation, options.get("should_stop"),
-                       training_seeds if batched else None, earlier_failures=earlier_failures,
-                       record_failure=output.log if output is not None and run_dir is not None else None)
-    finally:
+        if output is not None and output.checkpoint_dir is not None:
+            checkpoint_dir = output.checkpoint_dir
+        if checkpoint_dir is not None and resume_from is None:
+            _check_fresh_checkpoint_dir(checkpoint_dir)
+        if state is None:
+            state = _initial_state(algorithm, env, networks, config, seeds, members)
+        if resume_from is not None:
+            state = _resumed(state, seeds, resume_from, checkpoint_dir, ppo, record.get("members"))
+        checkpoint_metadata = {**(output.checkpoint_metadata if output is not None else {}),
+                               **(options.get("checkpoint_metadata") or {})}
+        if batched:
+            checkpoint_metadata = {**checkpoint_metadata, "seeds": seeds,
+                                   **({"members": record["members"]} if "members" in record else {})}
+        earlier_failures = None
         if output is not None:
-            output.close()
+            output.begin(record)
+            log_fn = _both(output.log, log_fn, batched)
+            earlier_failures = output.earlier_failures() if batched and resume_from is not None else None
+        results = _run(algorithm, env, eval_env, config, networks, graphdef, devices, state, seeds, log_fn,
+                       checkpoint_dir, checkpoint_metadata or None, on_evaluation, options.get("should_stop"),
+                       training_seeds if batched else None, earlier_failures=earlier_failures,
+                       record_failure=None if output is None else output.record_failure)
+    finally:
+        if opened is not None:
+            opened.close()
     for result, net in zip(results, networks):
         result.network = net
     return results
-
-
-def _checkpoints_of(resume_from):
-    """``resume_from``, or the checkpoint directory of the run directory it names."""
-    path = Path(resume_from)
-    if (path / CONFIG_FILE).is_file() and (path / CHECKPOINT_DIR).is_dir():
-        return str(path / CHECKPOINT_DIR)
-    return resume_from
 
 
 def _named_network(network, make_network, env, eval_env, config: TrainConfig):
     """``(network, make_network, spec)``: a network named by a string
     (``"mlp"``, ``"lstm"``, ``"gru"``, ``"MODULE:FUNCTION"``,
     ``"FILE.py:FUNCTION"``) or a :class:`~nnx_ppo.network_spec.NetworkSpec`
-    is built here for ``env`` (one run: from ``config.seed``) and its spec
-    returned; a network object or factory function is passed through with spec None."""
-    from nnx_ppo.envs.registry import spec_of
-    from nnx_ppo.network_spec import NetworkSpec
-
-    named = network if network is not None else make_network
-    if not isinstance(named, (str, NetworkSpec)):
+    is built here for ``env`` (one run: from ``config.seed``) by the run
+    layer, and its spec returned; a network object or factory function is
+    passed through with spec None."""
+    named = run_layer().named_network(network if network is not None else make_network, env, eval_env, config.seed)
+    if named is None:
         return network, make_network, None
-    env_spec, env_kwargs = spec_of(eval_env) or spec_of(env) or (None, {})
-    factory, spec = network_from_description(named, env, env_spec, env_kwargs, config.seed)
+    factory, spec = named
     if network is not None:
         spec = dataclasses.replace(spec, seed=config.seed)
         return factory(nnx.Rngs(config.seed)), None, spec
@@ -393,7 +385,7 @@ def _both(first, second, batched: bool):
 
 def failure_metrics(failure: Failure) -> dict[str, str]:
     """The failure row's own fields: ``{"failure": reason, "failure_type": "NonFiniteError"}``."""
-    return {rd.FAILURE_KEY: str(failure.error), "failure_type": type(failure.error).__name__}
+    return {FAILURE_KEY: str(failure.error), "failure_type": type(failure.error).__name__}
 
 
 def _earlier_failures(rows: dict[Any, dict[str, Any]], seeds: list[int], up_to_steps: int) -> dict[int, Failure]:
@@ -404,7 +396,7 @@ def _earlier_failures(rows: dict[Any, dict[str, Any]], seeds: list[int], up_to_s
     failures = {}
     for seed, row in rows.items():
         if seed in seeds and int(row["env_steps"]) <= up_to_steps:
-            error = kinds.get(row.get("failure_type"), RuntimeError)(row[rd.FAILURE_KEY])
+            error = kinds.get(row.get("failure_type"), RuntimeError)(row[FAILURE_KEY])
             failures[seeds.index(seed)] = Failure(iteration=int(row["iteration"]), env_steps=int(row["env_steps"]),
                                                   error=error)
     return failures

@@ -485,7 +485,7 @@ def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
     missing or broken, or (with ``rebuild``, what the command would do) if
     it was trained from Python on an env or network the command line cannot rebuild."""
     from nnx_ppo import run_dir as rd
-    from nnx_ppo.algorithms.run_output import PYTHON_NETWORK
+    from nnx_ppo.runner import PYTHON_NETWORK
 
     try:
         saved = rd.read_run_config(run_dir)

@@ -37,6 +37,7 @@ from nnx_ppo.app.commands import (
 from nnx_ppo.app.plot import _fmt, interquartile_mean
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import StopFlag, pretty_path
+from nnx_ppo.runner import Run, RunSpec
 
 __all__ = ["run_sweep", "parse_grid", "grid_configs", "sweep_summary", "member_lineage", "lineage_text",
            "failure_text", "SUMMARY_FILE", "TABLE_FILE"]
@@ -451,12 +452,12 @@ def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None =
         cmd = dataclasses.replace(cmd, run_dir=str(rd.default_run_dir(f"{cmd.env}-sweep")))
     run_dir = _run_directory(cmd, saved, "sweep")
     try:
-        return _sweep(cmd, run_dir, configs, seeds, env_kwargs, train_env_kwargs, saved)
+        return _sweep(cmd, argv, run_dir, configs, seeds, env_kwargs, train_env_kwargs, saved)
     finally:
         rd.RunLock(run_dir).release()
 
 
-def _sweep(cmd: SweepCommand, run_dir: Path, configs: list, seeds: list[int], env_kwargs: dict,
+def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, seeds: list[int], env_kwargs: dict,
            train_env_kwargs: dict, saved: dict[str, Any] | None) -> int:
     """Train the population, then write and print the ranked table."""
     from nnx_ppo.algorithms.hyperparameters import PopulationConfigError
@@ -481,13 +482,15 @@ def _sweep(cmd: SweepCommand, run_dir: Path, configs: list, seeds: list[int], en
           f"of {cmd.network} on {cmd.env}{f', PBT every {cmd.pbt_every} iterations' if pbt else ''}; run directory: "
           f"{pretty_path(run_dir)}", flush=True)
     code, results = 0, None
-    stop = StopFlag(print)
+    run = Run.open(run_dir, RunSpec(env=cmd.env, network=spec.to_dict(), config=configs[0], env_kwargs=env_kwargs,
+                                    train_env_kwargs=train_env_kwargs, seeds=tuple(range(n)), command=(PROG, *argv)),
+                   resuming=resuming, progress=True, quiet=cmd.quiet)
+    stop = StopFlag(run.write)
     t0 = time.perf_counter()
     try:
         with stop:
-            results = train_population(train_env, spec, configs, seeds, pbt=pbt, eval_env=env, run_dir=run_dir,
-                                       resume_from=run_dir if resuming else None, progress=not cmd.quiet,
-                                       should_stop=stop)
+            results = train_population(train_env, spec, configs, seeds, pbt=pbt, eval_env=env, run=run,
+                                       resume_from=run_dir if resuming else None, should_stop=stop)
     except PopulationConfigError as e:
         raise CliError(str(e)) from None
     except KeyboardInterrupt:
@@ -496,6 +499,8 @@ def _sweep(cmd: SweepCommand, run_dir: Path, configs: list, seeds: list[int], en
     except (ValueError, OSError, RuntimeError) as e:
         print_error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         code = 1
+    finally:
+        run.close()
     if results is not None:
         failed = [i for i, r in enumerate(results) if r.failure is not None]
         if failed:

@@ -28,9 +28,10 @@ from nnx_ppo.app.commands import (
     read_run,
 )
 from nnx_ppo.app.evaluate import check_video_target
-from nnx_ppo.network_spec import is_factory_reference, network_kwargs
+from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs
 from nnx_ppo.presets import find_preset
-from nnx_ppo.progress import Progress, StopFlag, fmt_seconds, pretty_path
+from nnx_ppo.progress import StopFlag, fmt_seconds, pretty_path
+from nnx_ppo.runner import Run, RunSpec
 
 
 def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
@@ -226,14 +227,19 @@ def _wandb_init(wandb, **kwargs):
         return None
 
 
-def _run_config(cmd: TrainCommand, argv: list[str], spec, env_kwargs: dict, train_env_kwargs: dict) -> dict[str, Any]:
-    """What a fresh run's ``config.json`` records."""
-    content = rd.run_content(env=cmd.env, env_kwargs=env_kwargs, train_env_kwargs=train_env_kwargs,
-                             network=spec.to_dict(), config=cmd.config, seeds=cmd.seeds, command=[PROG, *argv])
+def _run_spec(cmd: TrainCommand, argv: list[str], spec, env_kwargs: dict, train_env_kwargs: dict, distill,
+              wandb_id: str | None) -> RunSpec:
+    """The run as the command line describes it (a fresh run's ``config.json``)."""
+    extra: dict[str, Any] = {}
     preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network)
     if preset is not None:
-        content["preset"] = {"env": preset.env, "network": preset.network}
-    return content
+        extra["preset"] = {"env": preset.env, "network": preset.network}
+    if distill is not None:
+        extra["distillation"] = {"teacher_run": distill.teacher_run, **dataclasses.asdict(distill.config)}
+    if wandb_id is not None:
+        extra["wandb_id"] = wandb_id
+    return RunSpec(env=cmd.env, network=spec.to_dict(), config=cmd.config, env_kwargs=env_kwargs,
+                   train_env_kwargs=train_env_kwargs, seeds=tuple(cmd.seeds), extra=extra, command=(PROG, *argv))
 
 
 def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict, resuming: bool) -> None:
@@ -289,65 +295,19 @@ def _best_policies(run_dir: Path) -> list[str]:
     return found
 
 
-def _train_seeds(cmd: TrainCommand, train_env, env, spec, logger, progress, config, checkpoints: dict):
-    """``--seeds``: every seed in one program; the progress bar counts all
-    seeds' steps and shows the mean evaluation over the seeds still training.
-    Returns the results, one per seed."""
-    from nnx_ppo.algorithms.seeds import train_seeds
-
-    seeds = list(cmd.seeds)
-    shown = {"iteration": None, "eval": None}
-    pending: list[dict[str, float]] = []
-
-    def show_evaluation() -> None:
-        if pending:
-            mean = {k: sum(m[k] for m in pending) / len(pending) for k in pending[0]}
-            progress.evaluation(mean, shown["eval"] * len(seeds))
-            pending.clear()
-
-    def log_fn(metrics: dict[str, float], env_steps: int, seed: int) -> None:
-        logger(metrics, env_steps, seed)
-        if shown["eval"] != env_steps:
-            show_evaluation()  # (a failed seed logs no more, so the rows of one step are counted by step)
-        if rd.RunLogger.is_eval(metrics):
-            shown["eval"] = env_steps
-            pending.append(metrics)
-        elif shown["iteration"] != env_steps:
-            shown["iteration"] = env_steps
-            progress.iteration(metrics, env_steps * len(seeds))
-
-    progress.start()
-    results = train_seeds(train_env, lambda rngs: spec.build(env, rngs), config, seeds, log_fn=log_fn, eval_env=env,
-                          **checkpoints)
-    show_evaluation()
-    finals = [(s, r.eval_history[-1][1]["eval/episode_return"]) for s, r in zip(seeds, results) if r.eval_history]
+def _report_seeds(cmd: TrainCommand, run: Run, results) -> None:
+    """After ``--seeds``: each seed's final evaluation, and each failure in one line."""
+    finals = [(s, r.eval_history[-1][1]["eval/episode_return"]) for s, r in zip(cmd.seeds, results) if r.eval_history]
     if finals:
-        progress.write("final eval return per seed: " + ", ".join(f"{s}: {f:.3f}" for s, f in finals)
-                       + f"; mean {sum(f for _, f in finals) / len(finals):.3f}")
-    from nnx_ppo.algorithms.trainer import failure_metrics
-
-    for s, r in zip(seeds, results):
+        run.write("final eval return per seed: " + ", ".join(f"{s}: {f:.3f}" for s, f in finals)
+                  + f"; mean {sum(f for _, f in finals) / len(finals):.3f}")
+    for s, r in zip(cmd.seeds, results):
         if r.failure is not None:
-            logger(failure_metrics(r.failure), r.failure.env_steps, s)  # the run directory keeps the failure
             print_error(f"seed {s} failed at iteration {r.failure.iteration} ({r.failure.env_steps} env steps) and "
                         f"keeps its parameters from iteration {r.failure.iteration - 1}: {r.failure.error}")
-    return results
 
 
-class _SilentLogger:
-    """The logger of processes other than 0 in a run of several processes."""
-
-    def __call__(self, metrics, env_steps, seed=None) -> None:
-        pass
-
-    def log_video(self, *args, **kwargs) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _video_recorder(cmd: TrainCommand, env, run_dir: Path, logger, progress):
+def _video_recorder(cmd: TrainCommand, env, run: Run):
     """``on_evaluation`` for ``--video-every N``: every N-th evaluation, one
     deterministic episode to ``<run>/videos/step_<env steps>.mp4``, TensorBoard and W&B."""
     from nnx_ppo.app.evaluate import render_episode, video_fps, write_video
@@ -360,11 +320,12 @@ def _video_recorder(cmd: TrainCommand, env, run_dir: Path, logger, progress):
         count[0] += 1
         if count[0] % cmd.video_every:
             return
-        path = run_dir / "videos" / f"step_{env_steps:010d}.mp4"
+        path = run.path / "videos" / f"step_{env_steps:010d}.mp4"
         frames = render_episode(env, policy, max_len, seed=cmd.config.seed)
         write_video(str(path), frames, fps)
-        logger.log_video(path, frames, fps, env_steps)
-        progress.write(f"video: {pretty_path(path)} ({len(frames)} frames)")
+        if run.logger is not None:
+            run.logger.log_video(path, frames, fps, env_steps)
+        run.write(f"video: {pretty_path(path)} ({len(frames)} frames)")
 
     return record
 
@@ -383,56 +344,48 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     primary = is_primary()  # in a run of several processes only process 0 writes the run directory and logs
     if process_count() > 1 and cmd.run_dir is None and cmd.resume is None:
         raise CliError("--run-dir is required with several processes (every process must name the same directory)")
-    changes = resume_changes(cmd, saved, env_kwargs, train_env_kwargs) if cmd.resume is not None else {}
+    if cmd.resume is not None:
+        resume_changes(cmd, saved, env_kwargs, train_env_kwargs)  # (the run records them when training begins)
     if cmd.resume is not None and "distillation" in saved:  # a distillation run resumes as one, from its teacher
         from nnx_ppo.app.distill import resumed_distillation
 
         distill = resumed_distillation(saved)
     if not primary:
-        return _train(cmd, argv, Path(cmd.resume or cmd.run_dir), env_kwargs, train_env_kwargs, changes, distill,
+        return _train(cmd, argv, Path(cmd.resume or cmd.run_dir), env_kwargs, train_env_kwargs, distill,
                       primary=False)
     run_dir = _run_directory(cmd, saved, "distill" if distill is not None else "train")
     try:
         if cmd.resume is not None and process_count() == 1 and _already_trained(cmd, run_dir):
             return 0
-        return _train(cmd, argv, run_dir, env_kwargs, train_env_kwargs, changes, distill, primary=True)
+        return _train(cmd, argv, run_dir, env_kwargs, train_env_kwargs, distill, primary=True)
     finally:
         rd.RunLock(run_dir).release()
 
 
 def _open_run(cmd: TrainCommand, argv: list[str], run_dir: Path, spec, env_kwargs: dict, train_env_kwargs: dict,
-              changes: dict, distill) -> rd.RunLogger:
-    """Write a fresh run's ``config.json`` (or record the resume in it) and
-    open its logger (with W&B for ``--wandb``)."""
-    wandb = _import_wandb(cmd)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if cmd.resume is None:
-        content = _run_config(cmd, argv, spec, env_kwargs, train_env_kwargs)
-        if distill is not None:
-            content["distillation"] = {"teacher_run": distill.teacher_run, **dataclasses.asdict(distill.config)}
-        if wandb is not None:
-            content["wandb_id"] = uuid.uuid4().hex[:8]  # wandb >= 0.31 has no util.generate_id
-        rd.write_run_config(run_dir, content)
-    else:
-        content = rd.append_resumed(run_dir, changes, [PROG, *argv])
+              distill, primary: bool) -> Run:
+    """The run's :class:`~nnx_ppo.runner.Run` (locked; config.json is
+    written when training begins), with W&B for ``--wandb``."""
+    resuming = cmd.resume is not None
+    saved = rd.read_run_config(run_dir) if resuming else None
+    wandb = _import_wandb(cmd) if primary else None
+    wandb_id = (saved or {}).get("wandb_id") or (uuid.uuid4().hex[:8] if wandb is not None else None)
+    run_spec = _run_spec(cmd, argv, spec, env_kwargs, train_env_kwargs, distill, None if resuming else wandb_id)
     wandb_run = None
     if wandb is not None:
-        wandb_run = _wandb_init(wandb, project=cmd.wandb_project, name=run_dir.name,
-                                id=content.get("wandb_id") or uuid.uuid4().hex[:8], dir=str(run_dir),
-                                config=content, resume="allow")
-    return rd.RunLogger(run_dir, steps_per_iteration=cmd.config.ppo.steps_per_iteration,
-                        title=f"{cmd.network} on {cmd.env}", wandb_run=wandb_run, resumed=cmd.resume is not None,
-                        config=content)
+        wandb_run = _wandb_init(wandb, project=cmd.wandb_project, name=run_dir.name, id=wandb_id, dir=str(run_dir),
+                                config=saved or run_spec.to_dict(), resume="allow")
+    return Run.open(run_dir, run_spec, resuming=resuming, progress=True, quiet=cmd.quiet, wandb_run=wandb_run,
+                    primary=primary)
 
 
 def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, train_env_kwargs: dict,
-           changes: dict, distill, primary: bool) -> int:
-    """Build the envs and the network, open the run's outputs, train, and
-    turn every way training can end into an exit code with the run directory intact."""
+           distill, primary: bool) -> int:
+    """Build the envs and the network, open the run, train, and turn every
+    way training can end into an exit code with the run directory intact."""
     from nnx_ppo.algorithms.distributed import process_count
     from nnx_ppo.algorithms.driver import NonFiniteError
 
-    resuming = cmd.resume is not None
     train_env, env = _envs(cmd, env_kwargs, train_env_kwargs)
     spec = network_spec_of(cmd, env_kwargs, cmd.config.seed)
     network = build_network(spec, env, cmd)
@@ -442,32 +395,26 @@ def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, 
         raise CliError("--video-every is not available with --seeds")
     if cmd.video_every:
         check_video_target(str(run_dir / "videos" / "check.mp4"), env, cmd.env, flag="--video-every")
+    run = _open_run(cmd, argv, run_dir, spec, env_kwargs, train_env_kwargs, distill, primary)
     if primary:
-        logger = _open_run(cmd, argv, run_dir, spec, env_kwargs, train_env_kwargs, changes, distill)
-        _announce(cmd, run_dir, env_kwargs, resuming)
-    else:
-        logger = _SilentLogger()
-    ppo = cmd.config.ppo
-    n_runs = max(len(cmd.seeds), 1)
-    progress = Progress(ppo.n_iterations * ppo.steps_per_iteration * n_runs, ppo.steps_per_iteration * n_runs,
-                        cmd.quiet or not primary)
+        _announce(cmd, run_dir, env_kwargs, cmd.resume is not None)
     t0 = time.perf_counter()
     code, result = 0, None
-    stop = StopFlag(progress.write)
+    stop = StopFlag(run.write)
     try:
         with stop:
-            code, result = _fit(cmd, train_env, env, spec, network, run_dir, logger, progress, stop, distill)
+            code, result = _fit(cmd, train_env, env, network, run, stop, distill)
     except KeyboardInterrupt:
-        progress.close()
+        run.close()
         print_error("aborted; metrics so far are kept, and the last saved checkpoint (if any) is in "
                     f"{pretty_path(run_dir / rd.CHECKPOINT_DIR)}")
         code = 130
     except NonFiniteError as e:
-        progress.close()
+        run.close()
         print_error(str(e))
         code = 1
     except (ValueError, OSError, RuntimeError) as e:  # env checks, checkpoints, shapes, the disk
-        progress.close()
+        run.close()
         if process_count() > 1:  # a collective that failed because a peer is gone: the watch names the peer
             from nnx_ppo.algorithms.distributed import await_lost_peer
 
@@ -475,48 +422,37 @@ def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, 
         print_error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         code = 1
     finally:
-        progress.close()
-        logger.close()
+        run.close()
     if result is not None and primary:
-        _summary(result, time.perf_counter() - t0, stop.requested, run_dir, n_runs)
+        _summary(result, time.perf_counter() - t0, stop.requested, run_dir, max(len(cmd.seeds), 1))
     if primary:
         print(f"run directory: {pretty_path(run_dir)}", flush=True)
     return code
 
 
-def _fit(cmd: TrainCommand, train_env, env, spec, network, run_dir: Path, logger, progress, stop, distill):
-    """Train (PPO, a seed batch, or distillation): ``(exit code, result)``."""
+def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
+    """Train (PPO, a seed batch, or distillation) into ``run``: ``(exit code, result)``."""
     from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
 
-    config, resuming = cmd.config, cmd.resume is not None
-    ckpt_dir = str((run_dir / rd.CHECKPOINT_DIR).resolve())
-    checkpoints = dict(checkpoint_dir=ckpt_dir, checkpoint_metadata={"network": spec.to_dict(),
-                                                                     "run_dir": str(run_dir.resolve())},
-                       should_stop=stop)
-
-    def log_fn(metrics: dict[str, float], env_steps: int) -> None:
-        logger(metrics, env_steps)
-        if rd.RunLogger.is_eval(metrics):
-            progress.evaluation(metrics, env_steps)
-        else:
-            progress.iteration(metrics, env_steps)
-
-    on_evaluation = _video_recorder(cmd, env, run_dir, logger, progress) if cmd.video_every else None
+    config = cmd.config
+    options = dict(run=run, should_stop=stop, eval_env=env,
+                   resume_from=run.checkpoint_dir if cmd.resume is not None else None)
     if cmd.seeds:
-        results = _train_seeds(cmd, train_env, env, spec, logger, progress, config,
-                               dict(checkpoints, resume_from=ckpt_dir if resuming else None))
+        from nnx_ppo.algorithms.seeds import train_seeds
+
+        spec = NetworkSpec.from_dict(run.spec.network)
+        results = train_seeds(train_env, lambda rngs: spec.build(env, rngs), config, list(cmd.seeds), **options)
+        _report_seeds(cmd, run, results)
         failed = [s for s, r in zip(cmd.seeds, results) if r.failure is not None]
         if failed:
             print_error(f"seeds {failed} failed (the others trained on); the run directory is kept and "
-                        f"resumable: {PROG} resume {pretty_path(run_dir)}")
+                        f"resumable: {PROG} resume {pretty_path(run.path)}")
         return (1 if failed else 0), results[0]
-    progress.start()
+    on_evaluation = _video_recorder(cmd, env, run) if cmd.video_every else None
     if distill is not None:
         from nnx_ppo.algorithms.distillation import train_distillation
 
         return 0, train_distillation(train_env, distill.teacher, network, config, distillation=distill.config,
-                                     eval_env=env, log_fn=log_fn, on_evaluation=on_evaluation,
-                                     resume_from=ckpt_dir if resuming else None, **checkpoints)
+                                     on_evaluation=on_evaluation, **options)
     state = new_training_state(train_env, network, config)
-    return 0, train_ppo(train_env, network, config, eval_env=env, log_fn=log_fn, state=state,
-                        resume_from=ckpt_dir if resuming else None, on_evaluation=on_evaluation, **checkpoints)
+    return 0, train_ppo(train_env, network, config, state=state, on_evaluation=on_evaluation, **options)

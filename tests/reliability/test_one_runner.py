@@ -20,6 +20,7 @@ import pytest
 
 from nnx_ppo import cli
 from nnx_ppo import run_dir as rd
+from nnx_ppo.runner import RunSpec
 
 TINY = [
     "cue_memory", "--env-kwargs", '{"n_cues": 2, "delay": 2}', "--network", "lstm", "--hidden-size", "8",
@@ -100,8 +101,8 @@ def test_reward_scale_is_one_thing_and_returns_are_in_env_units(train_run):
 def test_an_old_runs_reward_scale_becomes_the_configs(tmp_path):
     """A run written before (top-level ``reward_scale``: the env was scaled)
     reads back with that scale in ``ppo.reward_scale``, so it resumes alike."""
-    content = rd.run_content(env="cue_memory", env_kwargs={}, train_env_kwargs={}, network={"kind": "mlp"},
-                             config=cli.TrainCommand().config, command=["nnx-ppo", "train"])
+    content = RunSpec(env="cue_memory", network={"kind": "mlp"}, config=cli.TrainCommand().config,
+                      command=("nnx-ppo", "train")).to_dict()
     content["reward_scale"] = 0.1
     (tmp_path / rd.CONFIG_FILE).write_text(json.dumps(content))
     assert rd.read_run_config(tmp_path)["config"]["ppo"]["reward_scale"] == pytest.approx(0.1)
@@ -171,9 +172,9 @@ def test_resume_without_a_checkpoint_is_one_line_and_writes_nothing(tmp_path, ca
     --resume``: it printed "resuming", wrote an empty sweep.md, then a
     FileNotFoundError (exit 1)."""
     run = tmp_path / "sweep"
-    content = rd.run_content(env="cue_memory", env_kwargs={"n_cues": 2, "delay": 2}, train_env_kwargs={},
-                             network={"kind": "lstm", "hidden_size": 8}, config=cli.TrainCommand().config,
-                             command=["nnx-ppo", "sweep"])
+    content = RunSpec(env="cue_memory", env_kwargs={"n_cues": 2, "delay": 2},
+                      network={"kind": "lstm", "hidden_size": 8}, config=cli.TrainCommand().config,
+                      command=("nnx-ppo", "sweep")).to_dict()
     content.update(members=[{"seed": 0, "hyperparameters": {}}], population={"seeds": [0]})
     run.mkdir()
     rd.write_run_config(run, content)
