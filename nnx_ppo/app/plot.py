@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
+from nnx_ppo import run_logger
 from nnx_ppo.app.commands import CliError, PlotCommand, read_run
 from nnx_ppo.progress import pretty_path
 
@@ -43,7 +44,7 @@ def _elapsed_at(rows: list[dict[str, Any]], step: int) -> float | None:
 
 def summarize_run(rows: list[dict[str, Any]], metric: str, threshold: float | None = None) -> dict[str, Any]:
     """One row of the table for a run's metrics rows (see the module docstring)."""
-    curves = rd.seed_curves(rows, metric)
+    curves = run_logger.seed_curves(rows, metric)
     finals = [ys[-1] for _, ys in curves.values() if ys]
     bests = [max(ys) for _, ys in curves.values() if ys]
     summary: dict[str, Any] = {
@@ -55,7 +56,7 @@ def summarize_run(rows: list[dict[str, Any]], metric: str, threshold: float | No
         "seconds_to_threshold": None,
     }
     if threshold is not None:
-        steps, means, _, _ = rd.seed_band(rows, metric)
+        steps, means, _, _ = run_logger.seed_band(rows, metric)
         reached = [x for x, m in zip(steps, means) if m >= threshold]
         if reached:
             summary["steps_to_threshold"] = reached[0]
@@ -71,9 +72,9 @@ def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: 
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=100)
     for i, (name, rows) in enumerate(runs):
-        steps, mean, lo, hi = rd.seed_band(rows, metric)
+        steps, mean, lo, hi = run_logger.seed_band(rows, metric)
         color = f"C{i % 10}"
-        n = len(rd.seed_curves(rows, metric))
+        n = len(run_logger.seed_curves(rows, metric))
         ax.plot(steps, mean, "o-", color=color, linewidth=2, markersize=3,
                 label=f"{name} ({n} seed{'s' if n != 1 else ''}: mean, min-max band)" if n > 1 else name)
         if n > 1:
@@ -86,7 +87,7 @@ def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: 
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    rd.save_figure(fig, path)
+    run_logger.save_figure(fig, path)
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -104,7 +105,7 @@ def run_plot(cmd: PlotCommand) -> int:
     for run in cmd.runs:
         read_run(Path(run))
         rows = rd.read_metrics(run)
-        if not rd.seed_curves(rows, cmd.metric):
+        if not run_logger.seed_curves(rows, cmd.metric):
             raise CliError(f"{run} has no evaluation rows with {cmd.metric!r} (is evaluation on?)")
         runs.append((Path(run).resolve().name, rows))
     names = [name for name, _ in runs]
