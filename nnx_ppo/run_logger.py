@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,12 @@ from nnx_ppo.run_dir import (
     write_run_config,
 )
 
-__all__ = ["RunLogger", "plot_learning_curve", "seed_curves", "seed_band", "save_figure"]
+__all__ = ["RunLogger", "plot_learning_curve", "seed_curves", "seed_band", "save_figure", "CURVE_INTERVAL"]
+
+CURVE_INTERVAL = 30.0
+"""Seconds between redraws of ``learning_curve.png`` during training: it is
+drawn at the first evaluation, then at most this often (a seed batch logs one
+evaluation row per seed), and when the run ends."""
 
 
 def _json_float(x: float) -> float | str | None:
@@ -124,8 +130,9 @@ class RunLogger:
     Weights & Biases.
 
     Rows whose keys all start with ``eval/`` are evaluation rows: they are
-    written with ``"eval": true`` and refresh the learning curve. Text values
-    (a failure row's, see :data:`FAILURE_KEY`) go into ``metrics.jsonl`` only.
+    written with ``"eval": true`` and refresh the learning curve (at most every
+    :data:`CURVE_INTERVAL` seconds, and at the end). Text values
+    (a failure row's, see :data:`~nnx_ppo.algorithms.outputs.FAILURE_KEY`) go into ``metrics.jsonl`` only.
     """
 
     def __init__(
@@ -150,6 +157,7 @@ class RunLogger:
         self._first = True
         self._resumed = resumed
         self._wandb = wandb_run
+        self._curve_drawn: float | None = None  # when learning_curve.png was last drawn (time.monotonic)
 
     @staticmethod
     def is_eval(metrics: dict[str, float]) -> bool:
@@ -199,7 +207,8 @@ class RunLogger:
         if is_eval:
             if self._tb is not None:
                 self._tb.flush()
-            self.refresh_curve()
+            if self._curve_drawn is None or time.monotonic() - self._curve_drawn >= CURVE_INTERVAL:
+                self.refresh_curve()
 
     def _keep_config(self) -> None:
         """``config.json`` deleted while the run trains is written again (with
@@ -244,6 +253,7 @@ class RunLogger:
     def refresh_curve(self) -> None:
         """Redraw ``learning_curve.png``. A curve that cannot be written (disk
         full, ...) is a warning, once, never the end of training."""
+        self._curve_drawn = time.monotonic()
         try:
             plot_learning_curve(self.rows, self.run_dir / CURVE_FILE, self.title)
         except OSError as err:
