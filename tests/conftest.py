@@ -68,6 +68,7 @@ _FIRST = (
     "test_sweep.py",              # 40
     "test_distillation.py",       # 75
     "test_learning.py",           # 75
+    "test_modular_body.py",       # 45 (2026-12-04, under load)
     "test_seeds.py",              # 60
     "test_adapters.py",           # 55
     "test_policy.py",             # 45
