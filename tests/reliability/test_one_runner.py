@@ -6,6 +6,7 @@ Budgets are tiny: cue_memory with 2 cues and a delay of 2, an LSTM of width
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -226,3 +227,20 @@ def test_resuming_a_read_only_run_is_one_line(train_run, capsys, monkeypatch):
     assert cli.main(["resume", str(train_run), "--ppo.total-steps", "2048"]) == 2
     assert f"{train_run / rd.METRICS_FILE} is not writable" in _one_error_line(capsys.readouterr().err)
     assert (train_run / rd.CONFIG_FILE).read_text() == config
+
+
+def test_a_run_spec_is_its_config_json(tmp_path):
+    """RunSpec.to_dict is config.json (with the schema version and an empty
+    resume history); RunSpec.load reads the same spec back, with the changes
+    its resumes recorded applied."""
+    config = cli.TrainCommand().config
+    spec = RunSpec(env="cue_memory", network={"kind": "lstm", "hidden_size": 8}, config=config,
+                   env_kwargs={"delay": 2}, train_env_kwargs={"random_reset_steps": 3}, seeds=(0, 1),
+                   extra={"preset": {"env": "cue_memory", "network": "lstm"}}, command=("nnx-ppo", "train"))
+    content = spec.to_dict()
+    assert content["schema"] == rd.SCHEMA_VERSION and content["resumed"] == [] and content["seeds"] == [0, 1]
+    rd.write_run_config(tmp_path, content)
+    assert RunSpec.load(tmp_path) == spec
+    longer = dataclasses.replace(config, ppo=dataclasses.replace(config.ppo, total_steps=2 * config.ppo.total_steps))
+    rd.append_resumed(tmp_path, {"ppo.total_steps": [config.ppo.total_steps, longer.ppo.total_steps]}, ["resume"])
+    assert RunSpec.load(tmp_path) == dataclasses.replace(spec, config=longer)
