@@ -18,7 +18,7 @@ _EXPORTS = {
     "nnx_ppo.envs.spaces": ("Box", "Discrete", "space_shape", "flat_size"),
     "nnx_ppo.envs.wrappers": ("Wrapper", "TimeLimit", "RewardScale", "ObservationMask", "ActionRepeat",
                               "ResetPool"),
-    "nnx_ppo.envs.tasks": ("CueMemory", "CartpoleNoVelocity", "ConstantReward"),
+    "nnx_ppo.envs.tasks": ("CueMemory", "CartpoleNoVelocity", "ConstantReward", "LimbReacher"),
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -27,6 +27,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # for type checkers and IDEs
     from nnx_ppo.envs.registry import as_env, list_envs, make, register, register_source, spec_of
     from nnx_ppo.envs.spaces import Box, Discrete, flat_size, space_shape
-    from nnx_ppo.envs.tasks import CartpoleNoVelocity, ConstantReward, CueMemory
+    from nnx_ppo.envs.tasks import CartpoleNoVelocity, ConstantReward, CueMemory, LimbReacher
     from nnx_ppo.envs.types import EnvState, RLEnv
     from nnx_ppo.envs.wrappers import ActionRepeat, ObservationMask, ResetPool, RewardScale, TimeLimit, Wrapper

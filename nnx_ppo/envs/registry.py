@@ -40,6 +40,8 @@ _BUILTINS: dict[str, tuple[Callable[..., RLEnv], int | None]] = {
     "cue_memory_long": (_task("CueMemory", n_cues=4, delay=40), None),
     "cartpole_no_velocity": (_task("CartpoleNoVelocity"), 200),
     "constant_reward": (_task("ConstantReward"), 1000),
+    # three two-joint limbs, each reaching for its own target: dict observations, actions and rewards
+    "limb_reacher": (_task("LimbReacher"), 50),
 }
 
 
@@ -162,9 +164,9 @@ def make(spec: str, **kwargs) -> RLEnv:
 
     * ``"NAME"``: a built-in task (see ``list_envs()``); kwargs go to its
       constructor, except ``episode_length`` (wraps in ``TimeLimit``; built-in
-      default: 200 for cartpole_no_velocity, 1000 for constant_reward, none for
-      cue_memory), ``random_initial_steps`` and ``random_reset_steps`` (see
-      :class:`~nnx_ppo.envs.wrappers.TimeLimit`).
+      default: 200 for cartpole_no_velocity, 1000 for constant_reward, 50 for
+      limb_reacher, none for cue_memory), ``random_initial_steps`` and
+      ``random_reset_steps`` (see :class:`~nnx_ppo.envs.wrappers.TimeLimit`).
     * ``"gymnax:NAME"``: kwargs override gymnax env params (e.g.
       ``max_steps_in_episode=100``), plus ``random_initial_steps`` and
       ``random_reset_steps`` (they add a ``TimeLimit`` at the env's limit).
@@ -179,7 +181,12 @@ def make(spec: str, **kwargs) -> RLEnv:
 
     For every spec, ``reset_pool=N`` draws resets from a pool of N initial
     states computed once (:class:`~nnx_ppo.envs.wrappers.ResetPool`, under
-    the time limit): for training envs whose reset is expensive.
+    the time limit): for training envs whose reset is expensive; and
+    ``hide_obs=[i, ...]`` removes those indices of a flat observation's last
+    axis (or those keys of a dict observation) from the observations and the
+    observation space (:class:`~nnx_ppo.envs.wrappers.ObservationMask`, the
+    outermost wrapper): ``make("gymnax:CartPole-v1", hide_obs=[1, 3])`` hides
+    the velocities, which makes a memory task of a control task.
     """
     if not isinstance(spec, str):
         raise TypeError(f"make expects a string spec, got {spec!r}")
@@ -212,8 +219,23 @@ def spec_of(env) -> tuple[str, dict[str, Any]] | None:
 
 def _make(spec: str, kwargs: dict[str, Any]) -> RLEnv:
     pool_size = kwargs.pop("reset_pool", None)
+    hidden = kwargs.pop("hide_obs", None)
     env = _make_env(spec, kwargs)
-    return env if pool_size is None else _with_reset_pool(env, pool_size)
+    env = env if pool_size is None else _with_reset_pool(env, pool_size)
+    return env if hidden is None else _with_hidden_obs(env, hidden)
+
+
+def _with_hidden_obs(env: RLEnv, hide: Any) -> RLEnv:
+    """``env`` without the observation entries ``hide`` (indices of a flat
+    observation's last axis, or keys of a dict observation), by an
+    :class:`~nnx_ppo.envs.wrappers.ObservationMask` outside everything else:
+    ``make("gymnax:CartPole-v1", hide_obs=[1, 3])`` is cart-pole without its
+    velocities, a memory task."""
+    from nnx_ppo.envs.wrappers import ObservationMask
+
+    if isinstance(hide, (str, int)) or not isinstance(hide, Sequence) or not hide:
+        raise ValueError(f"hide_obs must be a non-empty list of observation indices or keys, got {hide!r}")
+    return ObservationMask(env, hide)
 
 
 def _with_reset_pool(env: RLEnv, size: int) -> RLEnv:
