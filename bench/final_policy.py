@@ -4,11 +4,13 @@ Usage: python bench/final_policy.py ENV [NETWORK] [--seeds 0 1 ...] [--episodes 
                                     [--env-kwargs JSON] [--hidden-size H] [--network-kwargs JSON] [--target T]
                                     [--label NAME] [--out FILE]
 
-Trains ENV's preset (as ``nnx-ppo train ENV --seeds ...`` does: the preset's
-envs, network and config; all seeds in one program with ``train_seeds``)
-with checkpoints, then evaluates every seed's final policy and the best
-evaluated policy training kept, each on ``--episodes`` deterministic
-episodes with fresh reset keys. Prints one JSON line per seed and a summary
+Trains ENV's preset the way users run it: one ``nnx-ppo train ENV --seed S``
+process per seed (the preset's envs, network and config), then evaluates
+every seed's final policy and the best evaluated policy training kept, each
+on ``--episodes`` deterministic episodes with fresh reset keys. With
+``--batched``, all seeds train in one program instead (``train_seeds``, as
+``nnx-ppo train ENV --seeds ...`` does): a batch follows other float paths
+than solo runs, so its figures are labelled as such (``"batched": true``). Prints one JSON line per seed and a summary
 (how many seeds reach the preset's target, final and best); appends them to
 ``--out`` (default bench/results/final_policy.jsonl). ``--set`` overrides a
 TrainConfig field (``--set ppo.learning_rate_decay=true``), ``--env-kwargs`` the preset's env
@@ -21,6 +23,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,6 +53,40 @@ def with_overrides(config, overrides: list[str]):
     return config_from_dict(data)
 
 
+def cli_flags(overrides: list[str]) -> list[str]:
+    """``--set section.field=JSON`` overrides as ``nnx-ppo train`` flags
+    (``ppo.learning_rate_decay=true`` -> ``--ppo.learning-rate-decay``)."""
+    flags = []
+    for item in overrides:
+        key, value = item.split("=", 1)
+        *path, last = key.split(".")
+        value = json.loads(value)
+        name = ".".join([*path, last]).replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{'.'.join([*path, ('' if value else 'no-') + last.replace('_', '-')])}")
+        else:
+            flags += [f"--{name}", "None" if value is None else str(value)]
+    return flags
+
+
+def train_solo(args, preset, seed: int, run: Path) -> tuple[float, list[float]]:
+    """Seed ``seed`` as a user runs it: its own ``nnx-ppo train`` process
+    into ``run``. Returns its wall time and its training evaluations."""
+    command = [str(Path(sys.executable).parent / "nnx-ppo"), "train", preset.env, "--network", preset.network,
+               "--seed", str(seed), "--run-dir", str(run), "--quiet", *cli_flags(args.overrides)]
+    if args.env_kwargs is not None:
+        command += ["--env-kwargs", args.env_kwargs]
+    if args.hidden_size is not None:
+        command += ["--hidden-size", str(args.hidden_size)]
+    if args.network_kwargs is not None:
+        command += ["--network-kwargs", args.network_kwargs]
+    t0 = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return wall, [r["eval/episode_return"] for r in rows if r.get("eval")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("env")
@@ -62,6 +100,7 @@ def main() -> None:
     parser.add_argument("--label", default="preset")
     parser.add_argument("--target", type=float, default=None, help="the bar (default: the preset's target)")
     parser.add_argument("--out", default=str(HERE / "results" / "final_policy.jsonl"))
+    parser.add_argument("--batched", action="store_true", help="all seeds in one program (not as users run)")
     args = parser.parse_args()
     preset = find_preset(args.env, args.network)
     if preset is None:
@@ -79,32 +118,41 @@ def main() -> None:
     max_len = config.eval.max_episode_length
     rows = []
     with tempfile.TemporaryDirectory() as directory:
-        t0 = time.perf_counter()
-        results = train_seeds(train_env, lambda rngs: spec.build(eval_env, rngs), config,
-                              args.seeds, eval_env=eval_env, checkpoint_dir=directory)
-        wall = time.perf_counter() - t0
-        for seed, result in zip(args.seeds, results):
+        if args.batched:
+            t0 = time.perf_counter()
+            results = train_seeds(train_env, lambda rngs: spec.build(eval_env, rngs), config,
+                                  args.seeds, eval_env=eval_env, checkpoint_dir=directory)
+            wall = time.perf_counter() - t0
+            trained = {s: (directory, s, wall, [m["eval/episode_return"] for _, m in r.eval_history],
+                           r.failure is not None) for s, r in zip(args.seeds, results)}
+        else:
+            trained = {}
+            for s in args.seeds:
+                wall, evals = train_solo(args, preset, s, Path(directory) / f"seed_{s}")
+                trained[s] = (str(Path(directory) / f"seed_{s}" / "checkpoints"), None, wall, evals, False)
+        for seed, (checkpoints, which_seed, wall, evals, failed) in trained.items():
             row = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
-                   "label": args.label, "seed": seed,
+                   "label": args.label, "seed": seed, "batched": args.batched,
                    "target": target, "episodes": args.episodes, "wall_s": round(wall, 1),
                    "hidden_size": preset.hidden_size, "network_kwargs": args.network_kwargs,
-                   "overrides": args.overrides, "failed": result.failure is not None}
+                   "overrides": args.overrides, "failed": failed}
             for which in (None, "best"):
-                net = load_network(directory, spec.build(eval_env), seed=seed, step=which)
+                net = load_network(checkpoints, spec.build(eval_env), seed=which_seed, step=which)
                 metrics = evaluate(eval_env, net, n_envs=args.episodes, max_episode_length=max_len, seed=1000 + seed)
                 name = which or "final"
                 row[f"{name}_return"] = round(metrics["eval/episode_return"], 3)
                 row[f"{name}_min"] = round(metrics["eval/episode_return_min"], 3)
-            row["train_evals"] = [round(m["eval/episode_return"], 2) for _, m in result.eval_history]
+            row["train_evals"] = [round(e, 2) for e in evals]
             print(json.dumps(row), flush=True)
             rows.append(row)
     finals = np.array([r["final_return"] for r in rows])
     bests = np.array([r["best_return"] for r in rows])
     summary = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
-               "label": args.label, "seeds": args.seeds,
+               "label": args.label, "seeds": args.seeds, "batched": args.batched,
                "target": target, "final_reached": int(np.sum(finals >= target)),
                "best_reached": int(np.sum(bests >= target)), "final_median": float(np.median(finals)),
-               "final_min": float(finals.min()), "best_min": float(bests.min()), "wall_s": rows[0]["wall_s"]}
+               "final_min": float(finals.min()), "best_min": float(bests.min()),
+               "wall_s": sum(r["wall_s"] for r in rows) if not args.batched else rows[0]["wall_s"]}
     print(json.dumps(summary))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as f:
