@@ -24,7 +24,7 @@ network = train_ppo(env, "lstm", config, run_dir="runs/memory").network      # t
 print("\n".join(module_paths(network)))             # the paths of its modules
 lstm = "layers/1/components/action/layers/1"
 rec = record_activations(env, network, [lstm], n_envs=8, n_steps=60)
-print(rec.activations[lstm].shape, rec.carries[lstm]["c"].shape)   # [T, B, units] each
+print(rec.activations[lstm].shape, rec.carries[lstm][1].shape)   # [T, B, units] each
 
 # Mean hidden state at each step of an episode (0 = the cue is shown).
 step_in_episode = np.zeros_like(rec.done, dtype=int)

@@ -50,9 +50,9 @@ class ReplacedImportError(ImportError):
     """Importing a name of the original nnx-ppo 0.3.0 that this library replaced."""
 
 
-# Type aliases of the original, for annotations. Both carries are dicts here.
-#: The carry of ``LSTM``: ``{"h": [B, H], "c": [B, H]}`` (the original's was the tuple ``(h, c)``).
-LSTMCarry = dict[str, Any]
+# Type aliases of the original, for annotations.
+#: The carry of ``LSTM``: the tuple ``(h, c)``, each ``[B, H]``, as in the original.
+LSTMCarry = tuple[Any, Any]
 #: The carry of ``AR1VariationalBottleneck``: ``{"key", "prev_z", "has_previous"}``.
 AR1State = dict[str, Any]
 
@@ -132,10 +132,6 @@ TABLE: dict[str, str | Replaced] = {
         "use nnx_ppo.algorithms.distillation.distillation_iteration"),
     "nnx_ppo.algorithms.distillation.new_distillation_state": Replaced(
         "train_distillation builds its state (a TrainingState); resume_from=DIR continues one"),
-    "nnx_ppo.networks.recording.Recorder": _RECORD,
-    "nnx_ppo.networks.recording.with_recording": _RECORD,
-    "nnx_ppo.networks.recording.extract_activations": _RECORD,
-    "nnx_ppo.networks.types.ACTIVATION_KEY": _RECORD,
 }
 
 # Modules of the original with no names of their own (packages).

@@ -53,22 +53,23 @@ def _at_default_optimization(test_id: str) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_policy_acts_as_the_training_rollout(deterministic):
+def test_policy_acts_as_the_training_rollout():
     """Every shipped module (LSTM, GRU, delays, noise with fresh keys on
     reset, bottlenecks, samplers): the policy's actions over episodes with
-    resets are the rollout's, bit for bit, sampled ones included (compiled
-    as users compile: in a process at XLA's default optimization level)."""
+    resets are the rollout's, bit for bit, sampled ones included, for a
+    deterministic and a sampling policy (compiled as users compile: in a
+    process at XLA's default optimization level)."""
     if "xla_backend_optimization_level=0" in os.environ.get("XLA_FLAGS", ""):
-        _at_default_optimization(f"test_policy_acts_as_the_training_rollout[{deterministic}]")
+        _at_default_optimization("test_policy_acts_as_the_training_rollout")
         return
     env = DictActionTarget(obs_size=3, action_size=2, max_steps=5, p_end=0.15)
     net = everything_network()
-    traj = _rollout(env, net, deterministic)
-    assert int(np.sum(traj.reset[1:])) > 5  # episodes end inside the rollout
-    got = _policy_actions(Policy(net, deterministic), traj)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(traj.actions)):
-        np.testing.assert_array_equal(a, np.asarray(b))
+    for deterministic in (True, False):
+        traj = _rollout(env, net, deterministic)
+        assert int(np.sum(traj.reset[1:])) > 5  # episodes end inside the rollout
+        got = _policy_actions(Policy(net, deterministic), traj)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(traj.actions)):
+            np.testing.assert_array_equal(a, np.asarray(b), err_msg=f"deterministic={deterministic}")
 
 
 def test_without_resets_the_carry_runs_on():

@@ -141,31 +141,64 @@ def _hint(section: str) -> str:
 _RENAMED = (
     (re.compile(r"/(kernel|bias)$"), r"/linear/\1"),  # Dense holds an nnx.Linear (as the original's does)
     (re.compile(r"/rngs/"), "/rng/"),                  # the samplers' nnx.Rngs is .rng (the original's name)
+    (re.compile(r"/count$"), "/counter"),              # the Normalizer's statistics: the original's names
+    (re.compile(r"^(rollout/.*)/h$"), r"\1/0"),         # an LSTM carry: {"h", "c"} before, (h, c) now
+    (re.compile(r"^(rollout/.*)/c$"), r"\1/1"),
 )
 """Variables that an earlier version of this library stored under another
 path: ``(pattern, replacement)`` of the old path."""
 
+_REGROUPED = (
+    (re.compile(r"^(.*)/m2/(\d+)$"), "M2"),
+    (re.compile(r"^(.*)/mean/(\d+)$"), "mean"),
+)
+"""Variables that an earlier version stored one leaf per entry of a list
+(``<module>/m2/<i>``: the Normalizer's statistics, one variable per leaf of
+its shape) and that are now the leaves of one variable (``<module>/M2``,
+or ``<module>/M2/value/<key>`` for a pytree): ``(pattern of the old path,
+new variable name)``; the ``i``-th old leaf is the ``i``-th new one."""
+
 
 def _renamed(saved: list[dict], expected: list[dict]) -> list[dict]:
     """``saved`` with each path that the template lacks, but has under its
-    new name (:data:`_RENAMED`), given that name: a checkpoint written
-    before a rename still loads (its leaves keep their order)."""
-    expected_paths = {e["path"] for e in expected}
+    new name (:data:`_RENAMED`, :data:`_REGROUPED`), given that name: a
+    checkpoint written before a rename still loads (by path, whatever the
+    order of its leaves)."""
+    expected_paths = [e["path"] for e in expected]
+    known = set(expected_paths)
     out = []
     for entry in saved:
         path = entry["path"]
-        if path not in expected_paths:
-            for pattern, replacement in _RENAMED:
-                new = pattern.sub(replacement, path)
-                if new in expected_paths:
-                    entry = {**entry, "path": new}
-                    break
+        if path not in known:
+            new = _new_path(path, expected_paths)
+            if new is not None:
+                entry = {**entry, "path": new}
         out.append(entry)
     return out
 
 
-def check_layout_matches(path: pathlib.Path, section: str, saved: list[dict], expected: list[dict]) -> None:
-    """Raise ValueError naming the first leaf whose path, shape, dtype or key impl differ."""
+def _new_path(path: str, expected_paths: list[str]) -> str | None:
+    """The template's path for the old ``path``, or None."""
+    for pattern, replacement in _RENAMED:
+        new = pattern.sub(replacement, path)
+        if new in expected_paths:
+            return new
+    for pattern, name in _REGROUPED:
+        match = pattern.match(path)
+        if match:
+            group = f"{match.group(1)}/{name}"
+            leaves = [p for p in expected_paths if p == group or p.startswith(group + "/value/")]
+            index = int(match.group(2))
+            if index < len(leaves):
+                return leaves[index]
+    return None
+
+
+def check_layout_matches(path: pathlib.Path, section: str, saved: list[dict], expected: list[dict]) -> list[int]:
+    """Raise ValueError naming the first leaf whose path, shape, dtype or key
+    impl differ; else return, for each expected leaf, its index among the
+    saved ones (the same unless a checkpoint written before a rename stores
+    its leaves in another order)."""
     saved = _renamed(saved, expected)
     saved_by_path = {e["path"]: e for e in saved}
     expected_paths = {e["path"] for e in expected}
@@ -195,9 +228,10 @@ def check_layout_matches(path: pathlib.Path, section: str, saved: list[dict], ex
                 f"{where}: the checkpoint has variable {have['path']} (shape {tuple(have['shape'])}) "
                 "that the template lacks; was it saved from a network of another architecture?"
             )
-    # Same set of paths: the leaf order must agree too (it does for equal tree structures).
-    if [e["path"] for e in saved] != [e["path"] for e in expected]:
-        raise ValueError(f"{where}: the variables are stored in another order (a different tree structure)")
+    if len(saved_by_path) != len(saved):
+        raise ValueError(f"{where}: the checkpoint stores a variable twice")
+    index = {e["path"]: i for i, e in enumerate(saved)}
+    return [index[e["path"]] for e in expected]
 
 
 def read_json(path: pathlib.Path) -> Any:
@@ -233,12 +267,13 @@ def restore_sections(path: pathlib.Path, item_name: str, sections: dict[str, Any
         entries, arrays, treedef = describe_leaves(name, tree)
         if name not in saved_layout:
             raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {LAYOUT_FILE} lacks the {name!r} section")
-        check_layout_matches(path, name, saved_layout[name], entries)
-        prepared[name] = (entries, arrays, treedef, jax.tree.leaves(tree))
+        order = check_layout_matches(path, name, saved_layout[name], entries)
+        prepared[name] = (entries, arrays, treedef, jax.tree.leaves(tree), order)
 
     target = {
-        name: as_item([jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays])
-        for name, (_, arrays, _, _) in prepared.items()
+        name: {leaf_name(j): jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
+               for j, a in zip(order, arrays) if math.prod(a.shape) > 0}
+        for name, (_, arrays, _, _, order) in prepared.items()
     }
     try:
         restored = checkpointer().restore(path / item_name, args=ocp.args.StandardRestore(target))
@@ -249,13 +284,13 @@ def restore_sections(path: pathlib.Path, item_name: str, sections: dict[str, Any
         ) from err
 
     out = {}
-    for name, (entries, arrays, treedef, template_leaves) in prepared.items():
+    for name, (entries, arrays, treedef, template_leaves, order) in prepared.items():
         leaves = []
-        for i, (entry, stored, template_leaf) in enumerate(zip(entries, arrays, template_leaves)):
+        for j, entry, stored, template_leaf in zip(order, entries, arrays, template_leaves):
             if math.prod(entry["shape"]) == 0:
                 value = jnp.zeros(entry["shape"], entry["dtype"])
             else:
-                value = restored[name][leaf_name(i)]
+                value = restored[name][leaf_name(j)]
             if tuple(value.shape) != tuple(entry["shape"]) or str(value.dtype) != entry["dtype"]:
                 raise CheckpointError(
                     f"checkpoint {str(path)!r} is corrupt: {entry['path']} was read with shape "

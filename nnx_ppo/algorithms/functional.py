@@ -16,7 +16,10 @@ differentiated (with respect to ``params``) like any JAX function::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -183,7 +186,7 @@ def _refuse_output_changing_writes(view: NetworkFn, trajectory: Any, module: nnx
     depends = _inputs_used(replay_from, [jnp.asarray(v) for v in values])
     culprits = [leaves[i][0] for i, used in zip(written, depends) if used]
     if culprits:
-        raise _output_changing_write_error(module, culprits)
+        raise _output_changing_write_error(view, trajectory, module, culprits)
 
 
 def _inputs_used(fn, args: list[Any]) -> list[bool]:
@@ -208,22 +211,26 @@ def _inputs_used(fn, args: list[Any]) -> list[bool]:
     return [id(v) in live for v in jaxpr.invars]
 
 
-def _output_changing_write_error(module: nnx.Module, variable_paths: list[tuple]) -> Exception:
+def _output_changing_write_error(view: NetworkFn, trajectory: Any, module: nnx.Module,
+                                 variable_paths: list[tuple]) -> Exception:
+    """The :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError` naming, for
+    each variable at ``variable_paths`` (paths in ``module``), the module that
+    writes it: the innermost :class:`~nnx_ppo.networks.types.StatefulModule`
+    whose ``__call__`` does (:func:`_writers`), else the innermost one holding it."""
     from nnx_ppo.algorithms.driver import ReplayMismatchError
     from nnx_ppo.networks.types import StatefulModule
 
     owners = {tuple(path): m for path, m in nnx.iter_modules(module) if isinstance(m, StatefulModule)}
+    writers = _writers(view, trajectory, variable_paths)
     named = []
     for var_path in variable_paths:
-        prefix = max((p for p in owners if var_path[:len(p)] == p), key=len, default=None)
-        if prefix is None:
-            where = "a module"
-            variable = "/".join(str(k) for k in var_path)
+        if var_path in writers:
+            prefix, variable = writers[var_path]
         else:
-            where = f"module {'/'.join(str(k) for k in prefix) or '(the network itself)'} " \
-                    f"({type(owners[prefix]).__name__})"
-            variable = "/".join(str(k) for k in var_path[len(prefix):])
-        entry = f"{where} mutates an NNX variable ({variable})"
+            prefix = max((p for p in owners if var_path[:len(p)] == p), key=len, default=None)
+            variable = var_path if prefix is None else var_path[len(prefix):]
+        where = "a module" if prefix is None else f"module {module_name(prefix, owners[prefix])}"
+        entry = f"{where} mutates an NNX variable ({'/'.join(str(k) for k in variable)})"
         if entry not in named:
             named.append(entry)
     return ReplayMismatchError(
@@ -232,6 +239,82 @@ def _output_changing_write_error(module: nnx.Module, variable_paths: list[tuple]
         "counter) is allowed. The randomness rule of docs/custom_modules.md: keep one key per env in the carry "
         "(seeded in initialize_state, split in __call__) instead of drawing from a class-level nnx.Rngs; "
         "running statistics change only in update_statistics.")
+
+
+def module_name(path: tuple, module: nnx.Module) -> str:
+    """``layers/1 (MyNoisyCell)``: a module's path in the network and its class."""
+    return f"{'/'.join(str(k) for k in path) or '(the network itself)'} ({type(module).__name__})"
+
+
+def _writers(view: NetworkFn, trajectory: Any, variable_paths: list[tuple]) -> dict[tuple, tuple[tuple, tuple]]:
+    """``{variable path: (module path, variable path inside that module)}``:
+    which module's ``__call__`` writes each variable, found by tracing the
+    replay's first step (``jax.eval_shape``, nothing runs) with the
+    ``__call__`` of every :class:`~nnx_ppo.networks.types.StatefulModule`
+    observed. The innermost call around a write names it, so a variable
+    several modules hold (an ``nnx.Rngs`` passed to every layer) is put on
+    the one that writes it. Only used to word an error; a variable no
+    ``__call__`` writes in one step (or a step that does not trace) is left out."""
+    found: dict[tuple, tuple[tuple, tuple]] = {}
+
+    def one_step(params, rest, step):
+        module = nnx.merge(view.graphdef, params, rest)
+        variables = dict(nnx.to_flat_state(nnx.state(module)))
+        targets = {path: variables[path] for path in variable_paths if path in variables}
+
+        def observe(path, owner, call):
+            before = {p: v.get_value() for p, v in targets.items()}
+            result = call()
+            for p, v in targets.items():  # inner calls return first: the first to see a write made it
+                if p not in found and v.get_value() is not before[p]:
+                    inside = next((q for q, w in nnx.to_flat_state(nnx.state(owner)) if w is v), p)
+                    found[p] = (path, tuple(inside))
+            return result
+
+        with observing_calls(module, "__call__", observe):
+            module(*step)
+
+    first = jax.tree.map(lambda x: x[0], (trajectory.carry, trajectory.obs, trajectory.extras))
+    try:
+        jax.eval_shape(one_step, view.params, view.rest, first)
+    except Exception:  # noqa: BLE001 -- the message then names the module holding the variable
+        return {}
+    return found
+
+
+@contextlib.contextmanager
+def observing_calls(module: nnx.Module, method: str, observe: Callable[[tuple, Any, Callable[[], Any]], Any]):
+    """While active, a call to ``method`` (e.g. ``"__call__"``) of any
+    :class:`~nnx_ppo.networks.types.StatefulModule` of ``module`` goes
+    through ``observe(path, m, call)``: ``path`` is the module's path in
+    ``module``, ``m`` the module, and ``call()`` runs the method and returns
+    its result, which ``observe`` returns (after looking at it). Nested calls
+    are observed too, inner ones returning first. The method is replaced on
+    the classes for the duration, so use it only to trace a step that
+    explains an error, never in a training program."""
+    from nnx_ppo.networks.types import StatefulModule
+
+    paths = {id(m): tuple(path) for path, m in nnx.iter_modules(module) if isinstance(m, StatefulModule)}
+    defining = {next((c for c in type(m).__mro__ if method in vars(c)), None)
+                for _, m in nnx.iter_modules(module) if isinstance(m, StatefulModule)}
+    originals = {c: vars(c)[method] for c in defining if c is not None}
+
+    def observed(original):
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            if id(self) not in paths:
+                return original(self, *args, **kwargs)
+            return observe(paths[id(self)], self, lambda: original(self, *args, **kwargs))
+
+        return wrapper
+
+    for cls, original in originals.items():
+        setattr(cls, method, observed(original))
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            setattr(cls, method, original)
 
 
 def copy_leaf(x: Any) -> jax.Array:

@@ -7,7 +7,7 @@ Every container routes the carry (``state``), the ``rollout_extras`` and
 ``update_statistics`` to its children in the same tree shape it holds them
 in (a tuple for :class:`Sequential`, a dict for the others), sums the
 children's ``regularization_loss`` and prefixes their metrics with the
-child's index or name (``"1/entropy"``, ``"value/kl"``).
+child's index or name (``"1/entropy"``, ``"value/kl_divergence"``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ order in which populations are computed within a step::
 
     g = PopulationGraph(nnx.Rngs(0))
     g.add_input("sensory", 3)
-    g.add_population("cortex", 16)
+    g.add_population("cortex", 16, activation=jnp.tanh)
     g.add_output("motor", 4)
     g.connect("sensory", "cortex")
     g.connect("cortex", "cortex", delay=1)       # recurrence needs delay >= 1
@@ -46,7 +46,7 @@ from nnx_ppo.networks._graph_wiring import (
 )
 from nnx_ppo.networks.containers import child_extras, prefix_metrics
 from nnx_ppo.networks.feedforward import Dense
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import ACTIVATION_KEY, StatefulModule, StatefulModuleOutput
 
 __all__ = ["PopulationGraph", "PopulationInfo", "ConnectionInfo"]
 
@@ -129,8 +129,13 @@ class PopulationGraph(StatefulModule):
 
     Extras and statistics are routed per connection (``{connection: extras}``);
     regularization losses are summed; metrics are prefixed with the
-    connection name (``"cortex->motor/kl"``). Connection names default to
+    connection name (``"cortex->motor/kl_divergence"``). Connection names default to
     ``"src->dst"``.
+
+    With ``record_activations`` set (by
+    :func:`~nnx_ppo.networks.recording.with_recording`, on a copy), the
+    metrics also hold every population's activation,
+    ``{ACTIVATION_KEY: {population: [B, size]}}``.
 
     Args:
       rngs: used to initialize the default ``Dense`` transforms (at
@@ -138,6 +143,7 @@ class PopulationGraph(StatefulModule):
     """
 
     def __init__(self, rngs: nnx.Rngs):
+        self.record_activations = False
         self._rngs = rngs
         self._finalized = False
         self._populations: tuple[Population, ...] = ()
@@ -173,8 +179,9 @@ class PopulationGraph(StatefulModule):
         self._add(INPUT, name, size, activation, input_from)
 
     def add_population(self, name: str, size: int, *,
-                       activation: Callable[[jax.Array], jax.Array] | None = jnp.tanh) -> None:
-        """A hidden population (default activation ``tanh``)."""
+                       activation: Callable[[jax.Array], jax.Array] | None = None) -> None:
+        """A hidden population: the sum of its inputs, through ``activation``
+        if given (none by default, as in the original)."""
         self._add(HIDDEN, name, size, activation, None)
 
     def add_output(self, name: str, size: int, *, output_to: str | None = None,
@@ -183,7 +190,7 @@ class PopulationGraph(StatefulModule):
         self._add(OUTPUT, name, size, activation, output_to)
 
     def connect(self, src: str, dst: str, *, delay: int = 0, transform: StatefulModule | None = None,
-                name: str | None = None) -> str:
+                name: str | None = None, reciprocal: bool = False) -> str:
         """Project ``src`` onto ``dst``; returns the connection name.
 
         Args:
@@ -195,11 +202,24 @@ class PopulationGraph(StatefulModule):
             without activation, built at :meth:`finalize`.
           name: the connection name (carry/extras key and metrics prefix);
             default ``"src->dst"``. Needed to connect the same pair twice.
+          reciprocal: also project ``dst`` onto ``src`` with the same delay
+            (connection ``"dst->src"``), as the original's ``connect`` did;
+            each direction gets its own default ``Dense``, so ``transform``
+            and ``name`` must be left out.
 
         Raises ``ValueError`` for an unknown population, a negative delay, a
-        duplicate connection name, and a transform whose ``in_features`` /
-        ``out_features`` disagree with the population sizes.
+        duplicate connection name, a transform whose ``in_features`` /
+        ``out_features`` disagree with the population sizes, and
+        ``reciprocal=True`` with a ``transform`` or a ``name``.
         """
+        if reciprocal:
+            if transform is not None or name is not None:
+                raise ValueError(f"PopulationGraph: connect({src!r}, {dst!r}, reciprocal=True) builds a default "
+                                 "Dense for each direction; for a transform or name of your own, call connect "
+                                 "once per direction")
+            first = self.connect(src, dst, delay=delay)
+            self.connect(dst, src, delay=delay)
+            return first
         self._check_building(f"connect {src!r} -> {dst!r}")
         check_name("source population", src)
         check_name("target population", dst)
@@ -434,6 +454,8 @@ class PopulationGraph(StatefulModule):
             for name, _ in self._buffers
         }
         output = {p.io_key or p.name: values[p.name] for p in self._populations if p.kind == OUTPUT}
+        if self.record_activations:
+            metrics[ACTIVATION_KEY] = dict(values)
         return StatefulModuleOutput(
             next_state={"buffers": next_buffers, "transforms": next_transforms},
             output=output,

@@ -50,13 +50,19 @@ def _as_shape(s: Any) -> tuple[int, ...]:
     return shape
 
 
+# The standard deviation the Normalizer divides by before it has seen any
+# data (the original's choice: a first rollout's inputs are scaled down, not
+# passed through at whatever scale the environment has).
+_PRIOR_STD = 10.0
+
+
 class Normalizer(StatefulModule):
     """Normalises inputs with running statistics gathered from rollouts.
 
     For every leaf, with ``n`` samples seen so far, running mean ``μ`` and sum of
     squared deviations ``M2``::
 
-        σ² = M2 / n            (population variance; σ² = 1 while n = 0)
+        σ² = M2 / n            (population variance; σ² = 10² = 100 while n = 0, as in the original)
         y  = (x - μ) / sqrt(σ² + epsilon)
         y  = clip(y, -clip, clip)   if clip is not None
 
@@ -65,6 +71,11 @@ class Normalizer(StatefulModule):
     ``[T, B, ...]`` stack of those extras into the statistics with the
     parallel (Chan et al.) merge, which stays accurate for large counts.
     The carry is ``()``.
+
+    The statistics are three :class:`NormalizerStatistics` variables, as in
+    the original: ``counter`` (a scalar), ``mean`` and ``M2`` (each an array
+    of ``shape``, or a pytree of arrays with the structure of ``shape``);
+    ``running_mean`` and ``running_variance`` read them.
 
     Args:
       shape: the per-sample shape: an int, a tuple of ints, or a pytree (e.g. a
@@ -87,26 +98,31 @@ class Normalizer(StatefulModule):
         self._shapes = tuple(_as_shape(s) for s in shapes)
         self.epsilon = float(epsilon)
         self.clip = None if clip is None else float(clip)
-        self.count = NormalizerStatistics(jnp.zeros((), jnp.float32))
-        self.mean = nnx.List([NormalizerStatistics(jnp.zeros(s, jnp.float32)) for s in self._shapes])
-        self.m2 = nnx.List([NormalizerStatistics(jnp.zeros(s, jnp.float32)) for s in self._shapes])
+        self.counter = NormalizerStatistics(jnp.zeros((), jnp.float32))
+        self.mean = NormalizerStatistics(self._tree([jnp.zeros(s, jnp.float32) for s in self._shapes]))
+        self.M2 = NormalizerStatistics(self._tree([jnp.zeros(s, jnp.float32) for s in self._shapes]))
+
+    def _tree(self, leaves: list[Any]) -> Any:
+        """``leaves`` in the structure of ``shape``."""
+        return jax.tree.unflatten(self._treedef, leaves)
 
     # -- statistics ---------------------------------------------------------------
 
     def _variances(self) -> list[jax.Array]:
-        n = self.count[...]
-        return [jnp.where(n > 0, m2[...] / jnp.maximum(n, 1.0), jnp.ones_like(m2[...]))
-                for m2 in self.m2]
+        n = self.counter[...]
+        return [jnp.where(n > 0, m2 / jnp.maximum(n, 1.0), jnp.full_like(m2, _PRIOR_STD ** 2))
+                for m2 in self._treedef.flatten_up_to(self.M2.get_value())]
 
     @property
     def running_mean(self) -> Any:
         """The current mean, with the structure of ``shape``."""
-        return jax.tree.unflatten(self._treedef, [m[...] for m in self.mean])
+        return self.mean.get_value()
 
     @property
     def running_variance(self) -> Any:
-        """The current (population) variance, with the structure of ``shape``; 1 before any data."""
-        return jax.tree.unflatten(self._treedef, self._variances())
+        """The current (population) variance, with the structure of ``shape``;
+        100 before any data (the Normalizer then divides by 10)."""
+        return self._tree(self._variances())
 
     def _check(self, name: str, tree: Any, n_lead: int, lead: str) -> list[jax.Array]:
         leaves, treedef = jax.tree.flatten(tree)
@@ -127,17 +143,22 @@ class Normalizer(StatefulModule):
         if rollout_extras is None:
             return None
         leaves = self._check("rollout_extras", rollout_extras, 2, "T, B")
-        n_a = self.count[...]
-        n_b = jnp.asarray(leaves[0].shape[0] * leaves[0].shape[1], jnp.float32)
         if leaves[0].shape[0] * leaves[0].shape[1] == 0:
             return None
-        total = n_a + n_b
-        for leaf, shape, mean_v, m2_v in zip(leaves, self._shapes, self.mean, self.m2):
+        n_a = self.counter[...]
+        n_b = jnp.asarray(leaves[0].shape[0] * leaves[0].shape[1], jnp.float32)
+        means, m2s = [], []
+        for leaf, shape, mean_a, m2_a in zip(leaves, self._shapes, self._treedef.flatten_up_to(self.mean.get_value()),
+                                             self._treedef.flatten_up_to(self.M2.get_value())):
             data = jnp.reshape(leaf, (-1,) + shape).astype(jnp.float32)
             mean_b = jnp.mean(data, axis=0)
             m2_b = jnp.sum(jnp.square(data - mean_b[None]), axis=0)
-            _, mean_v[...], m2_v[...] = merge_moments(n_a, mean_v[...], m2_v[...], n_b, mean_b, m2_b)
-        self.count[...] = total
+            _, mean, m2 = merge_moments(n_a, mean_a, m2_a, n_b, mean_b, m2_b)
+            means.append(mean)
+            m2s.append(m2)
+        self.mean.set_value(self._tree(means))
+        self.M2.set_value(self._tree(m2s))
+        self.counter[...] = n_a + n_b
         return None
 
     # -- forward -----------------------------------------------------------------------
@@ -145,10 +166,10 @@ class Normalizer(StatefulModule):
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         leaves = self._check("x", x, 1, "B")
         outs = []
-        for leaf, mean_v, var in zip(leaves, self.mean, self._variances()):
-            y = (leaf - mean_v[...][None]) / jnp.sqrt(var + self.epsilon)[None]
+        for leaf, mean, var in zip(leaves, self._treedef.flatten_up_to(self.mean.get_value()), self._variances()):
+            y = (leaf - mean[None]) / jnp.sqrt(var + self.epsilon)[None]
             if self.clip is not None:
                 y = jnp.clip(y, -self.clip, self.clip)
             outs.append(y)
-        return StatefulModuleOutput(next_state=(), output=jax.tree.unflatten(self._treedef, outs),
+        return StatefulModuleOutput(next_state=(), output=self._tree(outs),
                                     regularization_loss=0.0, metrics={}, rollout_extras=x)

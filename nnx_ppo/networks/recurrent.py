@@ -8,7 +8,8 @@ pass, and ``rollout_extras`` is ``None``.
 Shapes (``B`` = batch, ``I`` = ``in_features``, ``H`` = ``hidden_features``):
 
 * ``x``: ``[B, I]``; output: ``[B, H]`` (the new hidden state ``h``).
-* LSTM carry: ``{"h": [B, H], "c": [B, H]}``; GRU and SimpleRNN carry: ``[B, H]``.
+* LSTM carry: the tuple ``(h, c)``, each ``[B, H]`` (as in the original);
+  GRU and SimpleRNN carry: ``[B, H]``.
 
 With ``trainable_initial_state=True`` the initial carry is an ``nnx.Param``
 (one vector per carry entry) tiled over the batch inside
@@ -86,8 +87,9 @@ class RecurrentCell(StatefulModule):
     * :meth:`step` (required): one recurrent update on ``[B, ...]`` arrays;
     * :attr:`carry_keys` (the carry layout): ``None`` (the default) for one
       ``[B, H]`` array (initial parameter ``initial_h``), or a tuple of names
-      for a dict of ``[B, H]`` arrays (``("h", "c")`` in :class:`LSTM`;
-      initial parameters ``initial_h`` and ``initial_c``);
+      for a dict of ``[B, H]`` arrays (initial parameters ``initial_<name>``);
+      with :attr:`carry_as_tuple` set, a tuple of them in that order instead
+      (:class:`LSTM`: ``("h", "c")``, the carry ``(h, c)``);
     * :meth:`project_input` (optional): the part of the step that depends on
       ``x`` alone (``x W + b``). With it, :meth:`step` runs inside a
       ``lax.scan`` over the module in the replay, so neither may write an NNX
@@ -110,6 +112,7 @@ class RecurrentCell(StatefulModule):
     """
 
     carry_keys: ClassVar[tuple[str, ...] | None] = None
+    carry_as_tuple: ClassVar[bool] = False
 
     def __init__(self, in_features: int, hidden_features: int, *, trainable_initial_state: bool = False):
         name = type(self).__name__
@@ -144,7 +147,9 @@ class RecurrentCell(StatefulModule):
         else:
             shape = (batch_size, self.hidden_features)
             entries = {key: jnp.zeros(shape, jnp.float32) for key in self._carry_names()}
-        return entries["h"] if self.carry_keys is None else entries
+        if self.carry_keys is None:
+            return entries["h"]
+        return tuple(entries[key] for key in self.carry_keys) if self.carry_as_tuple else entries
 
     def reset_state(self, prev_state: Any) -> Any:
         return self.initialize_state(batch_size_of(prev_state))
@@ -191,6 +196,13 @@ class RecurrentCell(StatefulModule):
         """The carry has the layout of :attr:`carry_keys` and ``[B, H]`` entries."""
         if self.carry_keys is None:
             self._check_h("state", state, batch)
+            return
+        if self.carry_as_tuple:
+            if not isinstance(state, tuple) or len(state) != len(self.carry_keys):
+                names = ", ".join(self.carry_keys)
+                raise ValueError(f"{type(self).__name__}: state must be the tuple ({names}), got {state!r}")
+            for i, (key, entry) in enumerate(zip(self.carry_keys, state)):
+                self._check_h(f"state[{i}] ({key})", entry, batch)
             return
         if not isinstance(state, dict) or set(state) != set(self.carry_keys):
             keys = [repr(k) for k in self.carry_keys]
@@ -280,7 +292,7 @@ class LSTM(_ProjectedCell):
         h' = σ(o) ⊙ tanh(c')
 
     The forget-gate bias starts at ``forget_bias`` (1 by default). Carry
-    ``{"h": [B, H], "c": [B, H]}``; output ``h'``.
+    ``(h, c)``, each ``[B, H]`` (the original's layout); output ``h'``.
 
     Args:
       in_features: size ``I`` of the input's last axis.
@@ -295,6 +307,7 @@ class LSTM(_ProjectedCell):
 
     _n_gates = 4
     carry_keys = ("h", "c")
+    carry_as_tuple = True
 
     def __init__(self, in_features: int, hidden_features: int, rngs: nnx.Rngs, *,
                  trainable_initial_state: bool = False, forget_bias: float = 1.0):
@@ -311,12 +324,12 @@ class LSTM(_ProjectedCell):
         return x @ self.kernel_x[...] + self.bias[...][None, :]
 
     def step(self, state, zx):
-        h, c = state["h"], state["c"]
+        h, c = state
         z = zx + h @ self.kernel_h[...]
         i, f, g, o = jnp.split(z, 4, axis=-1)
         c_new = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h_new = jax.nn.sigmoid(o) * jnp.tanh(c_new)
-        return {"h": h_new, "c": c_new}, h_new
+        return (h_new, c_new), h_new
 
 
 class GRU(_ProjectedCell):

@@ -89,28 +89,45 @@ def replay_in_time(module: "StatefulModule", carry, xs, rollout_extras, reset, s
     stored post-reset carry (value) with the gradient of a recomputed
     ``reset_state``. The module's own variables ride along in the scan carry so
     a ``reset_state`` that advances its ``nnx.Rngs`` traces cleanly; those
-    updates are discarded.
+    updates are discarded. Writes made by ``__call__`` are kept: after the
+    scan, ``module`` holds the values its last step left, as after a
+    :func:`replay_flat` (so a caller, e.g. the trainer's replay check, sees
+    which variables the forward pass writes).
     """
     graphdef, variables = nnx.split(module)
+    written_by_call: set[tuple] = set()  # variable paths __call__ writes (found when the step is traced)
 
     def step(scan_carry, inputs):
         carry, variables = scan_carry
         x, extras, reset_t, stored = inputs
         m = nnx.merge(graphdef, variables)
         carry_in = select_where(reset_t, straight_through(stored, m.reset_state(carry)), carry)
+        before = _variable_values(m)
         out = m(carry_in, x, extras)
         _, variables = nnx.split(m)
+        written_by_call.update(path for path, value in _variable_values(m).items() if value is not before[path])
         regularization = jnp.asarray(out.regularization_loss, jnp.float32)
         return (out.next_state, variables), (out.output, regularization, out.metrics, carry)
 
     inputs = (xs, rollout_extras, reset, stored_carry)
-    _, (output, regularization, metrics, carries) = jax.lax.scan(step, (carry, variables), inputs)
+    (_, last), (output, regularization, metrics, carries) = jax.lax.scan(step, (carry, variables), inputs)
+    if written_by_call:
+        last = dict(nnx.to_flat_state(last))
+        for path, variable in nnx.to_flat_state(nnx.state(module)):
+            if path in written_by_call:
+                variable.set_value(last[path].get_value())
     return SequenceOutput(
         output=output,
         regularization_loss=jnp.mean(regularization),
         metrics={k: jnp.mean(v) for k, v in metrics.items()},
         carry=carries,
     )
+
+
+def _variable_values(module: nnx.Module) -> dict[tuple, Any]:
+    """``{path: value}`` of every NNX variable of ``module`` (a write replaces
+    the value object, so identity tells which ones a call wrote)."""
+    return {path: variable.get_value() for path, variable in nnx.to_flat_state(nnx.state(module))}
 
 
 def has_fast_replay(module: "StatefulModule", *classes: type) -> bool:

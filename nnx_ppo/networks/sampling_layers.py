@@ -176,7 +176,7 @@ class NormalSampler(ActionSampler):
         """``(raw, action, log_likelihood, entropy, metrics)`` of a raw sample."""
         loglik = jnp.sum(_normal_logpdf(raw, mean, std), axis=-1)
         entropy = jnp.sum(0.5 + _HALF_LOG_2PI + jnp.log(std), axis=-1)
-        return raw, raw, loglik, entropy, {"std": jnp.mean(std)}
+        return raw, raw, loglik, entropy, {"sigma": jnp.mean(std)}
 
 
 class NormalTanhSampler(NormalSampler):

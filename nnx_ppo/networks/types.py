@@ -46,6 +46,7 @@ from nnx_ppo.networks.replay import (
 )
 
 __all__ = [
+    "ACTIVATION_KEY",
     "StatefulModule",
     "StatefulModuleOutput",
     "PPONetworkOutput",
@@ -61,6 +62,10 @@ __all__ = [
     "unflatten_time",
     "straight_through",
 ]
+
+#: The metrics key under which a module of a recording copy of a network
+#: (:func:`nnx_ppo.networks.recording.with_recording`) reports its activation.
+ACTIVATION_KEY = "__activation__"
 
 #: The carry of a :class:`StatefulModule` (its ``state`` argument, what
 #: ``initialize_state`` returns): any JAX pytree whose leaves have the batch

@@ -32,7 +32,7 @@ class VariationalBottleneck(StatefulModule):
         z    = mean + std * eps,         eps ~ N(0, I) drawn from the env's key
         KL_b = sum_l [ 0.5 * (mean² + std² - 1) - log(std) ]     # KL(N(mean, std²) || N(0, I))
         regularization_loss = kl_weight * mean_b(KL_b)
-        metrics = {"kl": mean_b(KL_b)}
+        metrics = {"kl_divergence": mean_b(KL_b)}
 
     Carry: a typed PRNG key array of shape ``[B]``. Each step splits every
     env's key into (next key, sample key). :meth:`reset_state` keeps the key
@@ -100,7 +100,7 @@ class VariationalBottleneck(StatefulModule):
         kl_mean = jnp.mean(kl)
         return StatefulModuleOutput(next_state=next_keys, output=z,
                                     regularization_loss=self.kl_weight * kl_mean,
-                                    metrics={"kl": kl_mean}, rollout_extras=None)
+                                    metrics={"kl_divergence": kl_mean}, rollout_extras=None)
 
 
 class AR1VariationalBottleneck(VariationalBottleneck):
@@ -113,7 +113,7 @@ class AR1VariationalBottleneck(VariationalBottleneck):
         h_b    = 1 if env b already took a step in this episode, else 0
         S_b    = h_b * sum_l (z_t[b, l] - z_{t-1}[b, l])²
         regularization_loss = kl_weight * mean_b(KL_b) + smoothness_weight * mean_b(S_b)
-        metrics = {"kl": mean_b(KL_b), "smoothness": mean_b(S_b)}
+        metrics = {"kl_divergence": mean_b(KL_b), "smoothness": mean_b(S_b)}
 
     The batch mean runs over all ``B`` envs (envs at the first step of an
     episode contribute 0). Gradients flow into both ``z_t`` and ``z_{t-1}``
@@ -185,5 +185,5 @@ class AR1VariationalBottleneck(VariationalBottleneck):
         next_state = {"key": next_keys, "prev_z": z,
                       "has_previous": jnp.ones_like(state["has_previous"])}
         return StatefulModuleOutput(next_state=next_state, output=z, regularization_loss=loss,
-                                    metrics={"kl": kl_mean, "smoothness": smooth_mean},
+                                    metrics={"kl_divergence": kl_mean, "smoothness": smooth_mean},
                                     rollout_extras=None)

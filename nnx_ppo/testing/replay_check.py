@@ -8,10 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import errors as flax_errors
+from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import rule_breaking_module_error
-from nnx_ppo.algorithms.functional import NetworkFn
+from nnx_ppo.algorithms.functional import NetworkFn, module_name, observing_calls
 from nnx_ppo.algorithms.losses import Minibatch, split_minibatches
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.rollout import collect_rollout
@@ -30,8 +31,9 @@ class ReplayReport:
       passed: both within ``tolerance``.
       tolerance: the bound used.
       first_divergence: where the replay first departed from the rollout, as
-        ``"step t, carry leaf <path>"`` (the path names the module holding
-        that carry), or ``None``.
+        ``"step t, carry leaf <path> of module layers/1 (MyCell): ..."``
+        (the module whose ``initialize_state`` made that carry leaf, by path
+        in the network and class), or ``None``.
       n_resets: episode resets inside the rollout (the check is stronger
         with some).
     """
@@ -60,9 +62,9 @@ def _max_abs_diff(a, b) -> float:
     return max(jax.tree.leaves(diffs), default=0.0)
 
 
-def _first_carry_divergence(stored, replayed, reset, tolerance) -> str | None:
-    """The earliest step (and carry leaf) where the replay's own carry differs
-    from the rollout's, ignoring steps where the carry was reset."""
+def _first_carry_divergence(stored, replayed, reset, tolerance) -> tuple[int, str] | None:
+    """The earliest step and carry leaf (its jax keystr) where the replay's
+    own carry differs from the rollout's, ignoring steps where the carry was reset."""
     keep = ~np.asarray(reset)
     best = None
     for path, s in jax.tree_util.tree_leaves_with_path(stored):
@@ -76,9 +78,49 @@ def _first_carry_divergence(stored, replayed, reset, tolerance) -> str | None:
             t = int(np.argwhere(bad)[0][0])
             if best is None or t < best[0]:
                 best = (t, jax.tree_util.keystr(path))
-    if best is None:
-        return None
-    return f"step {best[0]}, carry leaf {best[1]} (the module holding this carry entry)"
+    return best
+
+
+def _divergence_text(step: int, leaf: str, owner: str | None) -> str:
+    """``first_divergence``: the step, the carry leaf and the module it belongs to."""
+    where = f"module {owner}" if owner else "the module holding this carry entry"
+    return (f"step {step}, carry leaf {leaf} of {where}: the replay does not reproduce its carry, so it breaks "
+            "a rule of docs/custom_modules.md (the randomness rule: one key per env, each env's carry advanced "
+            "from its own; e.g. its next carry depends on other envs, or on state outside the carry)")
+
+
+def _carry_owners(network, batch_size: int) -> dict[str, str]:
+    """``{carry leaf path (jax keystr): "layers/1 (MyCell)"}``: the innermost
+    :class:`~nnx_ppo.networks.types.StatefulModule` whose ``initialize_state``
+    returned each leaf of the network's carry (traced with
+    ``jax.eval_shape``; nothing runs). A leaf a container builds itself is
+    put on the container; ``{}`` if the network's ``initialize_state`` does
+    not trace this way."""
+    view = NetworkFn.of(network)
+    owners: dict[str, str] = {}
+
+    def initialize(params, rest):
+        module = nnx.merge(view.graphdef, params, rest)
+        made: dict[int, tuple] = {}  # id(leaf) -> (leaf, module name); the leaf is kept so its id stays its own
+
+        def observe(path, owner, call):
+            result = call()
+            for leaf in jax.tree.leaves(result):
+                made.setdefault(id(leaf), (leaf, module_name(path, owner)))  # inner calls return first
+            return result
+
+        with observing_calls(module, "initialize_state", observe):
+            carry = module.initialize_state(batch_size)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(carry):
+            if id(leaf) in made:
+                owners[jax.tree_util.keystr(path)] = made[id(leaf)][1]
+        return carry
+
+    try:
+        jax.eval_shape(initialize, view.params, view.rest)
+    except Exception:  # noqa: BLE001 -- the report then names the carry leaf only
+        return {}
+    return owners
 
 
 def _get(tree, path):
@@ -108,8 +150,11 @@ def check_replay_consistency(
     A module that follows the rules (per-env keys in the carry, no write in
     ``__call__`` that changes its output, samplers replaying the stored
     action) passes with errors around 1e-7; one that draws from a
-    class-level RNG inside ``__call__`` fails (a module without carry raises
-    :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError` naming it).
+    class-level RNG inside ``__call__`` raises
+    :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError` naming it (its
+    path in the network and its class), with or without a carry; one whose
+    carry the replay does not reproduce fails, and ``first_divergence`` names
+    it.
     Writes that leave the output unchanged, such as a call counter, pass.
     Does not modify ``network``. Use an env with episodes shorter than
     ``rollout_length`` so that resets happen inside the rollout.
@@ -142,9 +187,11 @@ def check_replay_consistency(
     if jax.tree.leaves(traj.carry):
         # [n_minibatches, T, M, ...] -> [T, n_minibatches * M, ...]
         to_tb = lambda x: jnp.reshape(jnp.swapaxes(x, 0, 1), (rollout_length, n_envs) + x.shape[3:])
-        divergence = _first_carry_divergence(
+        first = _first_carry_divergence(
             jax.tree.map(to_tb, traj.carry), jax.tree.map(to_tb, replay.carry), to_tb(traj.reset), tolerance
         )
+        if first is not None:
+            divergence = _divergence_text(*first, _carry_owners(network, n_envs).get(first[1]))
     passed = log_ratio <= tolerance and value_diff <= tolerance
     if not passed and divergence is None:
         divergence = "outputs differ but every carry matches: a module's output depends on state outside its carry"

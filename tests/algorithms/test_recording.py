@@ -69,10 +69,10 @@ def test_shapes_are_time_then_batch(recorded):
     assert rec.activations[LSTM].shape == (T, B, 4)
     assert rec.activations[SAMPLER]["action"].shape == (T, B, 1)
     assert rec.activations[SAMPLER]["log_likelihood"].shape == (T, B)
-    assert rec.carries[LSTM]["h"].shape == (T, B, 4) and rec.carries[LSTM]["c"].shape == (T, B, 4)
+    assert rec.carries[LSTM][0].shape == (T, B, 4) and rec.carries[LSTM][1].shape == (T, B, 4)
     assert SAMPLER not in rec.carries  # no carry
     # The Sequential's carry holds its LSTM's.
-    np.testing.assert_array_equal(rec.carries[ACTION][1]["h"], rec.carries[LSTM]["h"])
+    np.testing.assert_array_equal(rec.carries[ACTION][1][0], rec.carries[LSTM][0])
     assert rec.observations.shape == (T, B, 2) and rec.actions.shape == (T, B, 1)
     assert rec.rewards.shape == (T, B) and rec.done.shape == (T, B) and rec.episode_start.shape == (T, B)
     assert rec.done.dtype == bool and rec.episode_start.dtype == bool
@@ -108,8 +108,8 @@ def test_values_equal_stepping_the_network_by_hand(recorded):
         x = action.layers[0](carry[1]["action"][0], x).output
         lstm = action.layers[1](carry[1]["action"][1], x)
         np.testing.assert_allclose(rec.activations[LSTM][t], lstm.output, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(rec.carries[LSTM]["c"][t], lstm.next_state["c"], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(rec.carries[LSTM]["h"][t], lstm.next_state["h"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(rec.carries[LSTM][1][t], lstm.next_state[1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(rec.carries[LSTM][0][t], lstm.next_state[0], rtol=1e-5, atol=1e-6)
         out = hand(carry, obs)
         np.testing.assert_allclose(rec.actions[t], out.output.actions, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(rec.activations[SAMPLER]["action"][t], out.output.actions, rtol=1e-5, atol=1e-6)

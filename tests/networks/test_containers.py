@@ -95,8 +95,8 @@ def test_sequential_carry_is_a_tuple_per_child():
     state = seq.initialize_state(B)
     assert isinstance(state, tuple) and len(state) == 3
     assert state[0] == ()
-    assert set(state[1]) == {"h", "c"} and state[1]["h"].shape == (B, H)
-    assert state[2].shape == (B, 2, H)
+    assert isinstance(state[1], tuple) and state[1][0].shape == (B, H)
+    assert state[2]["buffer"].shape == (B, 2, H) and state[2]["idx"].shape == (B,)
     out = seq(state, _x())
     assert isinstance(out.next_state, tuple)
     assert jax.tree.map(jnp.shape, out.next_state) == jax.tree.map(jnp.shape, state)
@@ -143,10 +143,10 @@ def test_sequential_extras_and_replay_routing():
     np.testing.assert_array_equal(e[1], _x())  # the Normalizer emits its input
     np.testing.assert_array_equal(e[2], 3.0)
     # replay with hand-made extras: each Tag adds what it was handed; the
-    # (fresh, identity) Normalizer in between passes its input through
+    # fresh Normalizer in between divides by 10 (no data yet)
     fed = (jnp.full((B,), 7.0), _x() + 7.0, jnp.full((B,), 9.0))
     replay = seq(seq.initialize_state(B), _x(), fed)
-    np.testing.assert_allclose(replay.output, _x() + 16.0, rtol=1e-5)
+    np.testing.assert_allclose(replay.output, (_x() + 7.0) / 10.0 + 9.0, rtol=1e-5)
     assert replay.rollout_extras[2] is fed[2]
 
 
@@ -172,7 +172,7 @@ def test_sequential_update_statistics_reaches_nested_normalizer():
     inputs = stacked[1][0]
     assert inputs.shape == (T, B, D)
     seq.update_statistics(stacked)
-    assert float(norm.count[...]) == T * B
+    assert float(norm.counter[...]) == T * B
     np.testing.assert_allclose(norm.running_mean, inputs.reshape(-1, D).mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(norm.running_variance, inputs.reshape(-1, D).var(0), rtol=1e-4,
                                atol=1e-6)
@@ -187,7 +187,7 @@ def test_sequential_regularization_and_metrics():
     alone = sampler((), x)
     np.testing.assert_allclose(out.regularization_loss, 0.75 + alone.regularization_loss, rtol=1e-6)
     assert jnp.ndim(out.regularization_loss) == 0
-    assert set(out.metrics) == {"0/reg", "1/reg", "2/entropy", "2/std"}
+    assert set(out.metrics) == {"0/reg", "1/reg", "2/entropy", "2/sigma"}
     np.testing.assert_allclose(out.metrics["1/reg"], 0.25)
 
 
@@ -208,7 +208,7 @@ def test_parallel_same_input_and_dict_carry():
     p = Parallel(lstm=LSTM(D, H, rngs), gru=GRU(D, H, rngs), delay=Delay(jnp.zeros(D), 1))
     state = p.initialize_state(B)
     assert isinstance(state, dict) and set(state) == {"lstm", "gru", "delay"}
-    assert state["gru"].shape == (B, H) and state["delay"].shape == (B, 1, D)
+    assert state["gru"].shape == (B, H) and state["delay"]["buffer"].shape == (B, 1, D)
     x = _x()
     out = p(state, x)
     assert set(out.output) == {"lstm", "gru", "delay"}
@@ -217,7 +217,7 @@ def test_parallel_same_input_and_dict_carry():
     np.testing.assert_array_equal(out.output["delay"], 0.0)
     assert isinstance(out.next_state, dict)
     assert jax.tree.map(jnp.shape, out.next_state) == jax.tree.map(jnp.shape, state)
-    np.testing.assert_array_equal(out.next_state["delay"][:, 0], x)
+    np.testing.assert_array_equal(out.next_state["delay"]["buffer"][:, 0], x)
     assert out.rollout_extras == {"lstm": None, "gru": None, "delay": None}
 
 
@@ -324,9 +324,9 @@ def test_update_statistics_through_dict_containers(kind):
     net.update_statistics(stacked)
     ins1, ins2 = pick(xs)
     ins1 = jnp.stack(ins1).reshape(-1, D)
-    assert float(n1.count[...]) == T * B
+    assert float(n1.counter[...]) == T * B
     np.testing.assert_allclose(n1.running_mean, ins1.mean(0), rtol=1e-5, atol=1e-6)
-    assert float(n2.count[...]) == T * B
+    assert float(n2.counter[...]) == T * B
     if ins2 is not None:
         np.testing.assert_allclose(n2.running_mean, jnp.stack(ins2).reshape(-1, 2).mean(0),
                                    rtol=1e-5, atol=1e-6)
@@ -350,7 +350,7 @@ def test_dict_container_regularization_sum_and_metric_prefixes(cls):
                                rtol=1e-6)
     assert float(alone.regularization_loss) < 0  # an entropy *bonus*
     p = "pol/0/" if cls is Concat else "pol/"
-    assert set(out.metrics) == {"first/reg", "second/reg", p + "entropy", p + "std"}
+    assert set(out.metrics) == {"first/reg", "second/reg", p + "entropy", p + "sigma"}
     np.testing.assert_allclose(out.metrics["second/reg"], -0.125)
 
 

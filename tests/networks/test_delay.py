@@ -22,7 +22,8 @@ def _xs(t_steps, shape=(3,)):
 def test_outputs_input_from_k_steps_earlier(k):
     d = Delay(jnp.zeros(3), k)
     state = d.initialize_state(B)
-    assert state.shape == (B, k, 3)
+    assert state["buffer"].shape == (B, k, 3)
+    assert state["idx"].shape == (B,) and state["idx"].dtype == jnp.int32
     xs = _xs(6)
     for t, x in enumerate(xs):
         out = d(state, x)
@@ -47,8 +48,8 @@ def test_pytree_input_and_dtypes():
     sample = {"a": jnp.zeros(2), "b": jnp.zeros((2, 2), jnp.int32)}
     d = Delay(sample, 2)
     state = d.initialize_state(B)
-    assert state["a"].shape == (B, 2, 2) and state["b"].shape == (B, 2, 2, 2)
-    assert state["b"].dtype == jnp.int32
+    assert state["buffer"]["a"].shape == (B, 2, 2) and state["buffer"]["b"].shape == (B, 2, 2, 2)
+    assert state["buffer"]["b"].dtype == jnp.int32
     xs = [{"a": jnp.full((B, 2), t + 1.0), "b": jnp.full((B, 2, 2), t + 1, jnp.int32)} for t in range(4)]
     outs = []
     for x in xs:
@@ -70,7 +71,8 @@ def test_reset_zeros_buffer_and_restarts_delay():
     for x in xs[:3]:
         state = d(state, x).next_state
     reset = d.reset_state(state)
-    np.testing.assert_array_equal(reset, 0.0)
+    np.testing.assert_array_equal(reset["buffer"], 0.0)
+    np.testing.assert_array_equal(reset["idx"], 0)
     # reset only env 0, as the trainer does
     state = select_where(jnp.array([True, False]), reset, state)
     outs = []
@@ -87,6 +89,41 @@ def test_reset_zeros_buffer_and_restarts_delay():
     np.testing.assert_array_equal(outs[2][1], xs[3][1])
 
 
+def test_initial_value_fills_the_buffer_until_it_fills_and_after_a_reset():
+    """The original's ``initial_value`` argument."""
+    d = Delay({"a": jnp.zeros(2), "n": jnp.zeros((), jnp.int32)}, 2, initial_value=-1.0)
+    state = d.initialize_state(B)
+    x = {"a": jnp.ones((B, 2)), "n": jnp.full((B,), 7, jnp.int32)}
+    outs = []
+    for _ in range(3):
+        out = d(state, x)
+        state = out.next_state
+        outs.append(out.output)
+    np.testing.assert_array_equal(outs[0]["a"], -1.0)
+    assert outs[1]["n"].dtype == jnp.int32 and (outs[1]["n"] == -1).all()
+    np.testing.assert_array_equal(outs[2]["a"], 1.0)
+    np.testing.assert_array_equal(d.reset_state(state)["buffer"]["a"], -1.0)
+
+
+def test_a_slice_of_the_carry_steps_as_those_envs_do_in_the_batch():
+    """Each env has its own ring position: a minibatch of envs, sliced out of
+    the carry after steps whose positions differ by env, continues exactly."""
+    d = Delay(jnp.zeros(3), 3)
+    state = d.initialize_state(4)
+    xs = _xs(5, (3,))[:5]
+    xs = [jnp.concatenate([x, x + 10.0]) for x in xs]  # [4, 3]
+    for t, x in enumerate(xs[:4]):
+        state = d(state, x).next_state
+        if t == 1:  # envs 0 and 2 start a new episode: their positions go back to 0
+            state = select_where(jnp.array([True, False, True, False]), d.reset_state(state), state)
+    whole = d(state, xs[4])
+    part = d(jax.tree.map(lambda v: v[1:3], state), xs[4][1:3])
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(lambda v: v[1:3], whole.next_state), part.next_state)
+    np.testing.assert_array_equal(whole.output[1:3], part.output)
+    np.testing.assert_array_equal(whole.output[1], xs[1][1])  # env 1 continued: 3 steps back
+    np.testing.assert_array_equal(whole.output[2], 0.0)  # env 2: the 3rd step of its new episode
+
+
 def test_shape_errors():
     with pytest.raises(ValueError, match="Delay: k_steps"):
         Delay(jnp.zeros(3), -1)
@@ -96,8 +133,10 @@ def test_shape_errors():
     d2 = Delay({"a": jnp.zeros(2)}, 1)
     with pytest.raises(ValueError, match="Delay: x has tree structure"):
         d2(d2.initialize_state(2), jnp.zeros((2, 2)))
-    with pytest.raises(ValueError, match=r"Delay: state leaf has shape"):
+    with pytest.raises(ValueError, match=r"Delay: state must be the dict"):
         d(jnp.zeros((2, 3, 3)), jnp.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"Delay: state\['buffer'\] leaf has shape"):
+        d({"buffer": jnp.zeros((2, 3, 3)), "idx": jnp.zeros(2, jnp.int32)}, jnp.zeros((2, 3)))
 
 
 def test_jit_split_merge_matches_eager():

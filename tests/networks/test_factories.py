@@ -95,7 +95,7 @@ def test_mlp_actor_critic(discrete, normalize_obs):
     if normalize_obs:
         np.testing.assert_array_equal(out.rollout_extras[0], _obs())
         net.update_statistics(jax.tree.map(lambda v: v[None], out.rollout_extras))
-        assert float(net[0].count[...]) == B
+        assert float(net[0].counter[...]) == B
     # the regularization is the (negative) entropy bonus
     assert float(out.regularization_loss) != 0.0
 

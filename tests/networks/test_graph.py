@@ -26,7 +26,7 @@ def _dense(layer, x):
 def _chain():
     g = PopulationGraph(nnx.Rngs(0))
     g.add_input("a", 3)
-    g.add_population("h", 4)
+    g.add_population("h", 4, activation=jnp.tanh)
     g.add_output("o", 2)
     g.connect("a", "h")
     g.connect("h", "o")
@@ -341,3 +341,30 @@ def test_graph_in_ppo_network_replays_exactly():
     report = check_replay_consistency(net, env, n_envs=8, rollout_length=12, n_minibatches=4, seed=0)
     assert report.n_resets > 0
     assert report.passed, str(report)
+
+
+def test_a_hidden_population_has_no_activation_by_default():
+    """As in the original: ``add_population(name, size)`` sums its inputs."""
+    g = PopulationGraph(nnx.Rngs(0))
+    g.add_input("a", 2)
+    g.add_population("h", 2)
+    g.add_output("o", 2)
+    g.connect("a", "h", transform=Scale(3.0))
+    g.connect("h", "o", transform=Scale(1.0))
+    g.finalize()
+    x = jnp.full((1, 2), 2.0)
+    np.testing.assert_array_equal(g(g.initialize_state(1), x).output["o"], 6.0)
+
+
+def test_reciprocal_connects_both_directions():
+    """The original's ``connect(..., reciprocal=True)``: ``src->dst`` and
+    ``dst->src`` with the same delay, each with its own default Dense."""
+    g = PopulationGraph(nnx.Rngs(0))
+    g.add_population("a", 3)
+    g.add_population("b", 2)
+    assert g.connect("a", "b", delay=1, reciprocal=True) == "a->b"
+    assert [(c.src, c.dst, c.delay) for c in g.connections] == [("a", "b", 1), ("b", "a", 1)]
+    g.finalize()
+    assert (g.transforms["b->a"].in_features, g.transforms["b->a"].out_features) == (2, 3)
+    with pytest.raises(ValueError, match="reciprocal=True"):
+        PopulationGraph(nnx.Rngs(0)).connect("a", "b", transform=Dense(3, 2, nnx.Rngs(0)), reciprocal=True)

@@ -9,15 +9,16 @@ from flax import nnx
 from nnx_ppo.networks.normalizer import Normalizer, NormalizerStatistics
 
 
-def test_initial_statistics_are_identity_and_input_is_emitted():
+def test_before_any_data_inputs_are_divided_by_10_and_emitted():
+    """As in the original: standard deviation 10 until the first update."""
     n = Normalizer(3)
     x = jnp.arange(6.0).reshape(2, 3)
     out = n((), x)
     assert out.next_state == ()
-    np.testing.assert_allclose(out.output, x / np.sqrt(1.0 + 1e-8), rtol=1e-6)
+    np.testing.assert_allclose(out.output, x / 10.0, rtol=1e-6)
     np.testing.assert_array_equal(out.rollout_extras, x)
     np.testing.assert_array_equal(n.running_mean, 0.0)
-    np.testing.assert_array_equal(n.running_variance, 1.0)
+    np.testing.assert_array_equal(n.running_variance, 100.0)
     assert n.initialize_state(4) == ()
     assert n.reset_state(()) == ()
 
@@ -31,7 +32,7 @@ def test_statistics_match_numpy_after_several_updates():
     data = np.concatenate([c.reshape(-1, 3) for c in chunks])
     np.testing.assert_allclose(n.running_mean, data.mean(0), rtol=1e-5)
     np.testing.assert_allclose(n.running_variance, data.var(0), rtol=1e-4)
-    assert float(n.count[...]) == data.shape[0]
+    assert float(n.counter[...]) == data.shape[0]
     x = jnp.asarray(rng.normal(size=(2, 3)), jnp.float32)
     expected = (np.asarray(x) - data.mean(0)) / np.sqrt(data.var(0) + 1e-8)
     np.testing.assert_allclose(n((), x).output, expected, rtol=1e-4, atol=1e-5)
@@ -70,7 +71,7 @@ def test_pytree_shapes():
 
 def test_clip():
     n = Normalizer(2, clip=1.5)
-    y = n((), jnp.array([[10.0, -10.0]])).output
+    y = n((), jnp.array([[100.0, -100.0]])).output  # divided by 10 before any data, then clipped
     np.testing.assert_allclose(y, [[1.5, -1.5]])
 
 
@@ -78,8 +79,22 @@ def test_statistics_are_not_params_but_are_in_state():
     n = Normalizer({"a": 2, "b": 3})
     assert len(jax.tree.leaves(nnx.state(n, nnx.Param))) == 0
     stats = nnx.state(n, NormalizerStatistics)
-    assert len(jax.tree.leaves(stats)) == 1 + 2 * 2  # count + mean/M2 per leaf
-    assert isinstance(n.count, NormalizerStatistics)
+    assert len(jax.tree.leaves(stats)) == 1 + 2 * 2  # counter + mean/M2 per leaf
+    assert all(isinstance(v, NormalizerStatistics) for v in (n.counter, n.mean, n.M2))
+
+
+def test_statistics_have_the_original_names_and_layout():
+    """``counter``, ``mean``, ``M2``: one variable each; mean and M2 hold an
+    array of ``shape``, or a pytree with the structure of ``shape``."""
+    n = Normalizer((5, 3))
+    assert n.mean.get_value().shape == n.M2.get_value().shape == (5, 3)
+    assert float(n.counter.get_value()) == 0.0
+    d = Normalizer({"goal": 4, "joints": 8})
+    assert {k: v.shape for k, v in d.mean.get_value().items()} == {"goal": (4,), "joints": (8,)}
+    d.update_statistics({"goal": jnp.ones((2, 3, 4)), "joints": jnp.zeros((2, 3, 8))})
+    assert float(d.counter[...]) == 6.0
+    np.testing.assert_allclose(d.mean.get_value()["goal"], 1.0)
+    np.testing.assert_allclose(d.M2.get_value()["goal"], 0.0)
 
 
 def test_call_does_not_write_statistics():
@@ -117,7 +132,7 @@ def test_update_statistics_under_jit_split_merge():
 def test_update_statistics_none_is_noop():
     n = Normalizer(2)
     n.update_statistics(None)
-    assert float(n.count[...]) == 0.0
+    assert float(n.counter[...]) == 0.0
 
 
 def test_shape_errors():

@@ -25,7 +25,6 @@ from nnx_ppo.networks import (
     lambda: AR1VariationalBottleneck(4, nnx.Rngs(0), 0.1, 1e-4),  # ar1_weight defaulted to 1 there
     lambda: AR1VariationalBottleneck(4, nnx.Rngs(0), 0.1, ar1_weight=0.5),
     lambda: Dense(3, 2, nnx.Rngs(0), jax.nn.relu),  # activation was the 4th positional
-    lambda: Delay(jnp.zeros(3), 2, 0.5),  # initial_value
     lambda: make_mlp_actor_critic(3, 2, [8], [8], nnx.Rngs(0), nnx.relu),  # activation
 ])
 def test_original_positional_calls_that_would_mean_something_else_are_errors(call):
@@ -55,4 +54,14 @@ def test_other_positional_calls_mean_the_same():
     s = NormalTanhSampler(nnx.Rngs(0), 0.01, 0.2, 2.0)  # (rng, entropy_weight, min_std, std_scale)
     assert (s.entropy_weight, s.min_std, s.std_scale) == (0.01, 0.2, 2.0)
     lstm = LSTM(3, 5, nnx.Rngs(0))  # (in_features, hidden_features, rngs)
-    assert lstm.initialize_state(2)["h"].shape == (2, 5)
+    assert lstm.initialize_state(2)[0].shape == (2, 5)
+
+
+def test_delay_positional_call_means_the_same():
+    """Original ``Delay(sample_input, k_steps, initial_value)``: the third
+    positional argument fills the buffer; the carry is the original's
+    ``{"buffer", "idx"}`` ring buffer."""
+    d = Delay(jnp.zeros(3), 2, 0.5)
+    state = d.initialize_state(4)
+    assert state["buffer"].shape == (4, 2, 3) and state["idx"].dtype == jnp.int32
+    np.testing.assert_array_equal(d(state, jnp.ones((4, 3))).output, 0.5)

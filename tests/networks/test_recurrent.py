@@ -36,10 +36,10 @@ def test_carry_and_output_shapes(cls):
     assert jax.tree.map(jnp.shape, out.next_state) == jax.tree.map(jnp.shape, state)
     assert out.rollout_extras is None
     assert jnp.ndim(out.regularization_loss) == 0
-    if cls is LSTM:
-        assert set(state) == {"h", "c"}
-        assert state["h"].shape == (B, H) and state["c"].shape == (B, H)
-        np.testing.assert_allclose(out.output, out.next_state["h"])
+    if cls is LSTM:  # the original's (h, c)
+        assert isinstance(state, tuple) and len(state) == 2
+        assert state[0].shape == (B, H) and state[1].shape == (B, H)
+        np.testing.assert_allclose(out.output, out.next_state[0])
     else:
         assert state.shape == (B, H)
         np.testing.assert_allclose(out.output, out.next_state)
@@ -58,12 +58,12 @@ def test_lstm_matches_reference_maths():
     x = np.asarray(_x(1))
     h = np.asarray(jax.random.normal(jax.random.key(2), (B, H)))
     c = np.asarray(jax.random.normal(jax.random.key(3), (B, H)))
-    out = m({"h": jnp.asarray(h), "c": jnp.asarray(c)}, jnp.asarray(x))
+    out = m((jnp.asarray(h), jnp.asarray(c)), jnp.asarray(x))
     z = x @ np.asarray(m.kernel_x[...]) + h @ np.asarray(m.kernel_h[...]) + np.asarray(m.bias[...])
     i, f, g, o = np.split(z, 4, axis=-1)
     c_new = _np_sigmoid(f) * c + _np_sigmoid(i) * np.tanh(g)
     h_new = _np_sigmoid(o) * np.tanh(c_new)
-    np.testing.assert_allclose(out.next_state["c"], c_new, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.next_state[1], c_new, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.output, h_new, rtol=1e-5, atol=1e-5)
     # the forget bias starts at 1
     np.testing.assert_array_equal(np.asarray(m.bias[...])[H:2 * H], 1.0)
@@ -122,10 +122,10 @@ def test_trainable_initial_state_gets_gradient(cls):
     # the initial state is the parameter tiled over the batch
     m.initial_h[...] = jnp.arange(H, dtype=jnp.float32)
     state = m.initialize_state(2)
-    h0 = state["h"] if cls is LSTM else state
+    h0 = state[0] if cls is LSTM else state
     np.testing.assert_array_equal(h0, np.tile(np.arange(H, dtype=np.float32), (2, 1)))
     reset_h = m.reset_state(state)
-    reset_h = reset_h["h"] if cls is LSTM else reset_h
+    reset_h = reset_h[0] if cls is LSTM else reset_h
     np.testing.assert_array_equal(reset_h, h0)
 
 
@@ -138,10 +138,12 @@ def test_shape_errors_name_module_and_argument():
     m = LSTM(5, H, nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"LSTM: x has shape \(4, 3\), expected \(B, 5\) \(in_features=5\)"):
         m(m.initialize_state(4), jnp.zeros((4, 3)))
-    with pytest.raises(ValueError, match=r"LSTM: state\['h'\] has shape"):
-        m({"h": jnp.zeros((4, 2)), "c": jnp.zeros((4, H))}, jnp.zeros((4, 5)))
-    with pytest.raises(ValueError, match="LSTM: state\\['c'\\] has batch size 2"):
-        m({"h": jnp.zeros((4, H)), "c": jnp.zeros((2, H))}, jnp.zeros((4, 5)))
+    with pytest.raises(ValueError, match=r"LSTM: state\[0\] \(h\) has shape"):
+        m((jnp.zeros((4, 2)), jnp.zeros((4, H))), jnp.zeros((4, 5)))
+    with pytest.raises(ValueError, match=r"LSTM: state\[1\] \(c\) has batch size 2"):
+        m((jnp.zeros((4, H)), jnp.zeros((2, H))), jnp.zeros((4, 5)))
+    with pytest.raises(ValueError, match=r"LSTM: state must be the tuple \(h, c\)"):
+        m({"h": jnp.zeros((4, H)), "c": jnp.zeros((4, H))}, jnp.zeros((4, 5)))
     g = GRU(5, H, nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"GRU: x has shape \(4,\), expected \(B, 5\)"):
         g(g.initialize_state(4), jnp.zeros((4,)))

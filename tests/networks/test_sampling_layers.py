@@ -100,7 +100,7 @@ def test_normal_tanh_entropy_bonus():
     entropy = gauss_entropy + np.sum(np.log(1.0 - np.tanh(raw) ** 2), axis=-1)
     np.testing.assert_allclose(out.regularization_loss, -w * entropy.mean(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out.metrics["entropy"], entropy.mean(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(out.metrics["std"], std.mean(), rtol=1e-5)
+    np.testing.assert_allclose(out.metrics["sigma"], std.mean(), rtol=1e-5)
     assert float(NormalTanhSampler(nnx.Rngs(2))((), x).regularization_loss) == 0.0
     with pytest.raises(ValueError, match="entropy_weight must be >= 0"):
         NormalTanhSampler(nnx.Rngs(0), entropy_weight=-1.0)

@@ -159,7 +159,7 @@ def test_map_of_samplers_extras_replay_and_regularization():
     np.testing.assert_allclose(replay.regularization_loss,
                                arm_alone.regularization_loss + grip_alone.regularization_loss,
                                rtol=1e-5)
-    assert {"arm/entropy", "arm/std", "grip/entropy"} == set(roll.metrics)
+    assert {"arm/entropy", "arm/sigma", "grip/entropy"} == set(roll.metrics)
 
 
 def test_map_update_statistics_routes_by_key():
@@ -188,7 +188,7 @@ def test_merge_runs_children_on_same_input_and_merges_dicts():
     assert set(out.output) == {"p", "q", "raw"}
     np.testing.assert_array_equal(out.output["raw"], x)
     np.testing.assert_array_equal(out.output["q"], 0.0)
-    np.testing.assert_array_equal(out.next_state["left"]["q"][:, 0], x)
+    np.testing.assert_array_equal(out.next_state["left"]["q"]["buffer"][:, 0], x)
     assert out.rollout_extras == {"left": {"p": None, "q": None}, "right": None}
 
 

@@ -72,7 +72,7 @@ def test_kl_matches_closed_form(kind):
     x = _xs()[0]
     out = m(m.initialize_state(B), x)
     kl = _np_kl(x)
-    np.testing.assert_allclose(out.metrics["kl"], kl.mean(), rtol=1e-5)
+    np.testing.assert_allclose(out.metrics["kl_divergence"], kl.mean(), rtol=1e-5)
     if kind == "vb":
         np.testing.assert_allclose(out.regularization_loss, 0.5 * kl.mean(), rtol=1e-5)
     else:  # first step: no smoothness term
