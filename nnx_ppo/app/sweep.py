@@ -30,9 +30,10 @@ from nnx_ppo.app.commands import (
     parse_env_kwargs,
     print_error,
 )
+from nnx_ppo.app.ending import train_into
 from nnx_ppo.app.sweep_report import TABLE_FILE, format_table, sweep_summary, write_outputs
 from nnx_ppo.presets import find_preset
-from nnx_ppo.progress import StopFlag, pretty_path
+from nnx_ppo.progress import pretty_path
 from nnx_ppo.runner import Run, RunSpec
 
 __all__ = ["run_sweep", "parse_grid", "grid_configs"]
@@ -148,26 +149,19 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
     print(f"{'resuming' if resuming else 'sweeping'} {len(configs)} configs x {len(seeds)} seeds = {n} members "
           f"of {cmd.network} on {cmd.env}{f', PBT every {cmd.pbt_every} iterations' if pbt else ''}; run directory: "
           f"{pretty_path(run_dir)}", flush=True)
-    code, results = 0, None
     run = Run.open(run_dir, RunSpec(env=cmd.env, network=spec.to_dict(), config=configs[0], env_kwargs=env_kwargs,
                                     train_env_kwargs=train_env_kwargs, seeds=tuple(range(n)), command=(PROG, *argv)),
                    resuming=resuming, progress=True, quiet=cmd.quiet)
-    stop = StopFlag(run.write)
     t0 = time.perf_counter()
-    try:
-        with stop:
-            results = train_population(train_env, spec, configs, seeds, pbt=pbt, eval_env=env, run=run,
-                                       resume_from=run_dir if resuming else None, should_stop=stop)
-    except PopulationConfigError as e:
-        raise CliError(str(e)) from None
-    except KeyboardInterrupt:
-        print_error(f"aborted; the last saved checkpoint (if any) is in {pretty_path(run_dir / rd.CHECKPOINT_DIR)}")
-        code = 130
-    except (ValueError, OSError, RuntimeError) as e:
-        print_error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        code = 1
-    finally:
-        run.close()
+
+    def train(stop):
+        try:
+            return train_population(train_env, spec, configs, seeds, pbt=pbt, eval_env=env, run=run,
+                                    resume_from=run_dir if resuming else None, should_stop=stop)
+        except PopulationConfigError as e:
+            raise CliError(str(e)) from None
+
+    code, results, stopped = train_into(run, train)
     if results is not None:
         failed = [i for i, r in enumerate(results) if r.failure is not None]
         if failed:
@@ -180,7 +174,7 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
         print(format_table(summary))
         print(f"{time.perf_counter() - t0:.0f} s; table: {pretty_path(run_dir / TABLE_FILE)}; plots: "
               + ", ".join(p.name for p in plots))
-    if stop.requested:
+    if stopped:
         print(f"stopped early; continue with: {PROG} resume {pretty_path(run_dir)}")
     print(f"run directory: {pretty_path(run_dir)}", flush=True)
     return code

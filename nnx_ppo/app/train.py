@@ -27,10 +27,11 @@ from nnx_ppo.app.commands import (
     print_warning,
     read_run,
 )
+from nnx_ppo.app.ending import train_into
 from nnx_ppo.app.evaluate import check_video_target
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs
 from nnx_ppo.presets import find_preset
-from nnx_ppo.progress import StopFlag, fmt_seconds, pretty_path
+from nnx_ppo.progress import fmt_seconds, pretty_path
 from nnx_ppo.runner import Run, RunSpec
 
 
@@ -383,9 +384,6 @@ def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, 
            distill, primary: bool) -> int:
     """Build the envs and the network, open the run, train, and turn every
     way training can end into an exit code with the run directory intact."""
-    from nnx_ppo.algorithms.distributed import process_count
-    from nnx_ppo.algorithms.driver import NonFiniteError
-
     train_env, env = _envs(cmd, env_kwargs, train_env_kwargs)
     spec = network_spec_of(cmd, env_kwargs, cmd.config.seed)
     network = build_network(spec, env, cmd)
@@ -399,32 +397,11 @@ def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, 
     if primary:
         _announce(cmd, run_dir, env_kwargs, cmd.resume is not None)
     t0 = time.perf_counter()
-    code, result = 0, None
-    stop = StopFlag(run.write)
-    try:
-        with stop:
-            code, result = _fit(cmd, train_env, env, network, run, stop, distill)
-    except KeyboardInterrupt:
-        run.close()
-        print_error("aborted; metrics so far are kept, and the last saved checkpoint (if any) is in "
-                    f"{pretty_path(run_dir / rd.CHECKPOINT_DIR)}")
-        code = 130
-    except NonFiniteError as e:
-        run.close()
-        print_error(str(e))
-        code = 1
-    except (ValueError, OSError, RuntimeError) as e:  # env checks, checkpoints, shapes, the disk
-        run.close()
-        if process_count() > 1:  # a collective that failed because a peer is gone: the watch names the peer
-            from nnx_ppo.algorithms.distributed import await_lost_peer
-
-            await_lost_peer(e)
-        print_error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        code = 1
-    finally:
-        run.close()
+    code, result, stopped = train_into(run, lambda stop: _fit(cmd, train_env, env, network, run, stop, distill))
+    if result is not None:
+        code, result = result
     if result is not None and primary:
-        _summary(result, time.perf_counter() - t0, stop.requested, run_dir, max(len(cmd.seeds), 1))
+        _summary(result, time.perf_counter() - t0, stopped, run_dir, max(len(cmd.seeds), 1))
     if primary:
         print(f"run directory: {pretty_path(run_dir)}", flush=True)
     return code
