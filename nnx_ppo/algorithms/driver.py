@@ -130,8 +130,8 @@ class Health:
                 f"at iteration {iteration} the loss replay did not reproduce the rollout before the first update "
                 f"(max |log ratio| or value difference {error:.2e}, above PPOConfig.replay_tolerance): a module "
                 "breaks the rules of docs/custom_modules.md (it draws from a class-level nnx.Rngs or writes a "
-                "variable in __call__). nnx_ppo.check_replay_consistency(network, env) names the module whose "
-                "carry the replay first departs from.")
+                "variable in __call__); nnx_ppo.check_replay_consistency(network, env) reports where the replay "
+                "departs.")
         return None
 
     def check(self, iteration: int) -> None:

@@ -479,6 +479,8 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: lis
         result = driver.run()
     except flax_errors.TraceContextError as err:
         raise rule_breaking_module_error(err, networks[0]) from None
+    except ReplayMismatchError as err:
+        raise _named_replay_error(err, networks[0], env, ppo) from None
     except NonFiniteError as err:
         nnx.update(networks[0], *driver.last_finite)  # the last finite parameters, not the NaNs
         steps = driver.last_finite_iteration * ppo.steps_per_iteration
@@ -494,6 +496,26 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: lis
                             total_iterations=result.iterations, compile_seconds=result.compile_seconds)]
     return _seed_results(result, replicated(result.state, mesh), len(seeds), driver.failures, last_rows,
                          ppo.steps_per_iteration)
+
+
+def _named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) -> ReplayMismatchError:
+    """The health check's replay mismatch with the module named: the
+    carry leaf the replay first departs from and the module that owns it
+    (:func:`~nnx_ppo.algorithms.replay_diagnosis.diagnose_replay`, one small
+    rollout of ``network`` on ``env``); ``err`` as it is if nothing is found."""
+    from nnx_ppo.algorithms.replay_diagnosis import diagnose_replay
+
+    n_envs = min(ppo.n_envs, 8)
+    try:
+        found = diagnose_replay(network, env, n_envs=n_envs, rollout_length=ppo.rollout_length,
+                                n_minibatches=2 if n_envs % 2 == 0 else 1)
+    except ReplayMismatchError as named:  # a module writing a variable, named when the replay compiles
+        return named
+    except Exception:  # noqa: BLE001 -- the diagnosis is best effort; the mismatch itself stands
+        return err
+    if found.first_divergence is None:
+        return err
+    return ReplayMismatchError(f"{err} First divergence: {found.first_divergence}")
 
 
 def _seed_results(result: DriverResult, final: TrainingState, n_seeds: int, failures: dict[int, Failure],

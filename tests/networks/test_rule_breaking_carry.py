@@ -95,3 +95,12 @@ def test_replay_check_names_the_module_whose_carry_departs():
     assert not report.passed
     assert "carry leaf [1]['value'][0]['key'] of module layers/1/components/value/layers/0 (CoupledKeyCell)" \
         in report.first_divergence, report.first_divergence
+
+
+def test_trainer_names_the_module_whose_carry_departs():
+    """The same break met in training: the trainer's ReplayMismatchError names
+    the carry leaf and the module that owns it, not only the mismatch."""
+    with pytest.raises(ReplayMismatchError, match=r"First divergence: step \d+, carry leaf \[1\]\['value'\]\[0\]"
+                                                  r"\['key'\] of module layers/1/components/value/layers/0 "
+                                                  r"\(CoupledKeyCell\)"):
+        train_ppo(Target(max_steps=5), _net(CoupledKeyCell), _TINY)
