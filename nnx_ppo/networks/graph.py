@@ -46,7 +46,7 @@ from nnx_ppo.networks._graph_wiring import (
 )
 from nnx_ppo.networks.containers import child_extras, prefix_metrics
 from nnx_ppo.networks.feedforward import Dense
-from nnx_ppo.networks.types import ACTIVATION_KEY, StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, activation_metrics
 
 __all__ = ["PopulationGraph", "PopulationInfo", "ConnectionInfo"]
 
@@ -135,7 +135,8 @@ class PopulationGraph(StatefulModule):
     With ``record_activations`` set (by
     :func:`~nnx_ppo.networks.recording.with_recording`, on a copy), the
     metrics also hold every population's activation,
-    ``{ACTIVATION_KEY: {population: [B, size]}}``.
+    one entry per population (``"__activation__/cortex": [B, size]``, see
+    :func:`~nnx_ppo.networks.types.activation_metrics`).
 
     Args:
       rngs: used to initialize the default ``Dense`` transforms (at
@@ -455,7 +456,7 @@ class PopulationGraph(StatefulModule):
         }
         output = {p.io_key or p.name: values[p.name] for p in self._populations if p.kind == OUTPUT}
         if self.record_activations:
-            metrics[ACTIVATION_KEY] = dict(values)
+            metrics.update(activation_metrics(dict(values)))
         return StatefulModuleOutput(
             next_state={"buffers": next_buffers, "transforms": next_transforms},
             output=output,

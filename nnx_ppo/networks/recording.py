@@ -34,7 +34,7 @@ from typing import Any
 from flax import nnx
 
 from nnx_ppo.networks.graph import PopulationGraph
-from nnx_ppo.networks.types import ACTIVATION_KEY, StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import ACTIVATION_KEY, StatefulModule, StatefulModuleOutput, activation_metrics
 
 __all__ = ["ACTIVATION_KEY", "Recorder", "with_recording", "extract_activations"]
 
@@ -51,7 +51,7 @@ class Recorder(StatefulModule):
 
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         out = self.wrapped(state, x, rollout_extras)
-        return dataclasses.replace(out, metrics={**out.metrics, ACTIVATION_KEY: out.output})
+        return dataclasses.replace(out, metrics={**out.metrics, **activation_metrics(out.output)})
 
     def initialize_state(self, batch_size: int) -> Any:
         return self.wrapped.initialize_state(batch_size)
@@ -109,6 +109,17 @@ def extract_activations(metrics: Any) -> Any:
         return None
     if ACTIVATION_KEY in metrics:  # a recorded module (its other metrics are not activations)
         return metrics[ACTIVATION_KEY]
+    prefix = ACTIVATION_KEY + "/"
+    if any(isinstance(k, str) and k.startswith(prefix) for k in metrics):  # a recorded pytree, one key per leaf
+        tree: dict[Any, Any] = {}
+        for key, value in metrics.items():
+            if isinstance(key, str) and key.startswith(prefix):
+                *parents, leaf = key[len(prefix):].split("/")
+                node = tree
+                for part in parents:
+                    node = node.setdefault(_path_key(part), {})
+                node[_path_key(leaf)] = value
+        return tree
     children: dict[Any, Any] = {}
     for key, value in metrics.items():
         if isinstance(key, str) and "/" in key:

@@ -47,6 +47,7 @@ from nnx_ppo.networks.replay import (
 
 __all__ = [
     "ACTIVATION_KEY",
+    "activation_metrics",
     "StatefulModule",
     "StatefulModuleOutput",
     "PPONetworkOutput",
@@ -66,6 +67,19 @@ __all__ = [
 #: The metrics key under which a module of a recording copy of a network
 #: (:func:`nnx_ppo.networks.recording.with_recording`) reports its activation.
 ACTIVATION_KEY = "__activation__"
+
+
+def activation_metrics(output: Any) -> dict[str, Any]:
+    """A recorded ``output`` as metrics: ``{ACTIVATION_KEY: array}`` for an
+    array, one flat entry per leaf for a pytree (``"__activation__/motor"``),
+    so that every metric stays an array (a rollout and the loss replay
+    average them)."""
+    leaves = jax.tree_util.tree_leaves_with_path(output)
+    if len(leaves) == 1 and not leaves[0][0]:
+        return {ACTIVATION_KEY: output}
+    return {"/".join([ACTIVATION_KEY, *(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)]): leaf
+            for path, leaf in leaves}
+
 
 #: The carry of a :class:`StatefulModule` (its ``state`` argument, what
 #: ``initialize_state`` returns): any JAX pytree whose leaves have the batch

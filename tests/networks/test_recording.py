@@ -71,3 +71,18 @@ def test_a_graph_reports_its_populations_when_recorded():
     assert {k: v.shape for k, v in acts.items()} == {"in": (2, 4), "hidden": (2, 5), "mot": (2, 3)}
     np.testing.assert_array_equal(acts["mot"], out.output["mot"])
     assert g(g.initialize_state(2), x).metrics == {}
+
+
+
+def test_a_recording_copy_replays_exactly():
+    """Recorder keeps the replay guarantee: a recording copy of an LSTM
+    actor-critic replays its rollout exactly, with resets inside the rollout
+    and minibatches."""
+    from nnx_ppo.networks.factories import make_recurrent_actor_critic
+    from nnx_ppo.testing import check_replay_consistency
+    from tests.algorithms.toy_envs import Target
+
+    net = make_recurrent_actor_critic(3, 2, nnx.Rngs(0), hidden_size=8)
+    report = check_replay_consistency(with_recording(net), Target(max_steps=5), n_envs=8, rollout_length=12,
+                                      n_minibatches=4)
+    assert report.n_resets > 0 and report.passed, str(report)
