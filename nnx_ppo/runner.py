@@ -129,6 +129,11 @@ class RunSpec:
                    seeds=tuple(seeds or ()), command=command)
 
     @property
+    def n_entries(self) -> int:
+        """How many seeds or members train together (1 for one run)."""
+        return max(len(self.seeds), len(self.extra.get("members", ())), 1)
+
+    @property
     def title(self) -> str:
         """``lstm on cue_memory``: the learning curve's title."""
         return f"{self.network.get('kind', self.network.get(PYTHON_NETWORK))} on {self.env}"
@@ -157,7 +162,7 @@ class Run:
         self._wandb_run = wandb_run
         self._writes = writes
         self._shown_step: int | None = None
-        self._pending: tuple[int, list[float]] | None = None  # a batch's evaluations at one step, shown as their mean
+        self._pending: tuple[int, list[dict]] | None = None  # a batch's evaluations at one step, shown as their mean
 
     @classmethod
     def open(cls, path: str | os.PathLike | None, spec: RunSpec, *, resuming: bool, progress: bool,
@@ -168,7 +173,7 @@ class Run:
         from nnx_ppo.progress import Progress
 
         ppo = spec.config.ppo
-        n = max(len(spec.seeds), len(spec.extra.get("members", ())), 1)
+        n = spec.n_entries
         bar = None
         if progress and primary:
             bar = Progress(ppo.n_iterations * ppo.steps_per_iteration * n, ppo.steps_per_iteration * n, quiet)
@@ -225,21 +230,21 @@ class Run:
                 return
             if self._pending is not None and self._pending[0] != env_steps:
                 self._show_evaluations()
-            self._pending = (env_steps, [*(self._pending or (0, []))[1], metrics["eval/episode_return"]])
+            self._pending = (env_steps, [*(self._pending or (0, []))[1], metrics])
+            if len(self._pending[1]) >= self.spec.n_entries:  # (a failed seed's shows at the next step)
+                self._show_evaluations()
             return
         self._show_evaluations()
         if self._shown_step != env_steps:
             self._shown_step = env_steps
-            n = max(len(self.spec.seeds), len(self.spec.extra.get("members", ())), 1)
-            self.bar.iteration(metrics, env_steps * n)
+            self.bar.iteration(metrics, env_steps * self.spec.n_entries)
 
     def _show_evaluations(self) -> None:
         if self._pending is not None:
-            steps, returns = self._pending
+            steps, rows = self._pending
             self._pending = None
-            n = max(len(self.spec.seeds), len(self.spec.extra.get("members", ())), 1)
-            self.bar.evaluation({"eval/episode_return": sum(returns) / len(returns),
-                                 "eval/episode_return_std": float("nan")}, steps * n)
+            mean = {k: sum(float(r[k]) for r in rows) / len(rows) for k in rows[0] if all(k in r for r in rows)}
+            self.bar.evaluation(mean, steps * self.spec.n_entries)
 
     def record_failure(self, row: dict[str, str], env_steps: int, seed: int) -> None:
         """A failure row of batch entry ``seed`` (it stays failed on resume)."""
