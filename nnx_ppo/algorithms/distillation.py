@@ -308,8 +308,8 @@ def train_distillation(
         ``config.eval``'s settings, also when periodic evaluation is
         disabled), as an evaluation at env step 0: ``log_fn(metrics, 0)``,
         ``on_evaluation(policy, 0)`` and first in the result's
-        ``eval_history``. Skipped when resuming. Not written into a
-        ``run_dir``'s ``metrics.jsonl`` (which starts with the first iteration).
+        ``eval_history``, and the first row of a ``run_dir``'s
+        ``metrics.jsonl``. Skipped when resuming.
       on_evaluation: as for :func:`~nnx_ppo.algorithms.ppo.train_ppo` (the
         evaluated policy is the student).
       **options: the :class:`~nnx_ppo.algorithms.trainer.TrainOptions`, as
@@ -344,10 +344,7 @@ def train_distillation(
         if initial_eval and options.get("resume_from") is None:
             eval_env = env if options.get("eval_env") is None else as_env(options["eval_env"])
             evaluate = evaluation_hook(config, student, eval_env, None, None, on_evaluation)
-            metrics = evaluate(state, 0)  # the student's variables, before any update
-            initial_evaluation.append((0, metrics))
-            if log_fn is not None:
-                log_fn(metrics, 0)
+            initial_evaluation.append((0, evaluate(state, 0)))  # the student's variables, before any update
         return dataclasses.replace(state, rollout=dataclasses.replace(state.rollout, carry=carry))
 
     def iteration(env, graphdef, ppo: PPOConfig):
@@ -359,8 +356,9 @@ def train_distillation(
         options = {**options, **_stop_options(stop_fn, log_fn, options.get("should_stop"))}
     teacher_class = f"{type(teacher).__module__}.{type(teacher).__qualname__}"
     record = {"distillation": {"teacher": teacher_class, **dataclasses.asdict(distillation)}}
-    [result] = train(Algorithm(initial_state=initial_state, iteration=iteration, run_record=record), env, config,
-                     network=student, on_evaluation=on_evaluation, **options)
+    algorithm = Algorithm(initial_state=initial_state, iteration=iteration, run_record=record,
+                          first_rows=lambda: initial_evaluation)
+    [result] = train(algorithm, env, config, network=student, on_evaluation=on_evaluation, **options)
     result.eval_history[:0] = initial_evaluation
     return result
 

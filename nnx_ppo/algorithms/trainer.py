@@ -84,6 +84,9 @@ class Algorithm:
         None``: what of a failed member's iteration row is still logged
         (e.g. :func:`~nnx_ppo.algorithms.pbt.failed_member_row`: PBT reviving
         it); None: nothing.
+      first_rows: for one run, ``first_rows() -> [(env_steps, metrics), ...]``:
+        rows the initial state made (e.g. distillation's evaluation before
+        the first update), logged before the first iteration's.
     """
 
     initial_state: Callable[[Any, Any, TrainConfig], TrainingState]
@@ -91,6 +94,7 @@ class Algorithm:
     run_record: dict[str, Any] | None = None
     population_step: Callable | None = None
     failed_member_row: Callable[[dict[str, float]], dict[str, float] | None] | None = None
+    first_rows: Callable[[], list[tuple[int, dict[str, float]]]] | None = None
 
 
 class TrainOptions(TypedDict, total=False):
@@ -345,6 +349,9 @@ def train(
             output.begin(record)
             log_fn = _both(output.log, log_fn, batched)
             earlier_failures = output.earlier_failures() if batched and resume_from is not None else None
+        if algorithm.first_rows is not None and log_fn is not None and not batched:
+            for steps, row in algorithm.first_rows():
+                log_fn(row, steps)
         results = _run(algorithm, env, eval_env, config, networks, graphdef, devices, state, seeds, log_fn,
                        checkpoint_dir, checkpoint_metadata or None, on_evaluation, options.get("should_stop"),
                        training_seeds if batched else None, earlier_failures=earlier_failures,

@@ -253,3 +253,18 @@ def test_initial_eval_evaluates_the_student_before_the_first_update():
     again = train_distillation(env, lqr_teacher(), tiny_student(env), tiny(128, every_steps=128), initial_eval=True)
     assert [s for s, _ in again.eval_history] == [0, 128]
     assert again.eval_history[0][1] == result.eval_history[0][1]
+
+
+def test_initial_eval_is_the_first_row_of_a_run_directory(tmp_path):
+    """With run_dir, the evaluation before the first update is metrics.jsonl's
+    first row (env step 0), as log_fn sees it."""
+    from nnx_ppo import run_dir as rd
+
+    env = make("cartpole_no_velocity", full_observation=True)
+    logs = []
+    train_distillation(env, lqr_teacher(), tiny_student(env), tiny(128, enabled=False), initial_eval=True,
+                       log_fn=lambda m, s: logs.append((s, m)), run_dir=tmp_path / "run")
+    rows = rd.read_metrics(tmp_path / "run")
+    assert rows[0]["env_steps"] == 0 and rows[0]["eval"] and "eval/episode_return" in rows[0]
+    assert logs[0][0] == 0 and rows[0]["eval/episode_return"] == pytest.approx(logs[0][1]["eval/episode_return"])
+    assert [s for s, m in logs if "eval/episode_return" in m] == [0]  # logged once
