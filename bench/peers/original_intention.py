@@ -1,0 +1,210 @@
+"""bench/bench_intention.py's work on the original nnx-ppo 0.3.0 (PyPI), for a side-by-side speed figure.
+
+Runs in the peers' venv (../shared/peers/setup.sh creates /tmp/peers-venv):
+
+    /tmp/peers-venv/bin/python bench/peers/original_intention.py [--n-envs 1024] [--rollout 20]
+        [--iterations 4] [--skip 1] [--mlp-decoder | --lstm-decoder] [--profile]
+
+The same stand-in env (its dynamics are imported from bench_intention.py,
+which uses JAX only at import), wrapped in the original's env protocol
+(``reset(key)`` / ``step(state, action)`` returning a state with ``obs``,
+``reward``, ``done``, ``info``, ``metrics``), and the same intention network
+built from the original's own modules: Normalizer -> PPOAdapter(action =
+Filter -> Concat(intention = Flattener, 4 x 512 swish MLP, Dense(120),
+VariationalBottleneck(60, kl 1e-3); proprioception = Flattener) -> 4 x 512
+swish MLP (or 4 stacked LSTM(512)) -> Dense(76) -> NormalTanhSampler(1e-3,
+min_std 1e-2); value = Flattener -> 4 x 512 swish MLP -> Dense(1)). The
+parameter count is printed and equals this project's (3,459,781 with the MLP
+decoder). Differences that remain are the libraries' own: the original's
+sampler and bottleneck draw from ``nnx.Rngs`` streams, its loss replay and
+GAE are its own; initializers differ (no effect on speed). PPO: 4 epochs x 4
+minibatches, discount 0.97, learning rate 1e-4, gradient clipping 0.5 and
+critic weight 0.5 (this project's defaults, set here so both do the same
+optimizer work), no evaluation (the original evaluates at step 0 otherwise).
+
+Prints one JSON line with the fields of bench_intention.py's; ``compile_s``
+here is the wall time from ``train_ppo``'s start to the first iteration's
+log (the original reports no compile time), the same span as
+bench_intention.py's ``first_iteration_s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_intention import (  # noqa: E402  (JAX only: no project import)
+    ACTIONS,
+    FRAME_DIMS,
+    PROPRIOCEPTION,
+    REFERENCE_FRAMES,
+    iteration_flops,
+    matmul_rate,
+    peak_rss_mib,
+    stand_in_reset,
+    stand_in_step,
+    steady_rate,
+)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StandInState:
+    """The env state the original's trainer reads (``obs``, ``reward``, ``done``, ``info``, ``metrics``)."""
+
+    obs: Any
+    reward: Any
+    done: Any
+    info: dict
+    metrics: dict
+    data: Any
+
+    def replace(self, **changes) -> "StandInState":
+        return dataclasses.replace(self, **changes)
+
+
+class RodentStandInOriginal:
+    """The stand-in env in the original's protocol (MuJoCo Playground's shape of API)."""
+
+    observation_size = {"reference": REFERENCE_FRAMES * FRAME_DIMS, "proprioception": PROPRIOCEPTION}
+    action_size = ACTIONS
+
+    def reset(self, key):
+        obs, data = stand_in_reset(key)
+        zero = jnp.float32(0.0)
+        return StandInState(obs=obs, reward=zero, done=zero, info={"truncated": zero}, metrics={}, data=data)
+
+    def step(self, state, action):
+        obs, reward, done, truncated, data = stand_in_step(state.data, action)
+        return state.replace(obs=obs, reward=reward, done=done, info={"truncated": truncated}, data=data)
+
+
+def build_network(decoder: str, rngs):
+    """The intention network at the users' size, from the original's modules."""
+    from flax import nnx
+
+    from nnx_ppo.networks.adapter import PPOAdapter
+    from nnx_ppo.networks.containers import Concat, Sequential
+    from nnx_ppo.networks.factories import make_mlp_layers
+    from nnx_ppo.networks.feedforward import Dense
+    from nnx_ppo.networks.normalizer import Normalizer
+    from nnx_ppo.networks.recurrent import LSTM
+    from nnx_ppo.networks.sampling_layers import NormalTanhSampler
+    from nnx_ppo.networks.utils import Filter, Flattener
+    from nnx_ppo.networks.variational import VariationalBottleneck
+
+    R, P, A, L, W = REFERENCE_FRAMES * FRAME_DIMS, PROPRIOCEPTION, ACTIONS, 60, 512
+    act = nnx.swish
+    encoder = Sequential([
+        Flattener(),
+        *make_mlp_layers([R, W, W, W, W], rngs, act),
+        Dense(W, 2 * L, rngs),
+        VariationalBottleneck(L, rngs, kl_weight=1e-3),
+    ])
+    if decoder == "mlp":
+        decoder_layers = make_mlp_layers([L + P, W, W, W, W], rngs, act)
+    else:
+        decoder_layers = [LSTM(n_in, W, rngs) for n_in in (L + P, W, W, W)]
+    action = Sequential([
+        Filter({"intention": "reference", "proprioception": "proprioception"}),
+        Concat(intention=encoder, proprioception=Flattener()),
+        *decoder_layers,
+        Dense(W, 2 * A, rngs),
+        NormalTanhSampler(rngs, entropy_weight=1e-3, min_std=1e-2),
+    ])
+    value = Sequential([Flattener(), *make_mlp_layers([R + P, W, W, W, W], rngs, act), Dense(W, 1, rngs)])
+    return Sequential([Normalizer({"reference": R, "proprioception": P}), PPOAdapter(action=action, value=value)])
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-envs", type=int, default=1024)
+    parser.add_argument("--rollout", type=int, default=20)
+    parser.add_argument("--iterations", type=int, default=4, help="iterations in all (the first compiles)")
+    parser.add_argument("--skip", type=int, default=1, help="iterations left out of the steady rate")
+    decoder = parser.add_mutually_exclusive_group()
+    decoder.add_argument("--mlp-decoder", dest="decoder", action="store_const", const="mlp")
+    decoder.add_argument("--lstm-decoder", dest="decoder", action="store_const", const="lstm")
+    parser.add_argument("--profile", action="store_true", help="also time the rollout alone")
+    parser.set_defaults(decoder="mlp")
+    args = parser.parse_args(argv)
+
+    from flax import nnx
+
+    from nnx_ppo.algorithms import ppo, rollout  # the original package, in the peers' venv
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+
+    env = RodentStandInOriginal()
+    t_build = time.perf_counter()
+    net = build_network(args.decoder, nnx.Rngs(0))
+    build_s = time.perf_counter() - t_build
+    params = sum(x.size for x in jax.tree.leaves(nnx.state(net, nnx.Param)))
+    per_iteration = args.n_envs * args.rollout
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=args.n_envs, rollout_length=args.rollout, total_steps=args.iterations * per_iteration,
+                      n_epochs=4, n_minibatches=4, discounting_factor=0.97, learning_rate=1e-4,
+                      gradient_clipping=0.5, critic_loss_weight=0.5),
+        eval=EvalConfig(enabled=False),
+        seed=0,
+    )
+    times: list[tuple[float, int]] = []
+
+    def log_fn(metrics, steps):
+        times.append((time.perf_counter(), steps))
+
+    load_start = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    result = ppo.train_ppo(env, net, config, log_fn=log_fn)
+    wall = time.perf_counter() - t0
+    sps, measured = steady_rate(times, args.skip)
+    flops = iteration_flops(params, args.n_envs, args.rollout)
+    rate = matmul_rate()
+    row = {
+        "lib": "nnx-ppo-0.3.0", "decoder": args.decoder, "n_envs": args.n_envs, "rollout": args.rollout,
+        "parameters": int(params), "build_s": round(build_s, 2), "compile_s": round(times[0][0] - t0, 2),
+        "first_iteration_s": round(times[0][0] - t0, 2),
+        "wall_s": round(wall, 2), "steady_sps": round(sps), "iterations_measured": measured,
+        "s_per_iteration": round(per_iteration / sps, 2), "peak_rss_mib": round(peak_rss_mib()),
+        "iteration_gflop": round(flops / 1e9), "matmul_gflops": round(rate / 1e9, 1),
+        "fraction_of_matmul_limit": round(flops * sps / per_iteration / rate, 3),
+    }
+    if args.profile:
+        try:
+            state = result.training_state
+            unroll = nnx.jit(rollout.unroll_env, static_argnums=(0, 4))
+            key = jax.random.key(1)
+            start = time.perf_counter()
+            out = unroll(env, state.env_states, state.networks, state.network_states, args.rollout, key)
+            jax.block_until_ready(out)
+            row["rollout_compile_s"] = round(time.perf_counter() - start, 2)
+            net_state, env_states = out[0], out[1]
+            seconds = []
+            for _ in range(3):
+                key, sub = jax.random.split(key)
+                start = time.perf_counter()
+                out = unroll(env, env_states, state.networks, net_state, args.rollout, sub)
+                jax.block_until_ready(out)
+                seconds.append(time.perf_counter() - start)
+                net_state, env_states = out[0], out[1]
+            row["rollout_s"] = round(min(seconds), 2)
+            row["rollout_share"] = round(min(seconds) / (per_iteration / sps), 3)
+            row["peak_rss_mib"] = round(peak_rss_mib())
+        except Exception as error:  # noqa: BLE001  (the training row still prints)
+            row["profile_error"] = repr(error)[:300]
+    row["load_1min"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+    row["utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
