@@ -37,6 +37,7 @@ from flax import nnx
 from nnx_ppo.algorithms.evaluation import policy_step, start_episodes
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.rollout import reset_ended
+from nnx_ppo.networks.recording import Recorder
 from nnx_ppo.networks.replay import select_where
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
@@ -114,13 +115,14 @@ class _Captured(nnx.Variable):
     (``None`` between steps). Never read by the forward pass."""
 
 
-class _Recorder(StatefulModule):
+class _Recorder(Recorder):
     """Calls ``wrapped`` unchanged and keeps its output and carry in
-    :class:`_Captured`. Exists only in the private copy that
-    :func:`record_activations` builds."""
+    :class:`_Captured` (instead of the metrics, as :class:`Recorder` does;
+    the carry, resets and statistics are forwarded by it). Exists only in the
+    private copy that :func:`record_activations` builds."""
 
     def __init__(self, wrapped: StatefulModule, path: str):
-        self.wrapped = wrapped
+        super().__init__(wrapped)
         self.path = path
         self.captured = _Captured(None)
 
@@ -128,15 +130,6 @@ class _Recorder(StatefulModule):
         out = self.wrapped(state, x, rollout_extras)
         self.captured.set_value((out.output, out.next_state))
         return out
-
-    def initialize_state(self, batch_size: int) -> Any:
-        return self.wrapped.initialize_state(batch_size)
-
-    def reset_state(self, prev_state: Any) -> Any:
-        return self.wrapped.reset_state(prev_state)
-
-    def update_statistics(self, rollout_extras: Any) -> None:
-        return self.wrapped.update_statistics(rollout_extras)
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         return self.wrapped.replay_sequence(carry, xs, rollout_extras, reset, stored_carry)
