@@ -180,9 +180,6 @@ class Hooks:
         ``checkpoint_every_steps`` and once at the end (if not just saved).
       checkpoint_every_steps: env steps between checkpoints (None: only at the end).
       should_stop: polled after every call; True ends training early.
-      snapshot: ``snapshot(state) -> copy`` of what must survive a failure
-        (e.g. the parameters), taken before every call while the state is
-        known to be finite; kept as ``Driver.last_finite``.
     """
 
     log: Callable[[dict[str, float], int], None] | None = None
@@ -191,7 +188,6 @@ class Hooks:
     checkpoint: Callable[[Any, int], None] | None = None
     checkpoint_every_steps: int | None = None
     should_stop: Callable[[], bool] | None = None
-    snapshot: Callable[[Any], Any] | None = None
 
 
 @dataclasses.dataclass
@@ -232,16 +228,14 @@ class Driver:
     """Run a compiled ``train_fn(state, n)`` until ``total_iterations`` are done.
 
     ``driver.state`` is always the latest state (also after an exception or
-    an interrupt between calls), so the caller can keep what was trained;
-    with a ``snapshot`` hook, ``driver.last_finite`` holds the snapshot of the
-    state before the latest call and ``driver.last_finite_iteration`` its
-    iteration (after a :class:`NonFiniteError`, the last finite state).
+    an interrupt between calls), so the caller can keep what was trained.
 
-    With ``seed_iterations`` (a seed batch whose compiled iteration keeps a
-    failing seed at its last healthy state), a failing health flag does not raise:
-    the seed's first :class:`Failure` goes into ``driver.failures`` (seed
-    index -> failure) and the others train on; the loop ends early when
-    every seed has failed.
+    Every member fails alone: the compiled iteration keeps a failing member
+    at its last healthy state
+    (:func:`~nnx_ppo.algorithms.program.keep_last_healthy`), its first
+    :class:`Failure` goes into ``driver.failures`` (member index -> failure)
+    and the others train on; the loop ends early when every member has
+    failed (one plain run: at its failure).
 
     Args:
       train_fn: compiled ``fn(state, n) -> (state, IterationOutput)`` with
@@ -252,14 +246,15 @@ class Driver:
       iterations_per_call: the most iterations one call runs.
       steps_per_iteration: env steps per iteration (for logging and schedules).
       hooks: see :class:`Hooks`.
-      seed_iterations: with a seed batch, each seed's completed iterations in
-        ``state`` (a seed that failed before stays behind the others):
-        failures are then per seed (see above) and count each seed's own iterations.
+      member_iterations: each member's completed iterations in ``state`` (a
+        member that failed before stays behind the others; default: one
+        member at ``start_iteration``); failures count each member's own iterations.
+      stacked: whether the state and the health have a leading member axis.
     """
 
     def __init__(self, train_fn: Callable, state: Any, *, start_iteration: int, total_iterations: int,
                  iterations_per_call: int, steps_per_iteration: int, hooks: Hooks = Hooks(),
-                 seed_iterations: list[int] | None = None):
+                 member_iterations: list[int] | None = None, stacked: bool = False):
         self.train_fn = train_fn
         self.state = state
         self.iteration = start_iteration
@@ -268,11 +263,9 @@ class Driver:
         self.iterations_per_call = iterations_per_call
         self.steps_per_iteration = steps_per_iteration
         self.hooks = hooks
-        self.seed_iterations = seed_iterations
-        self.n_seeds = None if seed_iterations is None else len(seed_iterations)
+        self.member_iterations = [start_iteration] if member_iterations is None else list(member_iterations)
+        self.stacked = stacked
         self.failures: dict[int, Failure] = {}
-        self.last_finite: Any = None
-        self.last_finite_iteration = start_iteration
 
     @property
     def steps(self) -> int:
@@ -280,15 +273,17 @@ class Driver:
         return self.iteration * self.steps_per_iteration
 
     def _check(self, health: Health) -> None:
-        """Raise the iteration's error (one run), or note each newly failed seed."""
-        if self.n_seeds is None:
-            health.check(self.iteration)
-            return
-        for index, start in enumerate(self.seed_iterations):
-            own = start + self.iteration - self.start_iteration  # the seed's iteration, if it has not failed
-            error = None if index in self.failures else health.error(own, index)
+        """Note each newly failed member."""
+        for index, start in enumerate(self.member_iterations):
+            own = start + self.iteration - self.start_iteration  # the member's iteration, if it has not failed
+            error = None if index in self.failures else health.error(own, index if self.stacked else None)
             if error is not None:
                 self.failures[index] = Failure(iteration=own, env_steps=own * self.steps_per_iteration, error=error)
+
+    @property
+    def all_failed(self) -> bool:
+        """Every member has failed."""
+        return len(self.failures) == len(self.member_iterations)
 
     def _last_scheduled_evaluation(self) -> int | None:
         """The env step of the last evaluation a run that started from scratch
@@ -308,9 +303,7 @@ class Driver:
         return last
 
     def run(self) -> DriverResult:
-        """The loop. Raises :class:`NonFiniteError` or :class:`ReplayMismatchError`
-        when a health flag fails without ``seed_iterations`` (``self.state`` is then
-        the state after the failing call)."""
+        """The loop. A failure ends it only when every member has failed (see ``failures``)."""
         hooks = self.hooks
         last_checkpoint = self.steps
         last_eval = self._last_scheduled_evaluation()
@@ -318,10 +311,8 @@ class Driver:
         last_metrics: dict[str, float] = {}
         compile_seconds = 0.0
         tick = time.perf_counter()
-        while self.iteration < self.total_iterations and len(self.failures) != self.n_seeds:
+        while self.iteration < self.total_iterations and not self.all_failed:
             n = min(self.iterations_per_call, self.total_iterations - self.iteration)
-            if hooks.snapshot is not None:
-                self.last_finite, self.last_finite_iteration = hooks.snapshot(self.state), self.iteration
             t0 = time.perf_counter()
             self.state, output = self.train_fn(self.state, jnp.asarray(n, jnp.int32))
             rows = _host_rows(output, n)
@@ -336,8 +327,8 @@ class Driver:
                 last_metrics = row
                 if hooks.log is not None:
                     hooks.log(row, self.steps)
-            done = self.iteration == self.total_iterations or len(self.failures) == self.n_seeds
-            if hooks.evaluate is not None and (last_eval is None or done or (
+            done = self.iteration == self.total_iterations
+            if hooks.evaluate is not None and not self.all_failed and (last_eval is None or done or (
                     hooks.eval_every_steps is not None and self.steps - last_eval >= hooks.eval_every_steps)):
                 metrics = hooks.evaluate(self.state, self.steps)
                 eval_history.append((self.steps, metrics))

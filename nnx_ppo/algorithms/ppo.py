@@ -199,7 +199,7 @@ def train_ppo(
     Raises:
       NonFiniteError: NaN/inf in rewards, observations or the loss, at the
         iteration where it happened; the network then holds the last finite
-        parameters (from before the compiled call that failed).
+        parameters (those of the iteration before).
       ReplayMismatchError: the loss replay did not reproduce the rollout (a
         module breaks the randomness rules).
     """

@@ -4,9 +4,9 @@ A trainer's iteration is a pure ``iteration(state) -> (state,
 IterationOutput)`` on a :class:`~nnx_ppo.algorithms.state.TrainingState`.
 :func:`compile_iterations` jits up to ``max_iterations`` of them into one
 ``fn(state, n)`` (a ``fori_loop``, the state donated); for a seed batch
-(leaves ``[S, ...]``) it runs them over the seeds with :func:`over_seeds`,
-each seed kept at its last healthy state once its health fails
-(:func:`keep_last_healthy`); :func:`stack_trees` builds such a batch and
+(leaves ``[S, ...]``) it runs them over the seeds with :func:`over_seeds`.
+The state (each seed's) stays at its last healthy state once its health
+fails (:func:`keep_last_healthy`); :func:`stack_trees` builds such a batch and
 :func:`seed_slice` takes one seed's part of it.
 """
 
@@ -82,12 +82,13 @@ def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: 
     max_iterations`` iterations in one call (``n`` is a runtime value, so a
     shorter last call does not recompile); output leaves are
     ``[max_iterations, ...]``, rows ``>= n`` unused. The input state's
-    buffers are donated.
+    buffers are donated. The state is guarded by :func:`keep_last_healthy`:
+    an iteration whose health fails leaves it as it was.
 
     With ``batched_seeds`` every state leaf has a leading seed axis
     ``[S, ...]``: the iteration runs over it as ``seed_batching`` says (see
-    :func:`over_seeds`), each seed guarded by :func:`keep_last_healthy`
-    (outputs ``[max_iterations, S, ...]``). With ``shardings`` (see
+    :func:`over_seeds`), each seed guarded on its own (outputs
+    ``[max_iterations, S, ...]``). With ``shardings`` (see
     :func:`~nnx_ppo.algorithms.sharding.place`) the state keeps that
     sharding in and out, and the outputs are replicated.
 
@@ -95,8 +96,9 @@ def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: 
     :func:`~nnx_ppo.algorithms.pbt.population_step`) runs on the whole batch
     after every batched iteration: what crosses members (scores, PBT).
     """
+    iteration = keep_last_healthy(iteration)
     if batched_seeds:
-        iteration = over_seeds(keep_last_healthy(iteration), seed_batching, shardings)
+        iteration = over_seeds(iteration, seed_batching, shardings)
         if population_step is not None:
             batched = iteration
             iteration = lambda state: population_step(*batched(state))  # noqa: E731

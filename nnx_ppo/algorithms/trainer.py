@@ -6,21 +6,22 @@ PPO (:func:`~nnx_ppo.algorithms.ppo.train_ppo`), many seeds
 their :class:`Algorithm`: how one seed's :class:`TrainingState` starts and
 what one iteration does. :func:`train` does the rest, in this order:
 
-1. coerce the envs, build the networks (one per seed) and their states
-   (stacked on a leading seed axis ``[S, ...]`` for a batch), or resume;
+1. coerce the envs and gather the members: one plain run is one member,
+   a seed batch or a population N (:class:`_Members`); build their networks
+   and states (a batch's stacked on a leading member axis ``[S, ...]``), or resume;
 2. donate and place the state on the devices
    (:func:`~nnx_ppo.algorithms.sharding.place`);
 3. compile the iteration (:func:`~nnx_ppo.algorithms.program.compile_iterations`)
    and run it in the :class:`~nnx_ppo.algorithms.driver.Driver` loop with
-   its hooks: log, evaluate, checkpoint, stop, snapshot;
-4. on failure: one run raises (:class:`NonFiniteError`,
-   :class:`ReplayMismatchError`, also for Flax's ``TraceContextError``)
-   with the network at its last finite parameters; a seed of a batch fails
-   alone (it stays at its last healthy state, the others train on, its
-   result says where and why; a run directory records it as a failure row
-   of ``metrics.jsonl``, and a resumed run keeps it failed);
+   its hooks: log, evaluate, checkpoint, stop;
+4. on failure a member fails alone: it stays at its last healthy state, the
+   others train on, its result says where and why, a run directory records
+   it as a failure row of ``metrics.jsonl``, and a resumed run keeps it
+   failed. One plain run then raises its failure (:class:`NonFiniteError`,
+   :class:`ReplayMismatchError`, also for Flax's ``TraceContextError``),
+   its network at its last healthy parameters;
 5. write the trained variables back into the networks and build one
-   :class:`TrainResult` per seed.
+   :class:`TrainResult` per member.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seeds
 from nnx_ppo.algorithms.distributed import any_process, process_count
 from nnx_ppo.algorithms.driver import (
     Driver,
-    DriverResult,
     Failure,
     Hooks,
     IterationOutput,
@@ -204,64 +204,102 @@ def resume_state(resume_from: str, checkpoint_dir: str | None, state: TrainingSt
     return state
 
 
-def _build_networks(make_network: Callable[[nnx.Rngs], Any], seeds: list[int]) -> tuple[list, Any]:
-    """One network per seed (``make_network(nnx.Rngs(seed))``), all of one
-    structure; returns them and the training graphdef."""
-    networks = [make_network(nnx.Rngs(s)) for s in seeds]
-    graphdef = NetworkFn.of(networks[0], deterministic=False).graphdef
-    for s, net in zip(seeds[1:], networks[1:]):
-        if NetworkFn.of(net, deterministic=False).graphdef != graphdef:
-            raise ValueError(f"train_seeds: make_network(nnx.Rngs({s})) built a network whose structure differs "
-                             f"from seed {seeds[0]}'s; every seed must build the same architecture")
-    return networks, graphdef
+@dataclasses.dataclass(frozen=True)
+class _Members:
+    """Who trains, one code path for 1..N members.
+
+    Attributes:
+      names: what logs, checkpoints and failure rows call each member: the
+        seeds of a batch, the member indices of a population, ``[None]`` for
+        one plain run.
+      configs: each member's config (its ``seed`` is the one its network and
+        state start from).
+      networks: each member's network, all of one structure.
+      graphdef: their structure in training mode.
+      stacked: whether the state has a leading member axis ``[S, ...]`` (a
+        batch); one plain run's state has none, so that it compiles
+        exactly the program a single network runs.
+    """
+
+    names: list[int | None]
+    configs: list[TrainConfig]
+    networks: list
+    graphdef: Any
+    stacked: bool
+
+    def part(self, tree: Any, index: int) -> Any:
+        """Member ``index``'s part of a state (or any tree laid out like one)."""
+        return seed_slice(tree, index) if self.stacked else tree
+
+    def state(self, states: list[TrainingState]) -> TrainingState:
+        """The members' states as one state."""
+        return stack_trees(states) if self.stacked else states[0]
 
 
-def _initial_state(algorithm: Algorithm, env, networks: list, config: TrainConfig,
-                   seeds: list[int] | None, members: list[TrainConfig] | None) -> TrainingState:
-    """The fresh state of one run, or a seed batch's stacked, or a
-    population's (each member's from its own config, with its own
-    hyperparameters in the state)."""
+def _members(network, make_network, seeds, members, config: TrainConfig) -> _Members:
+    """One run (``network``), a seed batch (``make_network`` and ``seeds``)
+    or a population (and ``members``: one config per seed) as
+    :class:`_Members`; a batch's networks are built here
+    (``make_network(nnx.Rngs(seed))``) and must share one structure."""
     if seeds is None:
-        return algorithm.initial_state(env, networks[0], config)
+        return _Members(names=[None], configs=[config], networks=[network],
+                        graphdef=NetworkFn.of(network, deterministic=False).graphdef, stacked=False)
+    seeds = check_seeds(seeds, "train_seeds: seeds")
     if members is None:
-        return stack_trees([algorithm.initial_state(env, net, dataclasses.replace(config, seed=s))
-                            for s, net in zip(seeds, networks)])
-    return stack_trees([dataclasses.replace(algorithm.initial_state(env, net, member),
-                                            member=initial_member_state(member, i))
-                        for i, (member, net) in enumerate(zip(members, networks))])
+        configs = [dataclasses.replace(config, seed=s) for s in seeds]
+    else:
+        configs = list(members)
+        check_population([config, *configs])
+        if len(configs) != len(seeds):
+            raise ValueError(f"train: {len(configs)} member configs for {len(seeds)} members")
+    networks = [make_network(nnx.Rngs(c.seed)) for c in configs]
+    graphdef = NetworkFn.of(networks[0], deterministic=False).graphdef
+    for c, net in zip(configs[1:], networks[1:]):
+        if NetworkFn.of(net, deterministic=False).graphdef != graphdef:
+            raise ValueError(f"train_seeds: make_network(nnx.Rngs({c.seed})) built a network whose structure "
+                             f"differs from seed {configs[0].seed}'s; every seed must build the same architecture")
+    return _Members(names=list(seeds), configs=configs, networks=networks, graphdef=graphdef, stacked=True)
 
 
-def _resumed(state: TrainingState, seeds: list[int] | None, resume_from: str, checkpoint_dir: str | None,
-             ppo: PPOConfig, members: list[dict] | None = None) -> TrainingState:
+def _initial_state(algorithm: Algorithm, env, members: _Members, population: bool) -> TrainingState:
+    """The members' fresh state (a population's members each with their
+    own hyperparameters in it)."""
+    states = [algorithm.initial_state(env, net, config) for net, config in zip(members.networks, members.configs)]
+    if population:
+        states = [dataclasses.replace(s, member=initial_member_state(c, i))
+                  for i, (s, c) in enumerate(zip(states, members.configs))]
+    return members.state(states)
+
+
+def _resumed(state: TrainingState, members: _Members, resume_from: str, checkpoint_dir: str | None,
+             ppo: PPOConfig, entries: list[dict] | None = None) -> TrainingState:
     """``state`` restored from ``resume_from`` (a seed batch only from a
     checkpoint of the same seeds, a population only from one of the same members)."""
-    if seeds is not None:
+    if members.stacked:
         from nnx_ppo.algorithms import checkpointing
 
         metadata = checkpointing.load_metadata(resume_from) or {}
         saved = metadata.get("seeds")
-        if members is not None and metadata.get("members") != members:
+        if entries is not None and metadata.get("members") != entries:
             raise ValueError(f"train_population: cannot resume these members from {str(resume_from)!r}, which "
                              f"holds {metadata.get('members') or 'no population'}; resume with its configs and seeds")
-        if saved != seeds:
-            raise ValueError(f"train_seeds: cannot resume seeds {seeds} from {str(resume_from)!r}, which holds "
-                             f"{'seeds ' + str(saved) if saved else 'a single-seed run'}; resume with its seeds")
+        if saved != members.names:
+            raise ValueError(f"train_seeds: cannot resume seeds {members.names} from {str(resume_from)!r}, which "
+                             f"holds {'seeds ' + str(saved) if saved else 'a single-seed run'}; resume with its seeds")
     return resume_state(resume_from, checkpoint_dir, state, ppo)
 
 
-def _write_back(networks: list, state: TrainingState, batched: bool, mesh) -> None:
-    """Copies of ``state``'s variables into the networks (each seed's into
-    its own), unless they were donated or (one run) are not finite."""
+def _write_back(members: _Members, state: TrainingState, mesh) -> None:
+    """Copies of ``state``'s variables into the networks (each member's into
+    its own), unless they were donated or are not finite."""
     latest = (state.params, state.rest)
     if any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(latest)):
         return
-    if not batched:
-        if bool(all_finite(latest)):
-            nnx.update(networks[0], *jax.tree.map(copy_leaf, latest))
-        return
-    latest = replicated(latest, mesh)
-    for i, net in enumerate(networks):
-        nnx.update(net, *jax.tree.map(copy_leaf, seed_slice(latest, i)))
+    latest = replicated(latest, mesh) if members.stacked else latest
+    for i, net in enumerate(members.networks):
+        own = members.part(latest, i)
+        if bool(all_finite(own)):
+            nnx.update(net, *jax.tree.map(copy_leaf, own))
 
 
 def train(
@@ -296,7 +334,6 @@ def train(
     _check_options(options)
     if (network is None) == (seeds is None) or (seeds is None) != (make_network is None):
         raise ValueError("train: give a network (one run), or make_network and seeds (a seed batch)")
-    log_fn, eval_env = options.get("log_fn"), options.get("eval_env")
     checkpoint_dir, resume_from = options.get("checkpoint_dir"), options.get("resume_from")
     output, run_dir = options.get("run"), options.get("run_dir")
     if (run_dir is not None or output is not None) and checkpoint_dir is not None:
@@ -304,64 +341,50 @@ def train(
                          "run_dir/checkpoints)")
     if resume_from is not None:
         resume_from = run_layer().checkpoints_of(resume_from)
-    batched = seeds is not None
     env = as_env(env)
-    eval_env = env if eval_env is None else as_env(eval_env)
+    eval_env = env if options.get("eval_env") is None else as_env(options["eval_env"])
     network, make_network, network_spec = _named_network(network, make_network, env, eval_env, config)
-    ppo = config.ppo
+    team = _members(network, make_network, seeds, members, config)
     record = dict(algorithm.run_record or {})
-    if batched:
-        seeds = check_seeds(seeds, "train_seeds: seeds")
-        devices = local_devices(config.n_devices, ppo.n_envs, len(seeds) if config.shard_seeds else None)
-        if members is not None:
-            members = list(members)
-            check_population([config, *members])
-            if len(members) != len(seeds):
-                raise ValueError(f"train: {len(members)} member configs for {len(seeds)} members")
-            record["members"] = [member_entry(m) for m in members]
-        training_seeds = seeds if members is None else [m.seed for m in members]
-        networks, graphdef = _build_networks(make_network, training_seeds)
-    else:
-        devices = local_devices(config.n_devices, ppo.n_envs)
-        networks, graphdef = [network], NetworkFn.of(network, deterministic=False).graphdef  # training samples
+    metadata = dict(options.get("checkpoint_metadata") or {})
+    if team.stacked:
+        metadata["seeds"] = team.names
+    if members is not None:
+        record["members"] = metadata["members"] = [member_entry(c) for c in team.configs]
+    devices = local_devices(config.n_devices, config.ppo.n_envs, len(team.names) if team.stacked and
+                            config.shard_seeds else None)
     opened = None
     if output is None and (run_dir is not None or options.get("progress")):
         output = opened = run_layer().open_output(
             run_dir, progress=bool(options.get("progress")), train_env=env, eval_env=eval_env,
-            network_spec=network_spec, network=networks[0], config=config, seeds=seeds,
-            resuming=resume_from is not None)
+            network_spec=network_spec, network=team.networks[0], config=config,
+            seeds=team.names if team.stacked else None, resuming=resume_from is not None)
     try:
         if output is not None and output.checkpoint_dir is not None:
             checkpoint_dir = output.checkpoint_dir
         if checkpoint_dir is not None and resume_from is None:
             _check_fresh_checkpoint_dir(checkpoint_dir)
         if state is None:
-            state = _initial_state(algorithm, env, networks, config, seeds, members)
+            state = _initial_state(algorithm, env, team, population=members is not None)
         if resume_from is not None:
-            state = _resumed(state, seeds, resume_from, checkpoint_dir, ppo, record.get("members"))
-        checkpoint_metadata = {**(output.checkpoint_metadata if output is not None else {}),
-                               **(options.get("checkpoint_metadata") or {})}
-        if batched:
-            checkpoint_metadata = {**checkpoint_metadata, "seeds": seeds,
-                                   **({"members": record["members"]} if "members" in record else {})}
-        earlier_failures = None
+            state = _resumed(state, team, resume_from, checkpoint_dir, config.ppo, record.get("members"))
+        metadata = {**(output.checkpoint_metadata if output is not None else {}), **metadata}
+        log = _member_log(options.get("log_fn"), team.stacked)
+        earlier_failures = {}
         if output is not None:
             output.begin(record)
-            log_fn = _both(output.log, log_fn, batched)
-            earlier_failures = output.earlier_failures() if batched and resume_from is not None else None
-        if algorithm.first_rows is not None and log_fn is not None and not batched:
+            log = _both(output.log, log)
+            earlier_failures = output.earlier_failures() if resume_from is not None else {}
+        if algorithm.first_rows is not None and log is not None and not team.stacked:
             for steps, row in algorithm.first_rows():
-                log_fn(row, steps)
-        results = _run(algorithm, env, eval_env, config, networks, graphdef, devices, state, seeds, log_fn,
-                       checkpoint_dir, checkpoint_metadata or None, on_evaluation, options.get("should_stop"),
-                       training_seeds if batched else None, earlier_failures=earlier_failures,
-                       record_failure=None if output is None else output.record_failure)
+                log(row, steps, None)
+        return _run(algorithm, env, eval_env, config, team, devices, state, _Outputs(
+            log=log, checkpoint_dir=checkpoint_dir, checkpoint_metadata=metadata or None,
+            on_evaluation=on_evaluation, should_stop=options.get("should_stop"),
+            earlier_failures=earlier_failures, record_failure=None if output is None else output.record_failure))
     finally:
         if opened is not None:
             opened.close()
-    for result, net in zip(results, networks):
-        result.network = net
-    return results
 
 
 def _named_network(network, make_network, env, eval_env, config: TrainConfig):
@@ -381,13 +404,19 @@ def _named_network(network, make_network, env, eval_env, config: TrainConfig):
     return None, factory, spec
 
 
-def _both(first, second, batched: bool):
-    """One ``log_fn`` calling ``first`` then ``second`` (if any)."""
+def _member_log(log_fn, stacked: bool):
+    """The user's ``log_fn`` as the trainer calls it, ``log(metrics, env_steps,
+    name)``: one run's takes no name."""
+    if log_fn is None or stacked:
+        return log_fn
+    return lambda metrics, env_steps, name: log_fn(metrics, env_steps)
+
+
+def _both(first, second):
+    """One ``log(metrics, env_steps, name)`` calling ``first`` then ``second`` (if any)."""
     if second is None:
         return first
-    if batched:
-        return lambda metrics, env_steps, seed: (first(metrics, env_steps, seed), second(metrics, env_steps, seed))
-    return lambda metrics, env_steps: (first(metrics, env_steps), second(metrics, env_steps))
+    return lambda metrics, env_steps, name: (first(metrics, env_steps, name), second(metrics, env_steps, name))
 
 
 def failure_metrics(failure: Failure) -> dict[str, str]:
@@ -409,100 +438,136 @@ def _earlier_failures(rows: dict[Any, dict[str, Any]], seeds: list[int], up_to_s
     return failures
 
 
-def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, networks: list, graphdef, devices,
-         state: TrainingState, seeds: list[int] | None, log_fn, checkpoint_dir, checkpoint_metadata, on_evaluation,
-         should_stop, training_seeds: list[int] | None, *, earlier_failures: dict[Any, dict[str, Any]] | None = None,
-         record_failure: Callable[[dict[str, str], int, int], None] | None = None) -> list[TrainResult]:
-    """Place and compile, then drive the iterations with their hooks (steps 2-5 above).
-    ``seeds`` name a batch's members (in logs and checkpoints), ``training_seeds``
-    are the seeds they train from (the same, but for a population).
-    ``earlier_failures`` (a resumed run directory's failure rows, seed ->
-    row) stay failures; ``record_failure(row, env_steps, seed)`` writes each
-    new one into the run directory."""
-    batched = seeds is not None
+@dataclasses.dataclass(frozen=True)
+class _Outputs:
+    """Where a run's results go besides its networks and :class:`TrainResult`\\ s.
+
+    Attributes:
+      log: ``log(metrics, env_steps, name)`` for every member's iteration
+        and evaluation rows (None: nothing logged).
+      checkpoint_dir, checkpoint_metadata: where and with what the whole
+        state is saved (None: no checkpoints, no best policies).
+      on_evaluation: ``on_evaluation(policy, env_steps)`` (one run only).
+      should_stop: polled between compiled calls.
+      earlier_failures: a resumed run directory's failure rows (name -> row): they stay failures.
+      record_failure: ``record_failure(row, env_steps, name)`` writes each new failure into the run directory.
+    """
+
+    log: Callable[[dict[str, float], int, int | None], None] | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_metadata: dict | None = None
+    on_evaluation: Callable[[NetworkFn, int], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    earlier_failures: dict[Any, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    record_failure: Callable[[dict[str, str], int, int | None], None] | None = None
+
+
+def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: _Members, devices,
+         state: TrainingState, out: _Outputs) -> list[TrainResult]:
+    """Place and compile, then drive the iterations with their hooks (steps
+    2-5 above). Every member fails alone, kept at its last healthy state; one
+    plain run then raises its failure."""
     ppo = config.ppo
+    should_stop = out.should_stop
     if process_count() > 1:  # a stop asked for in one process stops every process at the same iteration
-        asked = should_stop
-        should_stop = lambda: any_process(asked is not None and asked())  # noqa: E731
+        should_stop = lambda: any_process(out.should_stop is not None and out.should_stop())  # noqa: E731
     state = donatable(state)
-    iterations = np.asarray(state.iteration)  # read before the state spans other processes
+    iterations = np.atleast_1d(np.asarray(state.iteration))  # read before the state spans other processes
     start_iteration = int(np.max(iterations))
-    state, ppo, shardings, mesh = place(state, ppo, devices, seed_batch=batched, by_seed=batched and config.shard_seeds)
-    train_fn = compile_iterations(algorithm.iteration(env, graphdef, ppo), config.iterations_per_call,
-                                  batched_seeds=batched, shardings=shardings, seed_batching=config.seed_batching,
-                                  population_step=algorithm.population_step if batched else None)
+    state, ppo, shardings, mesh = place(state, ppo, devices, seed_batch=team.stacked,
+                                        by_seed=team.stacked and config.shard_seeds)
+    train_fn = compile_iterations(algorithm.iteration(env, team.graphdef, ppo), config.iterations_per_call,
+                                  batched_seeds=team.stacked, shardings=shardings, seed_batching=config.seed_batching,
+                                  population_step=algorithm.population_step)
 
     last_rows: dict[int, dict[str, float]] = {}
-    recorded: set[int] = set()  # the failed seeds whose failure the run directory holds
+    recorded: set[int] = set()  # the failed members whose failure the run directory holds
 
-    def log_failed(i: int, s: int, seed_row: dict[str, float], steps: int) -> None:
-        """Record seed ``i``'s failure once; then log only what the algorithm keeps of its rows."""
+    def log_failed(i: int, row: dict[str, float], steps: int) -> None:
+        """Record member ``i``'s failure once; then log only what the algorithm keeps of its rows."""
         if i not in recorded:
             recorded.add(i)
-            if record_failure is not None:
+            if out.record_failure is not None:
                 failure = driver.failures[i]
-                record_failure(failure_metrics(failure), failure.env_steps, s)
-        kept = None if algorithm.failed_member_row is None else algorithm.failed_member_row(seed_row)
-        if kept and log_fn is not None:
-            log_fn(kept, steps, s)
+                out.record_failure(failure_metrics(failure), failure.env_steps, team.names[i])
+        kept = None if algorithm.failed_member_row is None else algorithm.failed_member_row(row)
+        if kept and out.log is not None:
+            out.log(kept, steps, team.names[i])
 
-    def log_seeds(row: dict[str, Any], steps: int) -> None:
-        for i, s in enumerate(seeds):
+    def log_members(row: dict[str, Any], steps: int) -> None:
+        for i, name in enumerate(team.names):
             if i not in driver.failures:
-                seed_row = _per_seed(row, i)
-                if not any(k.startswith("eval/") for k in seed_row):
-                    last_rows[i] = seed_row
-                if log_fn is not None:
-                    log_fn(seed_row, steps, s)
-        for i, s in enumerate(seeds):  # (after the healthy seeds' rows of the step)
-            if i in driver.failures:
-                log_failed(i, s, _per_seed(row, i), steps)
+                own = _per_seed(row, i)
+                if not any(k.startswith("eval/") for k in own):
+                    last_rows[i] = own
+                if out.log is not None:
+                    out.log(own, steps, name)
+        for i in driver.failures:  # (after the healthy members' rows of the step)
+            log_failed(i, _per_seed(row, i), steps)
 
-    evaluate = evaluation_hook(config, networks[0], eval_env, training_seeds, mesh, on_evaluation) if (
+    training_seeds = [c.seed for c in team.configs] if team.stacked else None
+    evaluate = evaluation_hook(config, team.networks[0], eval_env, training_seeds, mesh, out.on_evaluation) if (
         config.eval.enabled) else None
-    if evaluate is not None and checkpoint_dir:
-        evaluate = best_policy_hook(evaluate, config, checkpoint_dir, checkpoint_metadata, seeds, mesh,
-                                     lambda: driver.failures)
+    if evaluate is not None and out.checkpoint_dir:
+        evaluate = best_policy_hook(evaluate, config, out.checkpoint_dir, out.checkpoint_metadata,
+                                    team.names if team.stacked else None, mesh, lambda: driver.failures)
     driver = Driver(
         train_fn, state,
         start_iteration=start_iteration, total_iterations=ppo.n_iterations,
         iterations_per_call=config.iterations_per_call, steps_per_iteration=ppo.steps_per_iteration,
-        seed_iterations=[int(i) for i in iterations] if batched else None,
+        member_iterations=[int(i) for i in iterations], stacked=team.stacked,
         hooks=Hooks(
-            log=log_seeds if batched else log_fn,
+            log=log_members,
             evaluate=evaluate,
             eval_every_steps=config.eval.every_steps,
-            checkpoint=checkpoint_hook(config, checkpoint_dir, checkpoint_metadata) if checkpoint_dir else None,
+            checkpoint=checkpoint_hook(config, out.checkpoint_dir, out.checkpoint_metadata) if (
+                out.checkpoint_dir) else None,
             checkpoint_every_steps=config.checkpoint_every_steps,
             should_stop=should_stop,
-            # One run raises on failure and keeps the parameters from before the failing call.
-            snapshot=None if batched else lambda state: jax.tree.map(copy_leaf, (state.params, state.rest)),
         ),
     )
-    if batched and earlier_failures:  # a member that failed before the resumed step stays failed
-        driver.failures.update(_earlier_failures(earlier_failures, seeds, start_iteration * ppo.steps_per_iteration))
-        recorded.update(driver.failures)
+    # A member that failed before the resumed step stays failed.
+    driver.failures.update(_earlier_failures(out.earlier_failures, team.names,
+                                             start_iteration * ppo.steps_per_iteration))
+    recorded.update(driver.failures)
     try:
         result = driver.run()
     except flax_errors.TraceContextError as err:
-        raise rule_breaking_module_error(err, networks[0]) from None
-    except ReplayMismatchError as err:
-        raise _named_replay_error(err, networks[0], env, ppo) from None
-    except NonFiniteError as err:
-        nnx.update(networks[0], *driver.last_finite)  # the last finite parameters, not the NaNs
-        steps = driver.last_finite_iteration * ppo.steps_per_iteration
-        raise NonFiniteError(f"{err}. The network holds the last finite parameters and statistics, from "
-                             f"iteration {driver.last_finite_iteration} ({steps} env steps)") from None
+        raise rule_breaking_module_error(err, team.networks[0]) from None
     finally:
-        # Otherwise the networks get (copies of) the latest state, also when
-        # training stops with another exception; the state stays donatable.
-        _write_back(networks, driver.state, batched, mesh)
-    if not batched:
-        return [TrainResult(state=result.state, metrics=result.metrics, eval_history=result.eval_history,
-                            total_steps=result.iterations * ppo.steps_per_iteration,
-                            total_iterations=result.iterations, compile_seconds=result.compile_seconds)]
-    return _seed_results(result, replicated(result.state, mesh), len(seeds), driver.failures, last_rows,
-                         ppo.steps_per_iteration)
+        # The networks get (copies of) the latest state, also when training
+        # stops with another exception; the state stays donatable.
+        _write_back(team, driver.state, mesh)
+    if not team.stacked and driver.failures:
+        raise _run_failure(driver.failures[0], team.networks[0], env, ppo)
+    final = replicated(result.state, mesh) if team.stacked else result.state
+    results = []
+    for i, net in enumerate(team.networks):
+        failure = driver.failures.get(i)
+        done = result.iterations if failure is None else failure.iteration - 1
+        results.append(TrainResult(
+            state=team.part(final, i),
+            metrics=last_rows.get(i, {}),
+            eval_history=[(steps, _per_seed(row, i)) for steps, row in result.eval_history
+                          if failure is None or steps < failure.env_steps],
+            total_steps=done * ppo.steps_per_iteration,
+            total_iterations=done,
+            compile_seconds=result.compile_seconds,
+            failure=failure,
+            network=net,
+        ))
+    return results
+
+
+def _run_failure(failure: Failure, network, env, ppo: PPOConfig) -> Exception:
+    """The error one plain run raises for its ``failure``: a replay
+    mismatch with the module named, a non-finite value with where the
+    network's parameters come from."""
+    if isinstance(failure.error, ReplayMismatchError):
+        return _named_replay_error(failure.error, network, env, ppo)
+    healthy = failure.iteration - 1
+    return type(failure.error)(f"{failure.error}. The network holds the last finite parameters and statistics, "
+                               f"from iteration {healthy} ({healthy * ppo.steps_per_iteration} env steps)")
 
 
 def _named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) -> ReplayMismatchError:
@@ -523,25 +588,3 @@ def _named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) 
     if found.first_divergence is None:
         return err
     return ReplayMismatchError(f"{err} First divergence: {found.first_divergence}")
-
-
-def _seed_results(result: DriverResult, final: TrainingState, n_seeds: int, failures: dict[int, Failure],
-                  last_rows: dict[int, dict[str, float]], steps_per_iteration: int) -> list[TrainResult]:
-    """One :class:`TrainResult` per seed of a batch: its slice of the final
-    state, its last logged metrics, its evaluations (a failed seed's up to
-    its failure) and its failure."""
-    results = []
-    for i in range(n_seeds):
-        failure = failures.get(i)
-        iterations = result.iterations if failure is None else failure.iteration - 1
-        results.append(TrainResult(
-            state=seed_slice(final, i),
-            metrics=last_rows.get(i, {}),
-            eval_history=[(steps, _per_seed(row, i)) for steps, row in result.eval_history
-                          if failure is None or steps < failure.env_steps],
-            total_steps=iterations * steps_per_iteration,
-            total_iterations=iterations,
-            compile_seconds=result.compile_seconds,
-            failure=failure,
-        ))
-    return results

@@ -195,3 +195,18 @@ def test_without_pbt_configs_with_failed_members_rank_last(tmp_path):
     write_outputs(tmp_path, summary)
     table = (tmp_path / TABLE_FILE).read_text()
     assert "| 0 | 0 | 0.01 | - | 5.000 | FAILED at iteration 2 (env steps 256): non-finite values" in table
+
+
+def test_a_plain_run_is_a_member_of_its_own(tmp_path, capsys):
+    """One plain run fails the way a member does (issue 34, point 1: one code
+    path for 1..N members): its failure is a failure row of metrics.jsonl, its
+    last checkpoint holds its last healthy state, and ``eval`` marks it."""
+    run = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--ppo.reward-scale", "1e38", "--run-dir", str(run), "--quiet"]) == 1
+    assert "non-finite values" in capsys.readouterr().err
+    failures = rd.failure_rows(rd.read_metrics(run))
+    assert list(failures) == [None]
+    assert failures[None]["iteration"] == 1 and failures[None]["failure_type"] == "NonFiniteError"
+    assert cli.main(["eval", str(run), "--episodes", "4"]) == 0
+    out = capsys.readouterr().out
+    assert MARK.search(out) and "mean nan" not in out, out  # (the last healthy parameters)
