@@ -53,9 +53,9 @@ from nnx_ppo.app.commands import (
     SweepCommand,
     TrainCommand,
     flag_groups,
-    parse_env_kwargs,
     print_error,
 )
+from nnx_ppo.app.runs import parse_env_kwargs
 from nnx_ppo.presets import find_preset
 
 __all__ = [

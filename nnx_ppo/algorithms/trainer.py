@@ -7,7 +7,7 @@ their :class:`Algorithm`: how one seed's :class:`TrainingState` starts and
 what one iteration does. :func:`train` does the rest, in this order:
 
 1. coerce the envs and gather the members: one plain run is one member,
-   a seed batch or a population N (:class:`_Members`); build their networks
+   a seed batch or a population N (:class:`~nnx_ppo.algorithms.members.Members`); build their networks
    and states (a batch's stacked on a leading member axis ``[S, ...]``), or resume;
 2. donate and place the state on the devices
    (:func:`~nnx_ppo.algorithms.sharding.place`);
@@ -28,33 +28,40 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, Unpack
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import errors as flax_errors
 from flax import nnx
 
-from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seeds
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.distributed import any_process, process_count
 from nnx_ppo.algorithms.driver import (
     Driver,
-    Failure,
     Hooks,
     IterationOutput,
-    NonFiniteError,
-    ReplayMismatchError,
     rule_breaking_module_error,
 )
-from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf, donatable
+from nnx_ppo.algorithms.functional import NetworkFn, donatable
 from nnx_ppo.algorithms.hooks import best_policy_hook, checkpoint_hook, evaluation_hook
-from nnx_ppo.algorithms.hyperparameters import check_population, initial_member_state, member_entry
-from nnx_ppo.algorithms.outputs import FAILURE_KEY, RunOutput, run_layer
-from nnx_ppo.algorithms.program import compile_iterations, seed_slice, stack_trees
-from nnx_ppo.algorithms.rollout import all_finite
+from nnx_ppo.algorithms.hyperparameters import member_entry
+from nnx_ppo.algorithms.members import (
+    CheckpointDirInUseError,
+    Members,
+    check_fresh_checkpoint_dir,
+    earlier_failures,
+    failure_metrics,
+    gather_members,
+    initial_state,
+    member_row,
+    resume_state,
+    resumed,
+    run_failure,
+    write_back,
+)
+from nnx_ppo.algorithms.outputs import RunOutput, run_layer
+from nnx_ppo.algorithms.program import compile_iterations
 from nnx_ppo.algorithms.sharding import local_devices, place, replicated
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.envs.registry import as_env
@@ -153,155 +160,6 @@ def _check_options(options: dict[str, Any]) -> None:
                         f"{', '.join(TrainOptions.__annotations__)} (see nnx_ppo.algorithms.trainer.TrainOptions)")
 
 
-class CheckpointDirInUseError(ValueError):
-    """A run that starts from scratch was given a ``checkpoint_dir`` that
-    already holds another run's checkpoints (which it would prune)."""
-
-
-def _check_fresh_checkpoint_dir(checkpoint_dir: str) -> None:
-    """Refuse to start a fresh run in a directory holding checkpoints:
-    keeping only the newest ``keep_checkpoints`` would delete the other
-    run's, or this run's own when the other's steps are higher."""
-    from nnx_ppo.algorithms import checkpointing
-
-    what = checkpointing.held_checkpoints(checkpoint_dir)
-    if what is not None:
-        raise CheckpointDirInUseError(
-            f"checkpoint_dir {os.fspath(checkpoint_dir)!r} already holds {what} of another run; a fresh run "
-            "would prune them. Continue that run with resume_from=checkpoint_dir, or give an empty directory")
-
-
-def _per_seed(row: dict[str, Any], index: int) -> dict[str, float]:
-    return {k: float(v[index]) if np.ndim(v) else float(v) for k, v in row.items()}
-
-
-def resume_state(resume_from: str, checkpoint_dir: str | None, state: TrainingState, ppo: PPOConfig) -> TrainingState:
-    """Restore ``state`` from ``resume_from``; warn when the directory also
-    holds checkpoints later than the one resumed from. A change of ``n_envs``
-    or ``rollout_length`` (the size of an iteration) is refused before
-    anything is read or written."""
-    from nnx_ppo.algorithms import checkpointing
-
-    # Only the sizes are compared: a placeholder rate lets a config saved with a schedule (not saved) load.
-    saved = checkpointing.load_config(resume_from, learning_rate=1.0).ppo
-    for name in ("n_envs", "rollout_length"):
-        if getattr(saved, name) != getattr(ppo, name):
-            raise ValueError(
-                f"cannot resume with PPOConfig.{name}={getattr(ppo, name)}: the checkpoint in {str(resume_from)!r} "
-                f"was trained with {name}={getattr(saved, name)} (its iteration count is in iterations of "
-                f"{saved.steps_per_iteration} env steps); keep {name}, or start a new run from its network"
-            )
-    state = checkpointing.restore_training_state(resume_from, state)
-    steps = int(jnp.max(state.iteration)) * ppo.steps_per_iteration  # (a seed batch has one per seed)
-    newer = [s for s, _ in checkpointing.list_checkpoints(checkpoint_dir or resume_from) if s > steps]
-    if newer:
-        warnings.warn(
-            f"resumed from step {steps}, but the checkpoint directory also holds later checkpoints "
-            f"(steps {newer}) from the run being branched off; latest_checkpoint() will pick those until "
-            "newer ones are written. Remove them, or checkpoint this branch into another directory.",
-            stacklevel=4,
-        )
-    return state
-
-
-@dataclasses.dataclass(frozen=True)
-class _Members:
-    """Who trains, one code path for 1..N members.
-
-    Attributes:
-      names: what logs, checkpoints and failure rows call each member: the
-        seeds of a batch, the member indices of a population, ``[None]`` for
-        one plain run.
-      configs: each member's config (its ``seed`` is the one its network and
-        state start from).
-      networks: each member's network, all of one structure.
-      graphdef: their structure in training mode.
-      stacked: whether the state has a leading member axis ``[S, ...]`` (a
-        batch); one plain run's state has none, so that it compiles
-        exactly the program a single network runs.
-    """
-
-    names: list[int | None]
-    configs: list[TrainConfig]
-    networks: list
-    graphdef: Any
-    stacked: bool
-
-    def part(self, tree: Any, index: int) -> Any:
-        """Member ``index``'s part of a state (or any tree laid out like one)."""
-        return seed_slice(tree, index) if self.stacked else tree
-
-    def state(self, states: list[TrainingState]) -> TrainingState:
-        """The members' states as one state."""
-        return stack_trees(states) if self.stacked else states[0]
-
-
-def _members(network, make_network, seeds, members, config: TrainConfig) -> _Members:
-    """One run (``network``), a seed batch (``make_network`` and ``seeds``)
-    or a population (and ``members``: one config per seed) as
-    :class:`_Members`; a batch's networks are built here
-    (``make_network(nnx.Rngs(seed))``) and must share one structure."""
-    if seeds is None:
-        return _Members(names=[None], configs=[config], networks=[network],
-                        graphdef=NetworkFn.of(network, deterministic=False).graphdef, stacked=False)
-    seeds = check_seeds(seeds, "train_seeds: seeds")
-    if members is None:
-        configs = [dataclasses.replace(config, seed=s) for s in seeds]
-    else:
-        configs = list(members)
-        check_population([config, *configs])
-        if len(configs) != len(seeds):
-            raise ValueError(f"train: {len(configs)} member configs for {len(seeds)} members")
-    networks = [make_network(nnx.Rngs(c.seed)) for c in configs]
-    graphdef = NetworkFn.of(networks[0], deterministic=False).graphdef
-    for c, net in zip(configs[1:], networks[1:]):
-        if NetworkFn.of(net, deterministic=False).graphdef != graphdef:
-            raise ValueError(f"train_seeds: make_network(nnx.Rngs({c.seed})) built a network whose structure "
-                             f"differs from seed {configs[0].seed}'s; every seed must build the same architecture")
-    return _Members(names=list(seeds), configs=configs, networks=networks, graphdef=graphdef, stacked=True)
-
-
-def _initial_state(algorithm: Algorithm, env, members: _Members, population: bool) -> TrainingState:
-    """The members' fresh state (a population's members each with their
-    own hyperparameters in it)."""
-    states = [algorithm.initial_state(env, net, config) for net, config in zip(members.networks, members.configs)]
-    if population:
-        states = [dataclasses.replace(s, member=initial_member_state(c, i))
-                  for i, (s, c) in enumerate(zip(states, members.configs))]
-    return members.state(states)
-
-
-def _resumed(state: TrainingState, members: _Members, resume_from: str, checkpoint_dir: str | None,
-             ppo: PPOConfig, entries: list[dict] | None = None) -> TrainingState:
-    """``state`` restored from ``resume_from`` (a seed batch only from a
-    checkpoint of the same seeds, a population only from one of the same members)."""
-    if members.stacked:
-        from nnx_ppo.algorithms import checkpointing
-
-        metadata = checkpointing.load_metadata(resume_from) or {}
-        saved = metadata.get("seeds")
-        if entries is not None and metadata.get("members") != entries:
-            raise ValueError(f"train_population: cannot resume these members from {str(resume_from)!r}, which "
-                             f"holds {metadata.get('members') or 'no population'}; resume with its configs and seeds")
-        if saved != members.names:
-            raise ValueError(f"train_seeds: cannot resume seeds {members.names} from {str(resume_from)!r}, which "
-                             f"holds {'seeds ' + str(saved) if saved else 'a single-seed run'}; resume with its seeds")
-    return resume_state(resume_from, checkpoint_dir, state, ppo)
-
-
-def _write_back(members: _Members, state: TrainingState, mesh) -> None:
-    """Copies of ``state``'s variables into the networks (each member's into
-    its own), unless they were donated or are not finite."""
-    latest = (state.params, state.rest)
-    if any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(latest)):
-        return
-    latest = replicated(latest, mesh) if members.stacked else latest
-    for i, net in enumerate(members.networks):
-        own = members.part(latest, i)
-        if bool(all_finite(own)):
-            nnx.update(net, *jax.tree.map(copy_leaf, own))
-
-
 def train(
     algorithm: Algorithm,
     env,
@@ -344,7 +202,7 @@ def train(
     env = as_env(env)
     eval_env = env if options.get("eval_env") is None else as_env(options["eval_env"])
     network, make_network, network_spec = _named_network(network, make_network, env, eval_env, config)
-    team = _members(network, make_network, seeds, members, config)
+    team = gather_members(network, make_network, seeds, members, config)
     record = dict(algorithm.run_record or {})
     metadata = dict(options.get("checkpoint_metadata") or {})
     if team.stacked:
@@ -363,11 +221,11 @@ def train(
         if output is not None and output.checkpoint_dir is not None:
             checkpoint_dir = output.checkpoint_dir
         if checkpoint_dir is not None and resume_from is None:
-            _check_fresh_checkpoint_dir(checkpoint_dir)
+            check_fresh_checkpoint_dir(checkpoint_dir)
         if state is None:
-            state = _initial_state(algorithm, env, team, population=members is not None)
+            state = initial_state(algorithm, env, team, population=members is not None)
         if resume_from is not None:
-            state = _resumed(state, team, resume_from, checkpoint_dir, config.ppo, record.get("members"))
+            state = resumed(state, team, resume_from, checkpoint_dir, config.ppo, record.get("members"))
         metadata = {**(output.checkpoint_metadata if output is not None else {}), **metadata}
         log = _member_log(options.get("log_fn"), team.stacked)
         earlier_failures = {}
@@ -419,25 +277,6 @@ def _both(first, second):
     return lambda metrics, env_steps, name: (first(metrics, env_steps, name), second(metrics, env_steps, name))
 
 
-def failure_metrics(failure: Failure) -> dict[str, str]:
-    """The failure row's own fields: ``{"failure": reason, "failure_type": "NonFiniteError"}``."""
-    return {FAILURE_KEY: str(failure.error), "failure_type": type(failure.error).__name__}
-
-
-def _earlier_failures(rows: dict[Any, dict[str, Any]], seeds: list[int], up_to_steps: int) -> dict[int, Failure]:
-    """The failures a run directory's failure ``rows`` (seed -> row) record (seed index ->
-    :class:`Failure`), up to the env step a resumed run continues from (a
-    later one is trained again, and found again)."""
-    kinds = {"NonFiniteError": NonFiniteError, "ReplayMismatchError": ReplayMismatchError}
-    failures = {}
-    for seed, row in rows.items():
-        if seed in seeds and int(row["env_steps"]) <= up_to_steps:
-            error = kinds.get(row.get("failure_type"), RuntimeError)(row[FAILURE_KEY])
-            failures[seeds.index(seed)] = Failure(iteration=int(row["iteration"]), env_steps=int(row["env_steps"]),
-                                                  error=error)
-    return failures
-
-
 @dataclasses.dataclass(frozen=True)
 class _Outputs:
     """Where a run's results go besides its networks and :class:`TrainResult`\\ s.
@@ -462,7 +301,7 @@ class _Outputs:
     record_failure: Callable[[dict[str, str], int, int | None], None] | None = None
 
 
-def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: _Members, devices,
+def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members, devices,
          state: TrainingState, out: _Outputs) -> list[TrainResult]:
     """Place and compile, then drive the iterations with their hooks (steps
     2-5 above). Every member fails alone, kept at its last healthy state; one
@@ -497,13 +336,13 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: _Member
     def log_members(row: dict[str, Any], steps: int) -> None:
         for i, name in enumerate(team.names):
             if i not in driver.failures:
-                own = _per_seed(row, i)
+                own = member_row(row, i)
                 if not any(k.startswith("eval/") for k in own):
                     last_rows[i] = own
                 if out.log is not None:
                     out.log(own, steps, name)
         for i in driver.failures:  # (after the healthy members' rows of the step)
-            log_failed(i, _per_seed(row, i), steps)
+            log_failed(i, member_row(row, i), steps)
 
     training_seeds = [c.seed for c in team.configs] if team.stacked else None
     evaluate = evaluation_hook(config, team.networks[0], eval_env, training_seeds, mesh, out.on_evaluation) if (
@@ -527,7 +366,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: _Member
         ),
     )
     # A member that failed before the resumed step stays failed.
-    driver.failures.update(_earlier_failures(out.earlier_failures, team.names,
+    driver.failures.update(earlier_failures(out.earlier_failures, team.names,
                                              start_iteration * ppo.steps_per_iteration))
     recorded.update(driver.failures)
     try:
@@ -537,9 +376,9 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: _Member
     finally:
         # The networks get (copies of) the latest state, also when training
         # stops with another exception; the state stays donatable.
-        _write_back(team, driver.state, mesh)
+        write_back(team, driver.state, mesh)
     if not team.stacked and driver.failures:
-        raise _run_failure(driver.failures[0], team.networks[0], env, ppo)
+        raise run_failure(driver.failures[0], team.networks[0], env, ppo)
     final = replicated(result.state, mesh) if team.stacked else result.state
     results = []
     for i, net in enumerate(team.networks):
@@ -548,7 +387,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: _Member
         results.append(TrainResult(
             state=team.part(final, i),
             metrics=last_rows.get(i, {}),
-            eval_history=[(steps, _per_seed(row, i)) for steps, row in result.eval_history
+            eval_history=[(steps, member_row(row, i)) for steps, row in result.eval_history
                           if failure is None or steps < failure.env_steps],
             total_steps=done * ppo.steps_per_iteration,
             total_iterations=done,
@@ -557,34 +396,3 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: _Member
             network=net,
         ))
     return results
-
-
-def _run_failure(failure: Failure, network, env, ppo: PPOConfig) -> Exception:
-    """The error one plain run raises for its ``failure``: a replay
-    mismatch with the module named, a non-finite value with where the
-    network's parameters come from."""
-    if isinstance(failure.error, ReplayMismatchError):
-        return _named_replay_error(failure.error, network, env, ppo)
-    healthy = failure.iteration - 1
-    return type(failure.error)(f"{failure.error}. The network holds the last finite parameters and statistics, "
-                               f"from iteration {healthy} ({healthy * ppo.steps_per_iteration} env steps)")
-
-
-def _named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) -> ReplayMismatchError:
-    """The health check's replay mismatch with the module named: the
-    carry leaf the replay first departs from and the module that owns it
-    (:func:`~nnx_ppo.algorithms.replay_diagnosis.diagnose_replay`, one small
-    rollout of ``network`` on ``env``); ``err`` as it is if nothing is found."""
-    from nnx_ppo.algorithms.replay_diagnosis import diagnose_replay
-
-    n_envs = min(ppo.n_envs, 8)
-    try:
-        found = diagnose_replay(network, env, n_envs=n_envs, rollout_length=ppo.rollout_length,
-                                n_minibatches=2 if n_envs % 2 == 0 else 1)
-    except ReplayMismatchError as named:  # a module writing a variable, named when the replay compiles
-        return named
-    except Exception:  # noqa: BLE001 -- the diagnosis is best effort; the mismatch itself stands
-        return err
-    if found.first_divergence is None:
-        return err
-    return ReplayMismatchError(f"{err} First divergence: {found.first_divergence}")

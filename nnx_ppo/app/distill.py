@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, DistillCommand, TrainCommand, load_run_network, read_run, run_policy_spec
+from nnx_ppo.app.commands import CliError, DistillCommand, TrainCommand
+from nnx_ppo.app.runs import load_run_network, read_run, run_policy_spec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, EvalCommand, checkpoint_choice, load_run_network, read_run, run_policy_spec
+from nnx_ppo.app.commands import CliError, EvalCommand
 from nnx_ppo.app.record import check_record_flags, check_record_paths, print_module_paths, record_to_file
+from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec
 from nnx_ppo.app.sweep_report import failure_text, lineage_text, member_lineage
 from nnx_ppo.progress import pretty_path
 

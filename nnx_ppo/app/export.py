@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nnx_ppo.app.commands import CliError, ExportCommand, checkpoint_choice, load_run_network, read_run, run_policy_spec
+from nnx_ppo.app.commands import CliError, ExportCommand
+from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec
 from nnx_ppo.progress import pretty_path
 
 

@@ -16,7 +16,8 @@ from typing import Any
 
 from nnx_ppo import run_dir as rd
 from nnx_ppo import run_logger
-from nnx_ppo.app.commands import CliError, PlotCommand, read_run
+from nnx_ppo.app.commands import CliError, PlotCommand
+from nnx_ppo.app.runs import read_run
 from nnx_ppo.progress import pretty_path
 
 __all__ = ["run_plot", "summarize_run", "interquartile_mean"]

@@ -19,18 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import (
-    PROG,
-    CliError,
-    SweepCommand,
-    build_network,
-    check_distinct_seeds,
-    make_env,
-    network_spec_of,
-    parse_env_kwargs,
-    print_error,
-)
+from nnx_ppo.app.commands import PROG, CliError, SweepCommand, check_distinct_seeds, print_error
 from nnx_ppo.app.ending import train_into
+from nnx_ppo.app.runs import build_network, make_env, network_spec_of, parse_env_kwargs
 from nnx_ppo.app.sweep_report import TABLE_FILE, format_table, sweep_summary, write_outputs
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import pretty_path

@@ -15,20 +15,22 @@ from nnx_ppo.app.commands import (
     PROG,
     CliError,
     TrainCommand,
-    build_network,
     check_distinct_seeds,
+    print_error,
+    print_warning,
+)
+from nnx_ppo.app.ending import train_into
+from nnx_ppo.app.evaluate import check_video_target
+from nnx_ppo.app.runs import (
+    build_network,
     fresh_run_dir,
     has_checkpoint,
     lock_run_dir,
     make_env,
     network_spec_of,
     parse_env_kwargs,
-    print_error,
-    print_warning,
     read_run,
 )
-from nnx_ppo.app.ending import train_into
-from nnx_ppo.app.evaluate import check_video_target
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import fmt_seconds, pretty_path
