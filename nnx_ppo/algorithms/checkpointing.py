@@ -218,7 +218,7 @@ def _newest_intact(directory: str | os.PathLike, restore: Any) -> Any:
 
 def _json_parts(config: Any, metadata: dict | None, who: str) -> tuple[str, str]:
     """``config.json`` and ``metadata.json`` text, checked before anything is written."""
-    from nnx_ppo.algorithms.config import config_to_dict
+    from nnx_ppo.algorithms.config_io import config_to_dict
 
     if not dataclasses.is_dataclass(config) or isinstance(config, type):
         raise TypeError(f"{who}: config must be a TrainConfig instance, got {config!r}")
@@ -338,8 +338,8 @@ def load_config(directory: str | os.PathLike, *, learning_rate: Any = None):
     ``learning_rate`` (a number or an optax schedule) replaces the saved one;
     it is required for a run trained with a learning-rate schedule, which is
     saved only as a description (otherwise
-    :class:`~nnx_ppo.algorithms.config.ScheduleNotSavedError`)."""
-    from nnx_ppo.algorithms.config import ScheduleNotSavedError, config_from_dict
+    :class:`~nnx_ppo.algorithms.config_io.ScheduleNotSavedError`)."""
+    from nnx_ppo.algorithms.config_io import ScheduleNotSavedError, config_from_dict
 
     path = _resolve(directory)
     data = read_json(path / _CONFIG_FILE)

@@ -35,7 +35,7 @@ import numpy as np
 from flax import errors as flax_errors
 from flax import nnx
 
-from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seeds
 from nnx_ppo.algorithms.distributed import any_process, process_count
 from nnx_ppo.algorithms.driver import (
     Driver,
@@ -202,6 +202,10 @@ def train(
     env = as_env(env)
     eval_env = env if options.get("eval_env") is None else as_env(options["eval_env"])
     network, make_network, network_spec = _named_network(network, make_network, env, eval_env, config)
+    if seeds is not None:
+        seeds = check_seeds(seeds, "train_seeds: seeds")
+    # (the devices are checked before any network is built)
+    devices = local_devices(config.n_devices, config.ppo.n_envs, len(seeds) if seeds and config.shard_seeds else None)
     team = gather_members(network, make_network, seeds, members, config)
     record = dict(algorithm.run_record or {})
     metadata = dict(options.get("checkpoint_metadata") or {})
@@ -209,8 +213,6 @@ def train(
         metadata["seeds"] = team.names
     if members is not None:
         record["members"] = metadata["members"] = [member_entry(c) for c in team.configs]
-    devices = local_devices(config.n_devices, config.ppo.n_envs, len(team.names) if team.stacked and
-                            config.shard_seeds else None)
     opened = None
     if output is None and (run_dir is not None or options.get("progress")):
         output = opened = run_layer().open_output(

@@ -8,7 +8,8 @@ from typing import Annotated, Any, Optional
 
 import tyro
 
-from nnx_ppo.algorithms.config import GROUP_DEVICES, GROUP_ENV, GROUP_RUN, TrainConfig, per_member_bounds
+from nnx_ppo.algorithms.config import GROUP_DEVICES, GROUP_ENV, GROUP_RUN, TrainConfig
+from nnx_ppo.algorithms.config_io import per_member_bounds
 from nnx_ppo.presets import get_preset
 
 PROG = "nnx-ppo"
@@ -66,11 +67,11 @@ def flag_groups(command: type) -> dict[str, tuple[str, ...]]:
     """``{section title: (flag, ...)}`` of ``command``'s help, from the
     ``group`` each field declares (the command's own fields, and those of
     its TrainConfig)."""
-    from nnx_ppo.algorithms.config import _flat_fields
+    from nnx_ppo.algorithms.config_io import flat_fields
 
     groups: dict[str, list[str]] = {}
     fields = [(f.name, f) for f in dataclasses.fields(command)]
-    fields += [(name, f) for name, f in _flat_fields(TrainConfig).items() if "." not in name]
+    fields += [(name, f) for name, f in flat_fields(TrainConfig).items() if "." not in name]
     for name, field in fields:
         if "group" in field.metadata:
             groups.setdefault(field.metadata["group"], []).append("--" + name.replace("_", "-"))

@@ -84,7 +84,7 @@ def resume_changes(cmd: TrainCommand, saved: dict[str, Any], env_kwargs: dict, t
     [before, after]}``), printed; a change of anything that makes the run
     (the env, the network, the seeds, a config field not declared resumable)
     is a one-line CliError naming the flag."""
-    from nnx_ppo.algorithms.config import resume_changes as config_changes
+    from nnx_ppo.algorithms.config_io import resume_changes as config_changes
 
     network = saved["network"]
     kwargs = parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs")
