@@ -184,6 +184,7 @@ def write_back(members: Members, state: TrainingState, mesh) -> None:
 
 
 def member_row(row: dict[str, Any], index: int) -> dict[str, float]:
+    """Member ``index``'s row of host metrics (a batch's are ``[S]`` arrays; one run's are scalars)."""
     return {k: float(v[index]) if np.ndim(v) else float(v) for k, v in row.items()}
 
 

@@ -17,10 +17,10 @@ from nnx_ppo.app.commands import (
     TrainCommand,
     check_distinct_seeds,
     print_error,
-    print_warning,
 )
 from nnx_ppo.app.ending import train_into
 from nnx_ppo.app.evaluate import check_video_target
+from nnx_ppo.app.integrations import import_wandb, video_recorder, wandb_init
 from nnx_ppo.app.runs import (
     build_network,
     fresh_run_dir,
@@ -183,53 +183,6 @@ def _envs(cmd: TrainCommand, env_kwargs: dict, train_env_kwargs: dict):
     return make_env(cmd.env, rd.training_env_kwargs(env_kwargs, train_env_kwargs)), make_env(cmd.env, env_kwargs)
 
 
-def _import_wandb(cmd: TrainCommand):
-    if not cmd.wandb:
-        return None
-    try:
-        import wandb
-    except ImportError:
-        raise CliError("--wandb needs Weights & Biases: pip install wandb  (or pip install 'nnx_ppo[wandb]')") from None
-    return wandb
-
-
-def _wandb_has_key() -> bool:
-    """Whether W&B can log in without asking: a key in WANDB_API_KEY or in ~/.netrc (where `wandb login` puts it)."""
-    import netrc
-    import os
-
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
-
-
-def _wandb_init(wandb, **kwargs):
-    """``wandb.init``, falling back to offline mode (with a warning, never a
-    traceback or a hang) without an API key, or when W&B cannot be reached
-    within 30 s; ``wandb sync`` uploads an offline run later."""
-    import os
-
-    if not os.environ.get("WANDB_MODE") and not _wandb_has_key():
-        print_warning("--wandb: no W&B API key (WANDB_API_KEY or `wandb login`); logging offline into the run "
-                      "directory, upload it later with `wandb sync`")
-        return wandb.init(mode="offline", **kwargs)
-    try:
-        return wandb.init(settings=wandb.Settings(init_timeout=30), **kwargs)
-    except Exception as err:  # no network, a bad key, the service down: W&B raises its own errors
-        print_warning(f"--wandb: W&B could not be reached ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
-                      "logging offline into the run directory, upload it later with `wandb sync`")
-    try:
-        wandb.teardown()  # the failed attempt holds the run id in W&B's service
-        return wandb.init(mode="offline", **kwargs)
-    except Exception as err:
-        print_warning(f"--wandb: offline logging failed too ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
-                      "training without W&B")
-        return None
-
-
 def _run_spec(cmd: TrainCommand, argv: list[str], spec, env_kwargs: dict, train_env_kwargs: dict, distill,
               wandb_id: str | None) -> RunSpec:
     """The run as the command line describes it (a fresh run's ``config.json``)."""
@@ -310,29 +263,6 @@ def _report_seeds(cmd: TrainCommand, run: Run, results) -> None:
                         f"keeps its parameters from iteration {r.failure.iteration - 1}: {r.failure.error}")
 
 
-def _video_recorder(cmd: TrainCommand, env, run: Run):
-    """``on_evaluation`` for ``--video-every N``: every N-th evaluation, one
-    deterministic episode to ``<run>/videos/step_<env steps>.mp4``, TensorBoard and W&B."""
-    from nnx_ppo.app.evaluate import render_episode, video_fps, write_video
-
-    count = [0]
-    max_len = cmd.config.eval.max_episode_length
-    fps = video_fps(env, None)
-
-    def record(policy, env_steps: int) -> None:
-        count[0] += 1
-        if count[0] % cmd.video_every:
-            return
-        path = run.path / "videos" / f"step_{env_steps:010d}.mp4"
-        frames = render_episode(env, policy, max_len, seed=cmd.config.seed)
-        write_video(str(path), frames, fps)
-        if run.logger is not None:
-            run.logger.log_video(path, frames, fps, env_steps)
-        run.write(f"video: {pretty_path(path)} ({len(frames)} frames)")
-
-    return record
-
-
 def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, distill=None) -> int:
     """``nnx-ppo train`` (and ``resume``): returns the exit code (0 done or
     stopped, 1 failed, 130 aborted). With ``distill`` (a
@@ -371,12 +301,12 @@ def _open_run(cmd: TrainCommand, argv: list[str], run_dir: Path, spec, env_kwarg
     written when training begins), with W&B for ``--wandb``."""
     resuming = cmd.resume is not None
     saved = rd.read_run_config(run_dir) if resuming else None
-    wandb = _import_wandb(cmd) if primary else None
+    wandb = import_wandb(cmd) if primary else None
     wandb_id = (saved or {}).get("wandb_id") or (uuid.uuid4().hex[:8] if wandb is not None else None)
     run_spec = _run_spec(cmd, argv, spec, env_kwargs, train_env_kwargs, distill, None if resuming else wandb_id)
     wandb_run = None
     if wandb is not None:
-        wandb_run = _wandb_init(wandb, project=cmd.wandb_project, name=run_dir.name, id=wandb_id, dir=str(run_dir),
+        wandb_run = wandb_init(wandb, project=cmd.wandb_project, name=run_dir.name, id=wandb_id, dir=str(run_dir),
                                 config=saved or run_spec.to_dict(), resume="allow")
     return Run.open(run_dir, run_spec, resuming=resuming, progress=True, quiet=cmd.quiet, wandb_run=wandb_run,
                     primary=primary)
@@ -427,7 +357,7 @@ def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
             print_error(f"seeds {failed} failed (the others trained on); the run directory is kept and "
                         f"resumable: {PROG} resume {pretty_path(run.path)}")
         return (1 if failed else 0), results[0]
-    on_evaluation = _video_recorder(cmd, env, run) if cmd.video_every else None
+    on_evaluation = video_recorder(cmd, env, run) if cmd.video_every else None
     if distill is not None:
         from nnx_ppo.algorithms.distillation import train_distillation
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import jax
 
 __all__ = ["INPUT", "HIDDEN", "OUTPUT", "Population", "Connection", "check_name", "check_size", "check_activation",
-           "topological_order"]
+           "topological_order", "check_connection", "PopulationInfo", "ConnectionInfo"]
 
 INPUT, HIDDEN, OUTPUT = "input", "population", "output"
 
@@ -86,3 +86,84 @@ def _find_cycle(remaining: list[str], edges: list[tuple[str, str]]) -> list[str]
             cycle = path[path.index(pred):] + [pred]
             return cycle[::-1]
         path.append(pred)
+
+
+class PopulationInfo(NamedTuple):
+    """A population as ``PopulationGraph.populations`` shows it.
+
+    Attributes:
+      name: the population's name.
+      kind: ``"input"``, ``"population"`` (hidden) or ``"output"``.
+      size: the number of units.
+      activation: applied once to the summed input (``None``: identity).
+      input_from: the key of ``x`` an input population reads (its name
+        unless ``input_from=`` was given); ``None`` for other populations.
+      output_to: the output key of an output population (its name unless
+        ``output_to=`` was given); ``None`` for other populations.
+      max_outgoing_delay: the longest delay of its outgoing connections
+        (0: it has no delay buffer).
+    """
+
+    name: str
+    kind: str
+    size: int
+    activation: Callable[[jax.Array], jax.Array] | None
+    input_from: str | None
+    output_to: str | None
+    max_outgoing_delay: int
+
+
+class ConnectionInfo(NamedTuple):
+    """A connection as ``PopulationGraph.connections`` shows it.
+
+    Attributes:
+      name: the connection's name (``"src->dst"`` unless ``name=`` was given).
+      src: the source population.
+      dst: the target population.
+      delay: steps between ``src``'s output and its arrival at ``dst``.
+      transform: the module applied to ``src``'s output; ``None`` until
+        ``finalize()`` builds the default ``Dense``.
+    """
+
+    name: str
+    src: str
+    dst: str
+    delay: int
+    transform: Any
+
+
+def check_connection(populations: tuple[Population, ...], connections: tuple[Connection, ...], src: Any, dst: Any,
+                     delay: Any, transform: Any, name: Any) -> str:
+    """The name of a connection ``src -> dst`` checked against the
+    ``populations`` and ``connections`` declared so far (see
+    :meth:`~nnx_ppo.networks.graph.PopulationGraph.connect` for what is refused)."""
+    from nnx_ppo.networks.types import StatefulModule
+
+    check_name("source population", src)
+    check_name("target population", dst)
+    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+        raise ValueError(f"PopulationGraph: delay of connection {src!r} -> {dst!r} must be an int >= 0, "
+                         f"got {delay!r}")
+    if transform is not None and not isinstance(transform, StatefulModule):
+        raise TypeError(f"PopulationGraph: transform of connection {src!r} -> {dst!r} must be a "
+                        f"StatefulModule, got {type(transform).__name__}")
+    name = f"{src}->{dst}" if name is None else check_name("connection", name)
+    by_name = {p.name: p for p in populations}
+    for role, pname in (("source", src), ("target", dst)):
+        if pname not in by_name:
+            raise ValueError(f"PopulationGraph: connection {name!r} has unknown {role} population "
+                             f"{pname!r}; known populations: {list(by_name)} (add populations before "
+                             "connecting them)")
+    if any(c.name == name for c in connections):
+        raise ValueError(f"PopulationGraph: duplicate connection name {name!r}; pass name=... to "
+                         "connect() to connect the same pair twice")
+    if transform is not None:
+        src_size, dst_size = by_name[src].size, by_name[dst].size
+        in_f, out_f = getattr(transform, "in_features", None), getattr(transform, "out_features", None)
+        if isinstance(in_f, int) and in_f != src_size:
+            raise ValueError(f"PopulationGraph: connection {name!r}: transform has in_features={in_f}, "
+                             f"expected {src_size} (size of source population {src!r})")
+        if isinstance(out_f, int) and out_f != dst_size:
+            raise ValueError(f"PopulationGraph: connection {name!r}: transform has out_features={out_f}, "
+                             f"expected {dst_size} (size of target population {dst!r})")
+    return name

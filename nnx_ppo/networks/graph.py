@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,8 +38,11 @@ from nnx_ppo.networks._graph_wiring import (
     INPUT,
     OUTPUT,
     Connection,
+    ConnectionInfo,
     Population,
+    PopulationInfo,
     check_activation,
+    check_connection,
     check_name,
     check_size,
     topological_order,
@@ -49,50 +52,6 @@ from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, activation_metrics
 
 __all__ = ["PopulationGraph", "PopulationInfo", "ConnectionInfo"]
-
-
-class PopulationInfo(NamedTuple):
-    """A population as ``PopulationGraph.populations`` shows it.
-
-    Attributes:
-      name: the population's name.
-      kind: ``"input"``, ``"population"`` (hidden) or ``"output"``.
-      size: the number of units.
-      activation: applied once to the summed input (``None``: identity).
-      input_from: the key of ``x`` an input population reads (its name
-        unless ``input_from=`` was given); ``None`` for other populations.
-      output_to: the output key of an output population (its name unless
-        ``output_to=`` was given); ``None`` for other populations.
-      max_outgoing_delay: the longest delay of its outgoing connections
-        (0: it has no delay buffer).
-    """
-
-    name: str
-    kind: str
-    size: int
-    activation: Callable[[jax.Array], jax.Array] | None
-    input_from: str | None
-    output_to: str | None
-    max_outgoing_delay: int
-
-
-class ConnectionInfo(NamedTuple):
-    """A connection as ``PopulationGraph.connections`` shows it.
-
-    Attributes:
-      name: the connection's name (``"src->dst"`` unless ``name=`` was given).
-      src: the source population.
-      dst: the target population.
-      delay: steps between ``src``'s output and its arrival at ``dst``.
-      transform: the module applied to ``src``'s output; ``None`` until
-        ``finalize()`` builds the default ``Dense``.
-    """
-
-    name: str
-    src: str
-    dst: str
-    delay: int
-    transform: Any
 
 
 def _has_leaves(tree: Any) -> bool:
@@ -222,33 +181,7 @@ class PopulationGraph(StatefulModule):
             self.connect(dst, src, delay=delay)
             return first
         self._check_building(f"connect {src!r} -> {dst!r}")
-        check_name("source population", src)
-        check_name("target population", dst)
-        if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
-            raise ValueError(f"PopulationGraph: delay of connection {src!r} -> {dst!r} must be an int >= 0, "
-                             f"got {delay!r}")
-        if transform is not None and not isinstance(transform, StatefulModule):
-            raise TypeError(f"PopulationGraph: transform of connection {src!r} -> {dst!r} must be a "
-                            f"StatefulModule, got {type(transform).__name__}")
-        name = f"{src}->{dst}" if name is None else check_name("connection", name)
-        by_name = {p.name: p for p in self._populations}
-        for role, pname in (("source", src), ("target", dst)):
-            if pname not in by_name:
-                raise ValueError(f"PopulationGraph: connection {name!r} has unknown {role} population "
-                                 f"{pname!r}; known populations: {list(by_name)} (add populations before "
-                                 "connecting them)")
-        if any(c.name == name for c in self._connections):
-            raise ValueError(f"PopulationGraph: duplicate connection name {name!r}; pass name=... to "
-                             "connect() to connect the same pair twice")
-        if transform is not None:
-            src_size, dst_size = by_name[src].size, by_name[dst].size
-            in_f, out_f = getattr(transform, "in_features", None), getattr(transform, "out_features", None)
-            if isinstance(in_f, int) and in_f != src_size:
-                raise ValueError(f"PopulationGraph: connection {name!r}: transform has in_features={in_f}, "
-                                 f"expected {src_size} (size of source population {src!r})")
-            if isinstance(out_f, int) and out_f != dst_size:
-                raise ValueError(f"PopulationGraph: connection {name!r}: transform has out_features={out_f}, "
-                                 f"expected {dst_size} (size of target population {dst!r})")
+        name = check_connection(self._populations, self._connections, src, dst, delay, transform, name)
         self._connections = self._connections + (Connection(name, src, dst, delay),)
         self._pending_transforms.append(transform)
         return name
