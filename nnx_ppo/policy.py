@@ -38,17 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
-from nnx_ppo.exported import (
+from nnx_ppo.exported import (  # noqa: F401 (importable here as before)
     ANY,
-    EXPORT_FILES,
     FORMAT,
     INFO_FILE,
     INIT_FILE,
     PARAMS_FILE,
     STEP_FILE,
-    ExportDirInUseError,
     ExportedPolicy,
-    ExportedPolicyError,
     ExportWarning,
     check_export_directory,
     export_info,
@@ -57,8 +54,7 @@ from nnx_ppo.exported import (
 )
 from nnx_ppo.networks.replay import select_where
 
-__all__ = ["Policy", "load_policy", "ExportedPolicy", "load_exported", "export_info", "check_export_directory",
-           "ExportedPolicyError", "ExportDirInUseError", "ExportWarning", "EXPORT_FILES"]
+__all__ = ["Policy", "load_policy"]
 
 
 def _act(network: NetworkFn, carry: Any, obs: Any, done: jax.Array | None) -> tuple[Any, Any]:

@@ -174,7 +174,7 @@ PRESETS: tuple[Preset, ...] = (
         # one 64x64 actor per limb and one critic per limb's reward (docs/modular_body.md); the function's own
         # sizes: a network function takes no --hidden-size or --network-kwargs. 5 solo seeds, final policy on 128
         # episodes: -14.2, -13.9, -14.7, -14.0, -14.4; each seed's evaluation at -17 or better from 130k steps on
-        network="nnx_ppo.networks.factories:make_modular_actor_critic",
+        network="nnx_ppo.networks.modular:make_modular_actor_critic",
         hidden_size=64,
         config=_config(150_000, 25_000, 128, 50, learning_rate=3e-3, n_envs=64, rollout_length=25,
                        discounting_factor=0.95, combine_advantages=True),

@@ -11,8 +11,9 @@ import pytest
 
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout
+from nnx_ppo.exported import ExportWarning, export_info, load_exported
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
-from nnx_ppo.policy import ExportWarning, Policy, export_info, load_exported
+from nnx_ppo.policy import Policy
 from tests.algorithms.test_replay_consistency import DictActionTarget, everything_network
 
 N, T = 8, 30

@@ -38,6 +38,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo.algorithms._checkpoint_files import (
+    BEST_DIR,
+    CheckpointFallbackWarning,
+    best_policy_dir,
+    find_checkpoint,
+    held_checkpoints,
+    latest_checkpoint,
+    list_checkpoints,
+    newest_intact,
+    resolve_latest,
+)
 from nnx_ppo.algorithms._checkpoint_layout import (
     FORMAT_VERSION,
     LAYOUT_FILE,
@@ -50,17 +61,6 @@ from nnx_ppo.algorithms._checkpoint_layout import (
     sections_of,
 )
 from nnx_ppo.algorithms._checkpoint_write import COMMIT_MARKER, write_checkpoint
-from nnx_ppo.algorithms.checkpoint_files import (
-    BEST_DIR,
-    CheckpointFallbackWarning,
-    best_policy_dir,
-    find_checkpoint,
-    held_checkpoints,
-    latest_checkpoint,
-    list_checkpoints,
-    newest_intact,
-    resolve_latest,
-)
 
 __all__ = [
     "CheckpointError",

@@ -35,7 +35,7 @@ from nnx_ppo.algorithms.reward_scaling import (
 from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout, sum_leaves
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, train
-from nnx_ppo.envs.registry import as_env
+from nnx_ppo.envs.coercion import as_env
 
 __all__ = ["PPO", "new_training_state", "train_iteration", "make_train_fn", "train_ppo"]
 

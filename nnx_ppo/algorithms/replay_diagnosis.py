@@ -24,7 +24,7 @@ from nnx_ppo.algorithms.driver import rule_breaking_module_error
 from nnx_ppo.algorithms.functional import NetworkFn, module_name, observing_calls
 from nnx_ppo.algorithms.losses import Minibatch, split_minibatches
 from nnx_ppo.algorithms.rollout import collect_rollout
-from nnx_ppo.envs.registry import as_env
+from nnx_ppo.envs.coercion import as_env
 
 __all__ = ["ReplayDiagnosis", "diagnose_replay"]
 

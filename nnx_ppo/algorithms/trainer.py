@@ -47,7 +47,6 @@ from nnx_ppo.algorithms.functional import NetworkFn, donatable
 from nnx_ppo.algorithms.hooks import best_policy_hook, checkpoint_hook, evaluation_hook
 from nnx_ppo.algorithms.hyperparameters import member_entry
 from nnx_ppo.algorithms.members import (
-    CheckpointDirInUseError,
     Members,
     check_fresh_checkpoint_dir,
     earlier_failures,
@@ -55,7 +54,6 @@ from nnx_ppo.algorithms.members import (
     gather_members,
     initial_state,
     member_row,
-    resume_state,
     resumed,
     run_failure,
     write_back,
@@ -64,9 +62,9 @@ from nnx_ppo.algorithms.outputs import RunOutput, run_layer
 from nnx_ppo.algorithms.program import compile_iterations
 from nnx_ppo.algorithms.sharding import local_devices, place, replicated
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
-from nnx_ppo.envs.registry import as_env
+from nnx_ppo.envs.coercion import as_env
 
-__all__ = ["Algorithm", "TrainOptions", "train", "resume_state", "CheckpointDirInUseError", "failure_metrics"]
+__all__ = ["Algorithm", "TrainOptions", "train"]
 
 Iteration = Callable[[TrainingState], tuple[TrainingState, IterationOutput]]
 

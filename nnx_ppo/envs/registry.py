@@ -13,12 +13,12 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nnx_ppo.envs.coercion import as_env, playground_episode_length
+from nnx_ppo.envs.coercion import as_env, playground_episode_length  # noqa: F401 (as_env: importable here as before)
 
 if TYPE_CHECKING:
     from nnx_ppo.envs.types import RLEnv
 
-__all__ = ["make", "as_env", "spec_of", "list_envs", "register", "register_source", "unregister_source", "list_sources",
+__all__ = ["make", "spec_of", "list_envs", "register", "register_source", "unregister_source", "list_sources",
            "EnvSource"]
 
 

@@ -19,7 +19,7 @@ from nnx_ppo.envs.spaces import is_space
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Parallel, Sequential
 from nnx_ppo.networks.feedforward import Dense
-from nnx_ppo.networks.modular import make_modular_actor_critic
+from nnx_ppo.networks.modular import make_modular_actor_critic  # noqa: F401 (runs that name it here still load)
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.recurrent import GRU, LSTM
 from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler
@@ -33,7 +33,6 @@ __all__ = [
     "make_mlp_actor_critic",
     "make_recurrent_actor_critic",
     "make_actor_critic_for_env",
-    "make_modular_actor_critic",
 ]
 
 _ACTIVATIONS = {"relu": nnx.relu, "tanh": nnx.tanh, "elu": nnx.elu, "swish": nnx.swish, "gelu": nnx.gelu}

@@ -100,7 +100,7 @@ def make_modular_actor_critic(
     or the sum over parts (``True``); see docs/modular_body.md.
 
     Usable from the command line as ``--network
-    nnx_ppo.networks.factories:make_modular_actor_critic`` (re-exported there), with the defaults
+    nnx_ppo.networks.modular:make_modular_actor_critic``, with the defaults
     below (a network function takes no ``--network-kwargs``: for other sizes,
     write a function of your own that calls this one).
 

@@ -1,4 +1,4 @@
-"""Finding the checkpoints of a directory: the complete ones (with their
+"""Finding the checkpoints of a directory (internal): the complete ones (with their
 commit marker), the latest, one by step, the best policy, and the newest
 that still reads back (:func:`newest_intact`). Re-exported by
 :mod:`nnx_ppo.algorithms.checkpointing`."""
