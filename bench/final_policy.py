@@ -11,8 +11,9 @@ on ``--episodes`` deterministic episodes with fresh reset keys. With
 ``--batched``, all seeds train in one program instead (``train_seeds``, as
 ``nnx-ppo train ENV --seeds ...`` does): a batch follows other float paths
 than solo runs, so its figures are labelled as such (``"batched": true``). Prints one JSON line per seed and a summary
-(how many seeds reach the preset's target, final and best); appends them to
-``--out`` (default bench/results/final_policy.jsonl). ``--set`` overrides a
+(how many seeds reach the preset's target, final and best); appends each
+seed's row to ``--out`` (default bench/results/final_policy.jsonl) as soon
+as it is evaluated, with the commit and the command, then the summary. ``--set`` overrides a
 TrainConfig field (``--set ppo.learning_rate_decay=true``), ``--env-kwargs`` the preset's env
 keyword arguments (``'{"n_cues": 4, "delay": 40}'``); ``--label`` names
 such a variant.
@@ -69,9 +70,9 @@ def cli_flags(overrides: list[str]) -> list[str]:
     return flags
 
 
-def train_solo(args, preset, seed: int, run: Path) -> tuple[float, list[float]]:
+def train_solo(args, preset, seed: int, run: Path) -> tuple[float, list[float], list[str]]:
     """Seed ``seed`` as a user runs it: its own ``nnx-ppo train`` process
-    into ``run``. Returns its wall time and its training evaluations."""
+    into ``run``. Returns its wall time, its training evaluations and the command."""
     command = [str(Path(sys.executable).parent / "nnx-ppo"), "train", preset.env, "--network", preset.network,
                "--seed", str(seed), "--run-dir", str(run), "--quiet", *cli_flags(args.overrides)]
     if args.env_kwargs is not None:
@@ -84,7 +85,14 @@ def train_solo(args, preset, seed: int, run: Path) -> tuple[float, list[float]]:
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return wall, [r["eval/episode_return"] for r in rows if r.get("eval")]
+    return wall, [r["eval/episode_return"] for r in rows if r.get("eval")], command
+
+
+def git_commit() -> str:
+    """The checkout's commit (``+dirty`` with uncommitted changes to tracked files)."""
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "-uno") else "")
 
 
 def main() -> None:
@@ -117,34 +125,42 @@ def main() -> None:
         spec = dataclasses.replace(spec, kwargs={**spec.kwargs, **json.loads(args.network_kwargs)})
     max_len = config.eval.max_episode_length
     rows = []
+    commit = git_commit()
+
+    def record(seed, checkpoints, which_seed, wall, evals, failed, command) -> None:
+        """Evaluate seed ``seed``'s final and best policies; print and append its row."""
+        row = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
+               "label": args.label, "seed": seed, "batched": args.batched,
+               "target": target, "episodes": args.episodes, "wall_s": round(wall, 1),
+               "hidden_size": preset.hidden_size, "network_kwargs": args.network_kwargs,
+               "overrides": args.overrides, "failed": failed, "commit": commit, "command": command}
+        for which in (None, "best"):
+            net = load_network(checkpoints, spec.build(eval_env), seed=which_seed, step=which)
+            metrics = evaluate(eval_env, net, n_envs=args.episodes, max_episode_length=max_len, seed=1000 + seed)
+            name = which or "final"
+            row[f"{name}_return"] = round(metrics["eval/episode_return"], 3)
+            row[f"{name}_min"] = round(metrics["eval/episode_return_min"], 3)
+        row["train_evals"] = [round(e, 2) for e in evals]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        with open(args.out, "a") as f:  # each seed as it is done: an interruption keeps the seeds so far
+            f.write(json.dumps(row) + "\n")
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as directory:
         if args.batched:
             t0 = time.perf_counter()
             results = train_seeds(train_env, lambda rngs: spec.build(eval_env, rngs), config,
                                   args.seeds, eval_env=eval_env, checkpoint_dir=directory)
             wall = time.perf_counter() - t0
-            trained = {s: (directory, s, wall, [m["eval/episode_return"] for _, m in r.eval_history],
-                           r.failure is not None) for s, r in zip(args.seeds, results)}
+            for s, r in zip(args.seeds, results):
+                record(s, directory, s, wall, [m["eval/episode_return"] for _, m in r.eval_history],
+                       r.failure is not None, None)
         else:
-            trained = {}
             for s in args.seeds:
-                wall, evals = train_solo(args, preset, s, Path(directory) / f"seed_{s}")
-                trained[s] = (str(Path(directory) / f"seed_{s}" / "checkpoints"), None, wall, evals, False)
-        for seed, (checkpoints, which_seed, wall, evals, failed) in trained.items():
-            row = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
-                   "label": args.label, "seed": seed, "batched": args.batched,
-                   "target": target, "episodes": args.episodes, "wall_s": round(wall, 1),
-                   "hidden_size": preset.hidden_size, "network_kwargs": args.network_kwargs,
-                   "overrides": args.overrides, "failed": failed}
-            for which in (None, "best"):
-                net = load_network(checkpoints, spec.build(eval_env), seed=which_seed, step=which)
-                metrics = evaluate(eval_env, net, n_envs=args.episodes, max_episode_length=max_len, seed=1000 + seed)
-                name = which or "final"
-                row[f"{name}_return"] = round(metrics["eval/episode_return"], 3)
-                row[f"{name}_min"] = round(metrics["eval/episode_return_min"], 3)
-            row["train_evals"] = [round(e, 2) for e in evals]
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+                wall, evals, command = train_solo(args, preset, s, Path(directory) / f"seed_{s}")
+                record(s, str(Path(directory) / f"seed_{s}" / "checkpoints"), None, wall, evals, False,
+                       " ".join(command[1:]))
     finals = np.array([r["final_return"] for r in rows])
     bests = np.array([r["best_return"] for r in rows])
     summary = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
@@ -154,10 +170,8 @@ def main() -> None:
                "final_min": float(finals.min()), "best_min": float(bests.min()),
                "wall_s": sum(r["wall_s"] for r in rows) if not args.batched else rows[0]["wall_s"]}
     print(json.dumps(summary))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as f:
-        for row in [*rows, {"summary": summary}]:
-            f.write(json.dumps(row) + "\n")
+        f.write(json.dumps({"summary": {**summary, "commit": commit}}) + "\n")
 
 
 if __name__ == "__main__":
