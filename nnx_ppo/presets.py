@@ -133,7 +133,8 @@ PRESETS: tuple[Preset, ...] = (
         env_kwargs={"n_cues": 4, "delay": 8},
         network="lstm",
         hidden_size=32,
-        config=_config(150_000, 10_000, 64, 1000, n_envs=64, rollout_length=24),
+        # learning_rate_decay: the final policy at 1.0 on 20 of 20 solo seeds (19 of 20 without); bench/README
+        config=_config(150_000, 10_000, 64, 1000, n_envs=64, rollout_length=24, learning_rate_decay=True),
         target=1.0,
         description="report a cue (1 of 4) after 8 blank steps; a memoryless policy scores 0.25",
     ),
