@@ -140,6 +140,57 @@ def steady_rate(times: list[tuple[float, int]], skip: int) -> tuple[float, int]:
     return (sb - sa) / (tb - ta), len(times) - skip
 
 
+def speed_row(lib: str, args, params: int, build_s: float, compile_s: float, t0: float,
+              times: list[tuple[float, int]], wall: float) -> dict:
+    """The fields both libraries' rows share: sizes, build and compile time,
+    the steady rate (:func:`steady_rate` of the log_fn ``times``), peak
+    memory, and the iteration's FLOPs against the measured matmul rate."""
+    per_iteration = args.n_envs * args.rollout
+    sps, measured = steady_rate(times, args.skip)
+    flops = iteration_flops(params, args.n_envs, args.rollout)
+    rate = matmul_rate()
+    return {
+        "lib": lib, "decoder": args.decoder, "n_envs": args.n_envs, "rollout": args.rollout,
+        "parameters": int(params), "build_s": round(build_s, 2), "compile_s": round(compile_s, 2),
+        "first_iteration_s": round(times[0][0] - t0, 2),
+        "wall_s": round(wall, 2), "steady_sps": round(sps), "iterations_measured": measured,
+        "s_per_iteration": round(per_iteration / sps, 2), "peak_rss_mib": round(peak_rss_mib()),
+        "iteration_gflop": round(flops / 1e9), "matmul_gflops": round(rate / 1e9, 1),
+        "fraction_of_matmul_limit": round(flops * sps / per_iteration / rate, 3),
+    }
+
+
+def profile_rollout(row: dict, rollout, state, args, times: list[tuple[float, int]]) -> None:
+    """``--profile``: time ``rollout(state, key) -> state`` (one rollout of
+    the trained state, as the trainer runs it): its compile, then the best of
+    3 calls, and its share of a steady iteration (from the log_fn ``times``), into ``row``. A failure is
+    recorded in ``row["profile_error"]``; the training row stands."""
+    try:
+        key = jax.random.key(1)
+        start = time.perf_counter()
+        state = jax.block_until_ready(rollout(state, key))
+        row["rollout_compile_s"] = round(time.perf_counter() - start, 2)
+        seconds = []
+        for _ in range(3):
+            key, sub = jax.random.split(key)
+            start = time.perf_counter()
+            state = jax.block_until_ready(rollout(state, sub))
+            seconds.append(time.perf_counter() - start)
+        row["rollout_s"] = round(min(seconds), 2)
+        iteration_seconds = args.n_envs * args.rollout / steady_rate(times, args.skip)[0]
+        row["rollout_share"] = round(min(seconds) / iteration_seconds, 3)
+        row["peak_rss_mib"] = round(peak_rss_mib())
+    except Exception as error:  # noqa: BLE001  (the training row still prints)
+        row["profile_error"] = repr(error)[:300]
+
+
+def print_row(row: dict, load_start: float) -> None:
+    """``row`` with the 1-minute load at the start and end and the time, as one JSON line."""
+    row["load_1min"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+    row["utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(json.dumps(row), flush=True)
+
+
 def make_env():
     """The stand-in env in this library's API (``RLEnv``, ``EnvState``)."""
     from nnx_ppo.envs import Box, EnvState, RLEnv
@@ -212,47 +263,18 @@ def main(argv):
     t0 = time.perf_counter()
     result = train_ppo(env, net, config, log_fn=log_fn)
     wall = time.perf_counter() - t0
-    sps, measured = steady_rate(times, args.skip)
-    flops = iteration_flops(params, args.n_envs, args.rollout)
-    rate = matmul_rate()
-    row = {
-        "lib": "nnx_ppo", "decoder": args.decoder, "n_envs": args.n_envs, "rollout": args.rollout,
-        "parameters": params, "build_s": round(build_s, 2), "compile_s": round(result.compile_seconds, 2),
-        "first_iteration_s": round(times[0][0] - t0, 2),
-        "wall_s": round(wall, 2), "steady_sps": round(sps), "iterations_measured": measured,
-        "s_per_iteration": round(per_iteration / sps, 2), "peak_rss_mib": round(peak_rss_mib()),
-        "iteration_gflop": round(flops / 1e9), "matmul_gflops": round(rate / 1e9, 1),
-        "fraction_of_matmul_limit": round(flops * sps / per_iteration / rate, 3),
-        "replay_max_error": max(replay_errors) if replay_errors else None,
-    }
+    row = speed_row("nnx_ppo", args, params, build_s, result.compile_seconds, t0, times, wall)
+    row["replay_max_error"] = max(replay_errors) if replay_errors else None
     if args.profile:
-        try:
-            fn = NetworkFn.of(net, deterministic=False)
-            graphdef, rollout_state = fn.graphdef, result.state.rollout
+        fn = NetworkFn.of(net, deterministic=False)
 
-            @jax.jit
-            def rollout_only(params, rest, state, key):
-                out = collect_rollout(env, NetworkFn(graphdef, params, rest), state, key, args.rollout, True)
-                return out.trajectory, out.state
+        @jax.jit
+        def rollout_only(params, rest, state, key):
+            return collect_rollout(env, NetworkFn(fn.graphdef, params, rest), state, key, args.rollout, True).state
 
-            key = jax.random.key(1)
-            start = time.perf_counter()
-            jax.block_until_ready(rollout_only(fn.params, fn.rest, rollout_state, key))
-            row["rollout_compile_s"] = round(time.perf_counter() - start, 2)
-            seconds = []
-            for _ in range(3):
-                key, sub = jax.random.split(key)
-                start = time.perf_counter()
-                _, rollout_state = jax.block_until_ready(rollout_only(fn.params, fn.rest, rollout_state, sub))
-                seconds.append(time.perf_counter() - start)
-            row["rollout_s"] = round(min(seconds), 2)
-            row["rollout_share"] = round(min(seconds) / (per_iteration / sps), 3)
-            row["peak_rss_mib"] = round(peak_rss_mib())
-        except Exception as error:  # noqa: BLE001  (the training row still prints)
-            row["profile_error"] = repr(error)[:300]
-    row["load_1min"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
-    row["utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    print(json.dumps(row), flush=True)
+        profile_rollout(row, lambda state, key: rollout_only(fn.params, fn.rest, state, key), result.state.rollout,
+                        args, times)
+    print_row(row, load_start)
 
 
 if __name__ == "__main__":

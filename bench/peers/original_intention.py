@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -48,12 +47,11 @@ from bench_intention import (  # noqa: E402  (JAX only: no project import)
     FRAME_DIMS,
     PROPRIOCEPTION,
     REFERENCE_FRAMES,
-    iteration_flops,
-    matmul_rate,
-    peak_rss_mib,
+    print_row,
+    profile_rollout,
+    speed_row,
     stand_in_reset,
     stand_in_step,
-    steady_rate,
 )
 
 
@@ -166,44 +164,19 @@ def main(argv):
     t0 = time.perf_counter()
     result = ppo.train_ppo(env, net, config, log_fn=log_fn)
     wall = time.perf_counter() - t0
-    sps, measured = steady_rate(times, args.skip)
-    flops = iteration_flops(params, args.n_envs, args.rollout)
-    rate = matmul_rate()
-    row = {
-        "lib": "nnx-ppo-0.3.0", "decoder": args.decoder, "n_envs": args.n_envs, "rollout": args.rollout,
-        "parameters": int(params), "build_s": round(build_s, 2), "compile_s": round(times[0][0] - t0, 2),
-        "first_iteration_s": round(times[0][0] - t0, 2),
-        "wall_s": round(wall, 2), "steady_sps": round(sps), "iterations_measured": measured,
-        "s_per_iteration": round(per_iteration / sps, 2), "peak_rss_mib": round(peak_rss_mib()),
-        "iteration_gflop": round(flops / 1e9), "matmul_gflops": round(rate / 1e9, 1),
-        "fraction_of_matmul_limit": round(flops * sps / per_iteration / rate, 3),
-    }
+    # The original reports no compile time of its own: its first iteration's (compile included).
+    row = speed_row("nnx-ppo-0.3.0", args, params, build_s, times[0][0] - t0, t0, times, wall)
     if args.profile:
-        try:
-            state = result.training_state
-            unroll = nnx.jit(rollout.unroll_env, static_argnums=(0, 4))
-            key = jax.random.key(1)
-            start = time.perf_counter()
-            out = unroll(env, state.env_states, state.networks, state.network_states, args.rollout, key)
-            jax.block_until_ready(out)
-            row["rollout_compile_s"] = round(time.perf_counter() - start, 2)
-            net_state, env_states = out[0], out[1]
-            seconds = []
-            for _ in range(3):
-                key, sub = jax.random.split(key)
-                start = time.perf_counter()
-                out = unroll(env, env_states, state.networks, net_state, args.rollout, sub)
-                jax.block_until_ready(out)
-                seconds.append(time.perf_counter() - start)
-                net_state, env_states = out[0], out[1]
-            row["rollout_s"] = round(min(seconds), 2)
-            row["rollout_share"] = round(min(seconds) / (per_iteration / sps), 3)
-            row["peak_rss_mib"] = round(peak_rss_mib())
-        except Exception as error:  # noqa: BLE001  (the training row still prints)
-            row["profile_error"] = repr(error)[:300]
-    row["load_1min"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
-    row["utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    print(json.dumps(row), flush=True)
+        state = result.training_state
+        unroll = nnx.jit(rollout.unroll_env, static_argnums=(0, 4))
+
+        def one_rollout(carry, key):
+            net_state, env_states = carry
+            out = unroll(env, env_states, state.networks, net_state, args.rollout, key)
+            return out[0], out[1]
+
+        profile_rollout(row, one_rollout, (state.network_states, state.env_states), args, times)
+    print_row(row, load_start)
 
 
 if __name__ == "__main__":
