@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seeds
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Failure, NonFiniteError, ReplayMismatchError
 from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
 from nnx_ppo.algorithms.hyperparameters import check_population, initial_member_state
@@ -89,14 +89,14 @@ class Members:
 
 
 def gather_members(network, make_network, seeds, members, config: TrainConfig) -> Members:
-    """One run (``network``), a seed batch (``make_network`` and ``seeds``)
-    or a population (and ``members``: one config per seed) as
-    :class:`Members`; a batch's networks are built here
-    (``make_network(nnx.Rngs(seed))``) and must share one structure."""
+    """One run (``network``), a seed batch (``make_network`` and ``seeds``,
+    checked by :func:`~nnx_ppo.algorithms.config.check_seeds`) or a
+    population (and ``members``: one config per seed) as :class:`Members`; a
+    batch's networks are built here (``make_network(nnx.Rngs(seed))``) and
+    must share one structure."""
     if seeds is None:
         return Members(names=[None], configs=[config], networks=[network],
                         graphdef=NetworkFn.of(network, deterministic=False).graphdef, stacked=False)
-    seeds = check_seeds(seeds, "train_seeds: seeds")
     if members is None:
         configs = [dataclasses.replace(config, seed=s) for s in seeds]
     else:

@@ -207,6 +207,7 @@ def test_a_plain_run_is_a_member_of_its_own(tmp_path, capsys):
     failures = rd.failure_rows(rd.read_metrics(run))
     assert list(failures) == [None]
     assert failures[None]["iteration"] == 1 and failures[None]["failure_type"] == "NonFiniteError"
+    assert not [r for r in rd.read_metrics(run) if r.get("eval")]  # no member left to evaluate
     assert cli.main(["eval", str(run), "--episodes", "4"]) == 0
     out = capsys.readouterr().out
     assert MARK.search(out) and "mean nan" not in out, out  # (the last healthy parameters)
