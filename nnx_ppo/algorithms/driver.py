@@ -285,6 +285,14 @@ class Driver:
         """Every member has failed."""
         return len(self.failures) == len(self.member_iterations)
 
+    @property
+    def state_steps(self) -> int:
+        """Env steps the state holds, which names its checkpoint: the driver's,
+        or once every member has failed, the latest member's last healthy iteration."""
+        if not self.all_failed:
+            return self.steps
+        return max(f.iteration - 1 for f in self.failures.values()) * self.steps_per_iteration
+
     def _last_scheduled_evaluation(self) -> int | None:
         """The env step of the last evaluation a run that started from scratch
         made before ``start_iteration`` (None for a fresh run), so that a
@@ -306,6 +314,7 @@ class Driver:
         """The loop. A failure ends it only when every member has failed (see ``failures``)."""
         hooks = self.hooks
         last_checkpoint = self.steps
+        saved = {self.steps} if self.start_iteration else set()  # env steps with a checkpoint (a resume's own)
         last_eval = self._last_scheduled_evaluation()
         eval_history: list[tuple[int, dict[str, float]]] = []
         last_metrics: dict[str, float] = {}
@@ -339,9 +348,10 @@ class Driver:
                     self.steps - last_checkpoint >= hooks.checkpoint_every_steps):
                 hooks.checkpoint(self.state, self.steps)
                 last_checkpoint = self.steps
+                saved.add(self.steps)
             if hooks.should_stop is not None and hooks.should_stop():
                 break
-        if hooks.checkpoint is not None and last_checkpoint != self.steps:
-            hooks.checkpoint(self.state, self.steps)
+        if hooks.checkpoint is not None and self.state_steps not in saved:
+            hooks.checkpoint(self.state, self.state_steps)
         return DriverResult(state=self.state, metrics=last_metrics, eval_history=eval_history,
                             iterations=self.iteration, compile_seconds=compile_seconds)

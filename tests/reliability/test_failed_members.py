@@ -26,6 +26,7 @@ import pytest
 
 from nnx_ppo import cli
 from nnx_ppo import run_dir as rd
+from nnx_ppo.algorithms import checkpointing
 
 TINY = [
     "cue_memory", "--env-kwargs", '{"n_cues": 2, "delay": 2}', "--network", "mlp", "--hidden-size", "8",
@@ -204,6 +205,8 @@ def test_a_plain_run_is_a_member_of_its_own(tmp_path, capsys):
     run = tmp_path / "run"
     assert cli.main(["train", *TINY, "--ppo.reward-scale", "1e38", "--run-dir", str(run), "--quiet"]) == 1
     assert "non-finite values" in capsys.readouterr().err
+    # the final checkpoint is named by the steps its state holds (the iteration before the failure)
+    assert [step for step, _ in checkpointing.list_checkpoints(run / rd.CHECKPOINT_DIR)] == [0]
     failures = rd.failure_rows(rd.read_metrics(run))
     assert list(failures) == [None]
     assert failures[None]["iteration"] == 1 and failures[None]["failure_type"] == "NonFiniteError"
