@@ -10,7 +10,7 @@ import tyro
 
 from nnx_ppo.algorithms.config import GROUP_DEVICES, GROUP_ENV, GROUP_RUN, TrainConfig
 from nnx_ppo.algorithms.config_io import per_member_bounds
-from nnx_ppo.presets import get_preset
+from nnx_ppo.presets import DEFAULT_CONFIG, get_preset
 
 PROG = "nnx-ppo"
 
@@ -41,7 +41,7 @@ DEFAULT_ENV_KWARGS: dict[str, Any] = dict(DEFAULT_PRESET.env_kwargs)
 DEFAULT_NETWORK = DEFAULT_PRESET.network
 DEFAULT_HIDDEN_SIZE = DEFAULT_PRESET.hidden_size
 DISTRIBUTED_TIMEOUT = 120.0  # = nnx_ppo.algorithms.distributed.DEFAULT_TIMEOUT (importing it would load JAX for --help)
-DEFAULT_TRAIN_CONFIG = DEFAULT_PRESET.config
+DEFAULT_TRAIN_CONFIG = DEFAULT_CONFIG
 
 
 class CliError(Exception):
