@@ -6,7 +6,7 @@ Usage:
                               [--label defaults] [--extra-args '--network-kwargs {"forget_bias": 3.0}']
                               [--out bench/results/suite.jsonl] [--dry-run]
     python bench/suite.py random [--tasks T ...] [--episodes 1024]
-    python bench/suite.py report [--out bench/results/suite.jsonl] [--labels L ...] [--no-readme]
+    python bench/suite.py report [--out bench/results/suite.jsonl] [--labels L ...] [--baseline L] [--no-readme]
 
 Every task is one for which the library ships no preset: memory tasks
 (gymnax's bsuite MemoryChain at memory lengths inside and past the default
@@ -561,6 +561,62 @@ def report_markdown(rows: list[dict], labels: list[str], plot: Path | None) -> s
     return "\n".join(lines)
 
 
+def paired(rows: list[dict], labels: list[str]) -> list[dict]:
+    """The rows of ``labels`` whose (task, network, seed) every label has run,
+    so that candidates are compared on the same runs."""
+    runs = [{(r["task"], r["network"], r["seed"]) for r in rows if r["label"] == label} for label in labels]
+    common = set.intersection(*runs) if runs else set()
+    return [r for r in rows if r["label"] in labels and (r["task"], r["network"], r["seed"]) in common]
+
+
+def choice_markdown(rows: list[dict], labels: list[str], baseline: str) -> str:
+    """How the defaults are chosen over the suite (issue 35, point 3), on the
+    runs every label has made:
+
+    * per label, (task, network) pairs solved (a majority of seeds at the
+      threshold) by network, and the mean normalized score;
+    * leave-one-out: for each pair held out, the label with the best mean
+      normalized score over the *other* pairs is chosen, and its score on the
+      held-out pair is what the choice gets there. The sum over pairs of
+      those held-out scores is set beside ``baseline``'s (the defaults before).
+    """
+    import numpy as np
+
+    rows = paired(rows, labels)
+    if baseline not in labels or not rows:
+        return ""
+    pairs = sorted({(r["task"], r["network"]) for r in rows}, key=_task_order().get)
+    groups = {(label, pair): [r for r in rows if r["label"] == label and (r["task"], r["network"]) == pair]
+              for label in labels for pair in pairs}
+    score = {key: float(np.mean([_score(r) for r in group])) for key, group in groups.items()}
+    solved = {key: 2 * sum(r["solved"] for r in group) > len(group) for key, group in groups.items()}
+    lines = [f"Compared on the runs every label has made: {len(rows) // len(labels)} runs per label over "
+             f"{len(pairs)} (task, network) pairs.", "",
+             "| label | memory pairs solved, lstm | memory pairs solved, gru | control pairs solved | "
+             "mean normalized |", "| --- | --- | --- | --- | --- |"]
+    def count(label, kind, network=None):
+        """``(solved, total)`` pairs of ``kind`` (and ``network``) for ``label``."""
+        mine = [p for p in pairs if TASK_BY_NAME[p[0]].kind == kind and network in (None, p[1])]
+        return f"{sum(solved[label, p] for p in mine)} / {len(mine)}"
+
+    for label in labels:
+        mean = np.mean([score[label, p] for p in pairs])
+        lines.append(f"| {label} | {count(label, 'memory', 'lstm')} | {count(label, 'memory', 'gru')} | "
+                     f"{count(label, 'control')} | {_fmt(mean)} |")
+    held, base, picks = [], [], []
+    for out in pairs:
+        rest = [p for p in pairs if p != out]
+        pick = max(labels, key=lambda label: (np.mean([score[label, p] for p in rest]), label == baseline))
+        picks.append(pick)
+        held.append(score[pick, out])
+        base.append(score[baseline, out])
+    counts = ", ".join(f"{label} {picks.count(label)}" for label in labels)
+    lines += ["", f"Leave-one-out: each pair's label chosen on the other {len(pairs) - 1} pairs ({counts} times); "
+              f"mean normalized score on the held-out pairs {_fmt(float(np.mean(held)))}, against "
+              f"{_fmt(float(np.mean(base)))} for `{baseline}` (the defaults before)."]
+    return "\n".join(lines)
+
+
 def plot_scores(rows: list[dict], labels: list[str], path: Path) -> None:
     """Left: every run's normalized score per (task, network), the median as a bar, one colour per label.
     Right: the aggregate IQM per label with its bootstrap 95% interval (all, memory, control)."""
@@ -639,6 +695,8 @@ def cmd_report(args) -> int:
               f"commit(s) {', '.join(commits)}. "
               f"`python bench/suite.py report` rewrote this part.\n")
     section = header + "\n" + report_markdown(rows, labels, plot if plot.is_relative_to(HERE) else None)
+    if args.baseline and len(labels) > 1:
+        section += "\n\n" + choice_markdown(rows, labels, args.baseline)
     print(section)
     if not args.no_readme:
         rewrite_readme(section)
@@ -673,6 +731,9 @@ def main(argv: list[str] | None = None) -> int:
     p_report.add_argument("--labels", nargs="+", default=None, help="default: every label, in order of appearance")
     p_report.add_argument("--plot", default=str(PLOT))
     p_report.add_argument("--no-readme", action="store_true", help="print only; leave bench/README.md as it is")
+    p_report.add_argument("--baseline", default=None,
+                          help="the label of the defaults before: adds the comparison of the labels on their "
+                               "common runs and the leave-one-out choice among them")
     args = parser.parse_args(argv)
     return {"list": cmd_list, "run": cmd_run, "random": cmd_random, "report": cmd_report}[args.command](args)
 
