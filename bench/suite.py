@@ -3,7 +3,7 @@
 Usage:
     python bench/suite.py list
     python bench/suite.py run [--tasks T ...] [--networks N ...] [--seeds 0 1 2 3 4]
-                              [--label defaults] [--extra-args '--network-kwargs {"forget_bias": 3.0}']
+                              [--label defaults] [--extra-args "--ppo.rollout-length 96"]
                               [--out bench/results/suite.jsonl] [--dry-run]
     python bench/suite.py random [--tasks T ...] [--episodes 1024]
     python bench/suite.py report [--out bench/results/suite.jsonl] [--labels L ...] [--baseline L] [--no-readme]
@@ -32,7 +32,8 @@ skipped, so an interrupted ``run`` continues where it stopped and loses at
 most the run in progress (its run directory is started again). ``--label``
 names a candidate set of defaults and ``--extra-args`` gives the flags that
 make it, appended to every ``train`` command (e.g. ``--label lstm_forget3
---extra-args '--network-kwargs {"forget_bias": 3.0}'``).
+--extra-args "--network-kwargs '{\"forget_bias\": 3.0}'"``: the flags are split as
+a shell splits them, so JSON keeps its quotes inside single quotes).
 
 ``report`` prints per label: the fraction of (task, network) pairs solved
 (a majority of their seeds reach the threshold) and of runs solved, the
