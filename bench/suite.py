@@ -230,8 +230,12 @@ def parse_eval(stdout: str) -> dict:
 
 
 def _trained(directory: Path) -> dict:
-    """Env steps trained and the median steady training env steps/s, from the run's metrics.jsonl."""
-    steps, rates = 0, []
+    """From the run's metrics.jsonl: env steps trained, the median steady
+    training env steps/s, and the periodic evaluations as ``[env_steps,
+    mean return, training seconds]`` (the training clock, compilation
+    included, at the iteration the evaluation followed), so that a row keeps
+    its learning curve when the run directory is gone."""
+    steps, rates, elapsed, evals = 0, [], 0.0, []
     path = directory / "metrics.jsonl"
     if path.exists():
         for line in path.read_text().splitlines():
@@ -242,8 +246,14 @@ def _trained(directory: Path) -> dict:
             steps = max(steps, int(row.get("env_steps", 0)))
             if "time/steps_per_second" in row:
                 rates.append(float(row["time/steps_per_second"]))
+            if isinstance(row.get("time/elapsed_seconds"), (int, float)):
+                elapsed = float(row["time/elapsed_seconds"])
+            if row.get("eval") and isinstance(row.get("eval/episode_return"), (int, float)):
+                evals.append([int(row.get("env_steps", 0)), round(float(row["eval/episode_return"]), 4),
+                              round(elapsed, 2)])
     rates = sorted(rates[1:] or rates)  # the first iteration's rate includes compilation
-    return {"env_steps": steps, "steps_per_s": round(rates[len(rates) // 2], 1) if rates else None}
+    return {"env_steps": steps, "steps_per_s": round(rates[len(rates) // 2], 1) if rates else None,
+            "evals": evals}
 
 
 def git_commit() -> tuple[str, bool]:
