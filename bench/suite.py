@@ -257,11 +257,14 @@ def _trained(directory: Path) -> dict:
 
 
 def git_commit() -> tuple[str, bool]:
-    """``git rev-parse HEAD`` and whether the work tree has changes (``git status --porcelain``)."""
+    """``git rev-parse HEAD`` and whether the library or the command line it
+    runs differs from it (``nnx_ppo/``, ``pyproject.toml``, ``bench/suite*.py``;
+    the results this script appends do not count)."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                 check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "nnx_ppo",
+                                     "pyproject.toml", "bench/suite.py", "bench/suite_envs.py"], cwd=ROOT,
                                     capture_output=True, text=True).stdout.strip())
     except (OSError, subprocess.CalledProcessError):
         return "unknown", False
