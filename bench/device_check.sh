@@ -3,7 +3,9 @@
 #  1. replay exactness of the MLP and LSTM Pendulum networks under the default
 #     matmul precision (TF32 on recent NVIDIA GPUs) and under "highest";
 #  2. steady throughput of the Pendulum MLP and LSTM work at 256 and 4096 envs;
-#  3. 8 seeds in one program against one after another.
+#  3. 8 seeds in one program against one after another;
+#  4. the intention network at the rodent users' size (3.46M parameters) on its
+#     stand-in env: MLP decoder at 1024 and 4096 envs x 20, LSTM decoder at 1024.
 # Prints JSON lines; copy them into bench/README.md ("Accelerators").
 # Usage: bash bench/device_check.sh [PYTHON]   (default .venv/bin/python)
 set -euo pipefail
@@ -23,3 +25,9 @@ for n_envs in 256 4096; do
     || echo "{\"failed\": \"lstm $n_envs\"}"
 done
 timeout 180 "$PY" bench_seeds.py mlp 8 12 || echo '{"failed": "seeds"}'
+for n_envs in 1024 4096; do
+  timeout 120 "$PY" bench_intention.py --n-envs "$n_envs" --iterations 4 --mlp-decoder --no-check \
+    || echo "{\"failed\": \"intention mlp $n_envs\"}"
+done
+timeout 120 "$PY" bench_intention.py --n-envs 1024 --iterations 4 --lstm-decoder --no-check \
+  || echo '{"failed": "intention lstm 1024"}'
