@@ -35,6 +35,18 @@ def _task(class_name: str, **defaults: Any) -> Callable[..., RLEnv]:
     return construct
 
 
+def _rodent(name: str) -> Callable[..., RLEnv]:
+    """A rodent task of :mod:`nnx_ppo.envs.rodent` (needs ``nnx_ppo[rodent]``), imported when first called."""
+
+    def construct(**kwargs) -> RLEnv:
+        from nnx_ppo.envs.rodent import make_env
+
+        return make_env(name, **kwargs)
+
+    construct.__name__ = construct.__qualname__ = name
+    return construct
+
+
 # name -> (constructor, default episode length or None for self-terminating tasks)
 _BUILTINS: dict[str, tuple[Callable[..., RLEnv], int | None]] = {
     "cue_memory": (_task("CueMemory"), None),
@@ -44,6 +56,9 @@ _BUILTINS: dict[str, tuple[Callable[..., RLEnv], int | None]] = {
     "constant_reward": (_task("ConstantReward"), 1000),
     # three two-joint limbs, each reaching for its own target: dict observations, actions and rewards
     "limb_reacher": (_task("LimbReacher"), 50),
+    # dm-control's virtual rodent under MJX (docs/rodent.md): clips end (truncate) within 150 steps; 10 s runs
+    "rodent_imitation": (_rodent("rodent_imitation"), 150),
+    "rodent_run": (_rodent("rodent_run"), 500),
 }
 
 

@@ -1,0 +1,156 @@
+"""Compile time and speed of the rodent tasks under MJX (issue 36, point 1).
+
+Usage:
+    python bench/bench_rodent.py [--task rodent_imitation] [--n-envs 16 64 256] [--steps 20]
+                                 [--train] [--cache [DIR]] [--label TEXT] [--set KEY=VALUE ...]
+
+For each env count, on the env ``nnx_ppo.envs.make(--task)`` returns (the
+Playground adapter under its time limit, as training runs it): the seconds
+to lower and to compile ``jax.jit(jax.vmap(env.reset))`` and
+``jax.jit(jax.vmap(env.step))``, then their steady rates (``--steps`` calls
+after a warm-up call; env steps/s, physics steps/s = env steps/s x
+substeps). ``--train`` also times ``train_ppo`` for two iterations of a
+small MLP on the first env count (rollout 16, 2 epochs x 2 minibatches, no
+evaluation): the first iteration's wall time (compiling included) and the
+second's. ``--cache`` turns on JAX's persistent compilation cache (default
+folder ``~/.cache/nnx_ppo/jax``) first: run twice to see a warm start.
+``--set`` overrides the task config (``--set iterations=8 solver=newton``).
+
+Prints one JSON row per measurement and appends it to
+bench/results/rodent.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+RESULTS = pathlib.Path(__file__).parent / "results" / "rodent.jsonl"
+
+
+def _emit(row: dict, out: pathlib.Path) -> None:
+    print(json.dumps(row), flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _compile(fn, *args) -> tuple[object, float, float]:
+    """``(compiled, lower_s, compile_s)`` of ``jax.jit(fn)`` at ``args``."""
+    t0 = time.perf_counter()
+    lowered = jax.jit(fn).lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    return compiled, t1 - t0, time.perf_counter() - t1
+
+
+def _rate(call, state, n: int, calls: int) -> tuple[object, float]:
+    """``(last output, items per second)`` of ``calls`` calls chained on ``state`` (after one warm-up).
+    Every call is waited for, so that timings never include queued work."""
+    state = jax.block_until_ready(call(state))
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        state = jax.block_until_ready(call(state))
+    return state, n * calls / (time.perf_counter() - t0)
+
+
+def _reset_rate(reset, keys, n: int, calls: int) -> float:
+    """Resets per second over ``calls`` calls (after one warm-up); blocks on the last output."""
+    jax.block_until_ready(reset(keys))
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        jax.block_until_ready(reset(keys))
+    return n * calls / (time.perf_counter() - t0)
+
+
+def bench_env(env, n: int, steps: int, base: dict, out: pathlib.Path) -> None:
+    """Rows for reset and step of ``env`` at ``n`` envs."""
+    keys = jax.random.split(jax.random.key(0), n)
+    reset, lo, co = _compile(jax.vmap(env.reset), keys)
+    reset_rate = _reset_rate(reset, keys, n, steps)
+    _emit({**base, "what": "reset", "n_envs": n, "lower_s": round(lo, 2), "compile_s": round(co, 2),
+           "resets_per_s": round(reset_rate, 1)}, out)
+    state = jax.block_until_ready(reset(keys))
+    action = jnp.zeros((n, *env.action_space.shape), jnp.float32)
+    step, lo, co = _compile(jax.vmap(env.step), state, action)
+    _, rate = _rate(lambda s: step(s, action), state, n, steps)
+    substeps = env.unwrapped.env.n_substeps
+    _emit({**base, "what": "step", "n_envs": n, "lower_s": round(lo, 2), "compile_s": round(co, 2),
+           "env_steps_per_s": round(rate, 1), "physics_steps_per_s": round(rate * substeps, 1),
+           "substeps": substeps}, out)
+
+
+def bench_train(task: str, n: int, overrides: dict, base: dict, out: pathlib.Path) -> None:
+    """A row for two ``train_ppo`` iterations of a small MLP at ``n`` envs."""
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.envs import make
+
+    rollout = 16
+    env = make(task, random_initial_steps=True, **overrides)
+    config = TrainConfig(ppo=PPOConfig(n_envs=n, rollout_length=rollout, total_steps=2 * n * rollout, n_epochs=2,
+                                       n_minibatches=2), eval=EvalConfig(enabled=False))
+    times = []
+    t0 = time.perf_counter()
+    result = train_ppo(env, "mlp", config, log_fn=lambda metrics, steps: times.append(time.perf_counter()))
+    first = times[0] - t0
+    second = times[1] - times[0] if len(times) > 1 else None
+    _emit({**base, "what": "train_iteration", "n_envs": n, "rollout": rollout, "first_iteration_s": round(first, 1),
+           "compile_s": round(float(result.compile_seconds), 1) if result.compile_seconds is not None else None,
+           "second_iteration_s": None if second is None else round(second, 2),
+           "env_steps_per_s": None if second is None else round(n * rollout / second, 1)}, out)
+
+
+def _parse_sets(items: list[str]) -> dict:
+    overrides = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="rodent_imitation", choices=["rodent_imitation", "rodent_run"])
+    parser.add_argument("--n-envs", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--train", action="store_true")
+    parser.add_argument("--no-env", action="store_true", help="skip the reset/step rows")
+    parser.add_argument("--cache", nargs="?", const="", default=None)
+    parser.add_argument("--label", default="")
+    parser.add_argument("--set", nargs="*", default=[], dest="sets")
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    overrides = _parse_sets(args.sets)
+    if args.cache is not None:
+        from nnx_ppo.envs.rodent import enable_compilation_cache
+
+        enable_compilation_cache(args.cache or None)
+    from nnx_ppo.envs import make
+
+    base = {"task": args.task, "label": args.label, "sets": overrides, "cache": args.cache is not None,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "load1": round(os.getloadavg()[0], 2),
+            "jax": jax.__version__, "cpus": os.cpu_count()}
+    t0 = time.perf_counter()
+    env = make(args.task, **overrides)
+    base["make_s"] = round(time.perf_counter() - t0, 2)
+    if not args.no_env:
+        for n in args.n_envs:
+            bench_env(env, n, args.steps, base, args.out)
+    if args.train:
+        bench_train(args.task, args.n_envs[0], overrides, base, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
