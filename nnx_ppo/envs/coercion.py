@@ -82,7 +82,8 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
         return make(env)
     module = type(env).__module__.split(".")[0]
     name = type(env).__name__
-    if module == "mujoco_playground":
+    # a Playground env, or a subclass of one (vnl-playground's, the rodent tasks)
+    if any(cls.__module__.split(".")[0] == "mujoco_playground" for cls in type(env).__mro__):
         from nnx_ppo.envs.adapters import PlaygroundEnv
 
         length = episode_length if episode_length is not None else playground_episode_length(env)

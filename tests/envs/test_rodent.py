@@ -243,6 +243,12 @@ def test_vnl_shaped_imitation_trains_unchanged():
         report = check_env(VnlShapedImitation(), n_envs=4, n_steps=16)
         assert report.truncated.sum() > 0  # info["truncated"] reaches the trainer's env API
         assert as_env(VnlShapedImitation()).action_space.shape == (38,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a subclass of MjxEnv takes the Playground adapter, with no note
+        adapted = as_env(VnlShapedImitation())
+    assert type(adapted).__name__ == "TimeLimit" and type(adapted.env).__name__ == "PlaygroundEnv", adapted
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=8, total_steps=64, n_epochs=1, n_minibatches=2),
                              eval=EvalConfig(enabled=False))
         seen = []
