@@ -189,6 +189,11 @@ def _rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
 
+def eval_every_steps(budget: int) -> int:
+    """Env steps between the periodic evaluations of a run of ``budget`` steps (10 per run, at least 10k apart)."""
+    return max(10_000, budget // 10)
+
+
 def _cli(task: Task) -> list[str]:
     """The command line that trains and evaluates ``task``: ``nnx-ppo`` (next
     to this Python), or ``bench/suite_envs.py`` for a task of an extra env source."""
@@ -207,7 +212,7 @@ def train_command(task: Task, network: str, seed: int, directory: Path, extra_ar
     return [*_cli(task), "train", task.env, "--no-preset", "--network", network, "--seed", str(seed),
             "--ppo.total-steps", str(task.budget), "--run-dir", _rel(directory),
             *(["--env-kwargs", json.dumps(task.env_kwargs)] if task.env_kwargs else []), "--quiet",
-            "--eval.every-steps", str(max(10_000, task.budget // 10)),
+            "--eval.every-steps", str(eval_every_steps(task.budget)),
             "--checkpoint-every-steps", str(max(10_000, task.budget // 2)), *extra_args]
 
 

@@ -99,16 +99,6 @@ def load_suite():
     return module
 
 
-def every_steps(budget: int) -> int:
-    """Env steps between periodic evaluations: the suite's ``--eval.every-steps``."""
-    return max(10_000, budget // 10)
-
-
-def _rel(path: Path) -> str:
-    path = Path(path).absolute()
-    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
-
-
 # ----------------------------------------------------------------------------- what runs where
 
 
@@ -187,7 +177,7 @@ def cmd_one(args) -> int:
     from suite_peer_envs import SuiteEnv, evaluator
 
     env = SuiteEnv(task.env, task.env_kwargs)
-    trained = agents.TRAIN[args.peer](env, task.kind, args.seed, budget, every_steps(budget))
+    trained = agents.TRAIN[args.peer](env, task.kind, args.seed, budget, suite.eval_every_steps(budget))
     t0 = time.perf_counter()
     final = evaluator(env, trained.act, EPISODES)(trained.policy_params, trained.carry(EPISODES),
                                                  jax.random.PRNGKey(EVAL_SEED))
@@ -222,19 +212,6 @@ def _finite(value):
 
 
 # ----------------------------------------------------------------------------- run
-
-
-def read_rows(out: Path) -> list[dict]:
-    """The rows of a results file (none if it does not exist); a torn last line is ignored."""
-    if not out.exists():
-        return []
-    rows = []
-    for line in out.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def _key(row: dict) -> tuple[str, str, int]:
@@ -310,13 +287,14 @@ def cmd_run(args) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     log_path = out.with_name(out.stem + "_runs.log")
-    done_before = {_key(r) for r in read_rows(out)}
+    done_before = {_key(r) for r in suite.read_rows(out)}
     todo = sum((p, t.name, s) not in done_before for p, t, s in runs)
-    print(f"{len(runs)} runs, {todo} to do; results: {_rel(out)}; their output: {_rel(log_path)}", flush=True)
+    print(f"{len(runs)} runs, {todo} to do; results: {suite._rel(out)}; their output: {suite._rel(log_path)}",
+          flush=True)
     with log_path.open("a") as log:
         for i, (peer, task, seed) in enumerate(runs, 1):
             budget = args.budget or task.budget
-            done = {_key(r): r for r in read_rows(out)}  # read each time: another runner may have added rows
+            done = {_key(r): r for r in suite.read_rows(out)}  # read each time: another runner may have added rows
             if (peer, task.name, seed) in done:
                 if done[(peer, task.name, seed)].get("budget") != budget:
                     print(f"warning: {(peer, task.name, seed)} is in {out} with another budget; skipped", flush=True)
@@ -476,19 +454,19 @@ def rewrite_readme(section: str, readme: Path = README) -> None:
 def cmd_report(args) -> int:
     suite = load_suite()
     budgets = {t.name: t.budget for t in suite.TASKS}
-    all_peer = [r for r in read_rows(Path(args.out)) if r.get("task") in budgets]
+    all_peer = [r for r in suite.read_rows(Path(args.out)) if r.get("task") in budgets]
     peer_rows = [r for r in all_peer if r.get("budget") == budgets[r["task"]]]
-    our_rows = [r for r in read_rows(Path(args.suite_out))
+    our_rows = [r for r in suite.read_rows(Path(args.suite_out))
                 if r.get("label") == args.label and r.get("task") in budgets and r.get("budget") == budgets[r["task"]]]
     if not peer_rows and not our_rows:
         print(f"no rows in {args.out} or {args.suite_out}")
         return 1
     dates = sorted(r["started"][:10] for r in peer_rows)
     left_out = len(all_peer) - len(peer_rows)
-    header = (f"Rows: {len(peer_rows)} peer runs in `{_rel(Path(args.out))}`"
+    header = (f"Rows: {len(peer_rows)} peer runs in `{suite._rel(Path(args.out))}`"
               + (f" ({dates[0]} to {dates[-1]})" if dates else " (none yet)")
               + (f", {left_out} rows of other budgets left out" if left_out else "")
-              + f", and {len(our_rows)} runs of label `{args.label}` in `{_rel(Path(args.suite_out))}`. "
+              + f", and {len(our_rows)} runs of label `{args.label}` in `{suite._rel(Path(args.suite_out))}`. "
               "`python bench/peers/suite_peers.py report` rewrote this part.\n")
     section = header + "\n" + report_markdown(peer_rows, our_rows, args.label) + "\n\n" + NOTES
     print(section)
