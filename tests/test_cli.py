@@ -521,3 +521,18 @@ def test_a_failing_seed_is_named_and_the_run_stays_resumable(tmp_path, capsys, m
         1, 2, 3, 4, 5, 6]
     assert [r["iteration"] for r in iteration_rows(run) if r.get("seed") == bad and rd.FAILURE_KEY not in r] == [1]
     assert sum(1 for r in rd.read_metrics(run) if r.get("seed") == bad and rd.FAILURE_KEY in r) == 1
+
+
+def test_library_defaults_are_their_own_not_the_default_presets():
+    """``nnx-ppo train`` without a preset starts from ``presets.DEFAULT_CONFIG``
+    (a constant learning rate); the default env's preset adds its own learning-rate
+    decay without changing the defaults every other task gets."""
+    import dataclasses
+
+    from nnx_ppo.app.commands import DEFAULT_TRAIN_CONFIG
+    from nnx_ppo.presets import DEFAULT_CONFIG, get_preset
+
+    assert DEFAULT_TRAIN_CONFIG is DEFAULT_CONFIG and not DEFAULT_CONFIG.ppo.learning_rate_decay
+    preset = get_preset("cue_memory").config
+    assert preset.ppo.learning_rate_decay
+    assert dataclasses.replace(preset, ppo=dataclasses.replace(preset.ppo, learning_rate_decay=False)) == DEFAULT_CONFIG
