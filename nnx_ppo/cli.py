@@ -106,7 +106,8 @@ def _run_envs() -> int:
     print("\ntuned presets (`nnx-ppo train ENV [--network KIND]` starts from them; nnx_ppo.presets in Python):")
     for p in PRESETS:
         ppo = p.config.ppo
-        print(f"  {p.env:<28} {p.network:<5} {ppo.total_steps:>9,} steps  target {p.target:g}  {p.description}")
+        target = "-" if p.target is None else f"{p.target:g}"
+        print(f"  {p.env:<28} {p.network:<5} {ppo.total_steps:>9,} steps  target {target}  {p.description}")
     return 0
 
 

@@ -43,7 +43,8 @@ class Preset:
       env_kwargs: keyword arguments for ``make`` (training and evaluation).
       train_env_kwargs: keyword arguments for the training env only (e.g.
         ``random_reset_steps``; ``random_initial_steps`` is always on).
-      target: evaluation return every tuning seed reached.
+      target: evaluation return every tuning seed reached (``None``: a
+        setup for hardware this library was not measured on).
       description: one line for listings.
     """
 
@@ -54,7 +55,7 @@ class Preset:
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     network_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     train_env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    target: float = 0.0
+    target: float | None = 0.0
     description: str = ""
 
     def make_envs(self):
@@ -136,6 +137,16 @@ def _cheetah(network: str, description: str, **network_kwargs: Any) -> Preset:
     )
 
 
+def _rodent_imitation(network: str, config: TrainConfig, target: float | None, description: str) -> Preset:
+    """A ``rodent_imitation`` preset with an intention network
+    (:mod:`nnx_ppo.networks.intention`) that encodes the observation's
+    ``imitation_target`` window; discount 0.95 and 4 epochs, as the users'
+    published setups."""
+    return Preset(env="rodent_imitation", network=network, hidden_size=64,
+                  network_kwargs={"reference_key": "imitation_target"}, config=config, target=target,
+                  description=description)
+
+
 PRESETS: tuple[Preset, ...] = (
     Preset(
         env="cue_memory",
@@ -183,7 +194,7 @@ PRESETS: tuple[Preset, ...] = (
     Preset(
         env="limb_reacher",
         # one 64x64 actor per limb and one critic per limb's reward (docs/modular_body.md); the function's own
-        # sizes: a network function takes no --hidden-size or --network-kwargs. 5 solo seeds, final policy on 128
+        # sizes (a network function takes no --hidden-size). 5 solo seeds, final policy on 128
         # episodes: -14.2, -13.9, -14.7, -14.0, -14.4; each seed's evaluation at -17 or better from 130k steps on
         network="nnx_ppo.networks.modular:make_modular_actor_critic",
         hidden_size=64,
@@ -195,6 +206,18 @@ PRESETS: tuple[Preset, ...] = (
     _cheetah("mlp", "MuJoCo Playground half-cheetah, run forward (4x64 actor, 2x256 critic)",
              actor_hidden_sizes=[64] * 4, critic_hidden_sizes=[256] * 2),
     _cheetah("lstm", "the same with a Dense(64) + LSTM(64) actor and critic"),
+    _rodent_imitation(
+        "nnx_ppo.networks.intention:make_intention_network",  # the CPU size (INTENTION_CPU_SIZE)
+        _config(1_000_000, 100_000, 32, 150, learning_rate=3e-4, n_envs=64, rollout_length=20,
+                discounting_factor=0.95, n_epochs=4, n_minibatches=4),
+        target=None,
+        description="the virtual rodent tracks reference clips; CPU-size intention network (docs/rodent.md)"),
+    _rodent_imitation(
+        "nnx_ppo.networks.intention:make_users_intention_network",  # INTENTION_USERS_SIZE, 3.5M parameters
+        _config(500_000_000, 10_000_000, 256, 150, learning_rate=1e-4, n_envs=1024, rollout_length=20,
+                discounting_factor=0.95, n_epochs=4, n_minibatches=8),
+        target=None,
+        description="the users' GPU setup (1024 envs x 20, lr 1e-4); not measured here"),
 )
 
 

@@ -375,9 +375,9 @@ class Leaky(StatefulModule):
         return jnp.zeros((batch_size, self.size))
 
 
-def make_net(env, rngs):
+def make_net(env, rngs, decay=0.9):
     obs, n = env.observation_space.shape[0], env.action_space.n
-    return Sequential([Dense(obs, 8, rngs, activation=jnp.tanh), Leaky(8, 0.9),
+    return Sequential([Dense(obs, 8, rngs, activation=jnp.tanh), Leaky(8, decay),
                        PPOAdapter(action=Sequential([Dense(8, n, rngs), CategoricalSampler(rngs)]),
                                   value=Dense(8, 1, rngs))])
 """
@@ -393,13 +393,15 @@ def test_train_several_seeds_in_one_run(tmp_path, capsys, monkeypatch):
     (tmp_path / "src" / "own_net.py").write_text(OWN_NETWORK)
     monkeypatch.chdir(tmp_path / "src")
     run = tmp_path / "seeds"
-    code = cli.main(["train", *TINY, "--network", "own_net.py:make_net", "--ppo.total-steps", "512",
+    code = cli.main(["train", *TINY, "--network", "own_net.py:make_net", "--network-kwargs", '{"decay": 0.8}',
+                     "--ppo.total-steps", "512",
                      "--eval.every-steps", "256", "--seeds", "0", "1", "--iterations-per-call", "2",
                      "--run-dir", str(run), "--quiet"])
     assert code == 0
     config = json.loads((run / "config.json").read_text())
     assert config["seeds"] == [0, 1]
     assert config["network"]["kind"] == f"{tmp_path / 'src' / 'own_net.py'}:make_net"
+    assert config["network"]["kwargs"] == {"decay": 0.8}  # --network-kwargs reach a network function too
     rows = rd.read_metrics(run)
     for seed in (0, 1):
         assert len([r for r in rows if r.get("seed") == seed and not r.get("eval")]) == 4
@@ -416,10 +418,10 @@ def test_train_several_seeds_in_one_run(tmp_path, capsys, monkeypatch):
         assert cli.main(["train", *TINY, "--network", bad, "--run-dir", str(tmp_path / "bad")]) == 2
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) == 1, err
-    assert cli.main(["train", *TINY, "--network", "own_net.py:make_net", "--network-kwargs", '{"decay": 0.5}',
+    assert cli.main(["train", *TINY, "--network", "own_net.py:make_net", "--network-kwargs", '{"decy": 0.5}',
                      "--run-dir", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
-    assert "--network-kwargs is for the built-in networks" in err and len(err.strip().splitlines()) == 1, err
+    assert "cannot build the network" in err and "'decy'" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "bad").exists()
     monkeypatch.chdir(tmp_path)  # the run names the file by its absolute path
     # One checkpoint holds both seeds: eval reports each, --resume continues both.

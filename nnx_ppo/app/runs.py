@@ -171,7 +171,4 @@ def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
     except ValueError as e:
         raise CliError(f"--network: {e}") from None
     extra = parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs")
-    if extra and is_factory_reference(spec.kind):
-        raise CliError("--network-kwargs is for the built-in networks (mlp, lstm, gru); give your own network "
-                       "function its settings in its code")
     return dataclasses.replace(spec, kwargs={**spec.kwargs, **extra}) if extra else spec

@@ -47,6 +47,7 @@ __all__ = [
     "INTENTION_USERS_SIZE",
     "INTENTION_CPU_SIZE",
     "make_intention_network",
+    "make_users_intention_network",
     "count_parameters",
 ]
 
@@ -297,3 +298,12 @@ def make_intention_network(
     ])
     front: list[StatefulModule] = [Normalizer(shapes)] if normalize_obs else []
     return Sequential([*front, PPOAdapter(action=action, value=value)])
+
+
+def make_users_intention_network(env: Any = None, rngs: nnx.Rngs | None = None, **kwargs: Any) -> Sequential:
+    """:func:`make_intention_network` at the users' size
+    (:data:`INTENTION_USERS_SIZE`, about 3.5M parameters for the rodent);
+    ``kwargs`` are its other arguments and may override the sizes. On the
+    command line: ``--network
+    nnx_ppo.networks.intention:make_users_intention_network``."""
+    return make_intention_network(env, rngs, **{**INTENTION_USERS_SIZE, **kwargs})

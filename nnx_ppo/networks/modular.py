@@ -101,8 +101,8 @@ def make_modular_actor_critic(
 
     Usable from the command line as ``--network
     nnx_ppo.networks.modular:make_modular_actor_critic``, with the defaults
-    below (a network function takes no ``--network-kwargs``: for other sizes,
-    write a function of your own that calls this one).
+    below or others through ``--network-kwargs``, e.g.
+    ``'{"hidden_sizes": [32, 32]}'``.
 
     Args:
       env: the env (its ``observation_space``, ``action_space``, a dict, and
