@@ -57,7 +57,7 @@ from nnx_ppo.app.commands import (
 )
 from nnx_ppo.app.help_text import TRAIN_FLAG_GROUPS, clean_help, group_options
 from nnx_ppo.app.runs import parse_env_kwargs
-from nnx_ppo.presets import find_preset
+from nnx_ppo.presets import find_preset, library_defaults
 
 __all__ = [
     "main",
@@ -213,7 +213,7 @@ def _preset_of_help(argv: list[str]):
                   if not a.startswith("-") and (i == 0 or not rest[i - 1].startswith("--"))]
     if positional:
         env = positional[0]
-    return find_preset(env, network)
+    return find_preset(env, network) or (library_defaults(env, network, DEFAULT_HIDDEN_SIZE) if network else None)
 
 
 def _parse(argv: list[str]):
@@ -239,9 +239,11 @@ def _parse(argv: list[str]):
         if preset is not None:  # the help shows the defaults this env starts from
             return _with_preset(argv, preset), saved
     cmd = _tyro_parse(argv, TrainCommand())
-    if isinstance(cmd, TrainCommand) and not cmd.no_preset:  # (a SweepCommand is one too)
+    if isinstance(cmd, TrainCommand):  # (a SweepCommand is one too)
         network_given = any(a == "--network" or a.startswith("--network=") for a in argv)
-        preset = find_preset(cmd.env, cmd.network if network_given else None)
+        preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network if network_given else None)
+        if preset is None:  # the library defaults of this kind of network, where they differ
+            preset = library_defaults(cmd.env, cmd.network, cmd.hidden_size)
         if preset is not None:
             cmd = _with_preset(argv, preset)
     return cmd, saved
@@ -337,6 +339,25 @@ def _quiet_library_logs() -> None:
     sys.unraisablehook = unraisable_hook
 
 
+def _compilation_cache() -> None:
+    """Keep compiled programs on disk between runs
+    (:func:`nnx_ppo.algorithms.program.enable_compilation_cache`): in the
+    folder ``JAX_COMPILATION_CACHE_DIR`` names, else ``~/.cache/nnx_ppo/jax``;
+    ``JAX_ENABLE_COMPILATION_CACHE=false`` turns it off. A folder that cannot
+    be made is a warning, not an error."""
+    import jax
+
+    from nnx_ppo.algorithms.program import enable_compilation_cache
+
+    if not jax.config.jax_enable_compilation_cache:
+        return
+    try:
+        enable_compilation_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR") or None,
+                                 jax.config.jax_persistent_cache_min_compile_time_secs)
+    except OSError as e:
+        warnings.warn(f"no compilation cache ({e}); every run compiles afresh", stacklevel=2)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nnx-ppo`` console script. Returns the exit code
     (0 ok, 1 failure, 2 bad usage, 130 aborted)."""
@@ -347,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd, saved = _parse(argv)
         if isinstance(cmd, TrainCommand) and cmd.print_config:
             return _print_config(cmd, argv)
+        if isinstance(cmd, (SweepCommand, TrainCommand, EvalCommand, DistillCommand, ExportCommand)):
+            _compilation_cache()
         if isinstance(cmd, SweepCommand):
             from nnx_ppo.app.sweep import run_sweep
 

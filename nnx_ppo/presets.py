@@ -25,7 +25,7 @@ from typing import Any
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.network_spec import NetworkSpec
 
-__all__ = ["Preset", "PRESETS", "DEFAULT_CONFIG", "get_preset", "find_preset"]
+__all__ = ["Preset", "PRESETS", "DEFAULT_CONFIG", "NETWORK_DEFAULTS", "library_defaults", "get_preset", "find_preset"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +96,31 @@ for an env without a preset, or with ``--no-preset`` (64 envs x 24 steps, Adam
 1e-3, 150k steps). A candidate change is kept only if it scores better over
 the task suite of ``bench/suite.py`` (docs/training.md, "The defaults over a
 suite of tasks"), never on one task."""
+
+NETWORK_DEFAULTS: dict[str, dict[str, Any]] = {
+    # bench/suite.py, label lstm_long against the defaults, seeds 0-2 of the 8 memory tasks with --network lstm:
+    # pairs solved 6 of 8 against 4 of 8 (docs/training.md, "The defaults over a suite of tasks")
+    "lstm": {"network_kwargs": {"forget_bias": 3.0}, "ppo": {"n_envs": 16, "rollout_length": 128}},
+}
+"""Where the library defaults of one kind of network differ from
+:data:`DEFAULT_CONFIG` and its factory's defaults: ``network_kwargs`` for the
+factory and ``ppo`` fields. Each entry was chosen over the task suite
+(docs/training.md); the factories keep their own defaults, so the presets
+do not move."""
+
+
+def library_defaults(env: str, network: str, hidden_size: int) -> "Preset | None":
+    """What ``nnx-ppo train ENV --network NETWORK`` starts from when ENV has
+    no preset (or with ``--no-preset``): :data:`DEFAULT_CONFIG` with the
+    network's entry of :data:`NETWORK_DEFAULTS`, as a preset of ``env``
+    (``target`` ``None``), or ``None`` where the network has no entry."""
+    own = NETWORK_DEFAULTS.get(network)
+    if own is None:
+        return None
+    config = dataclasses.replace(DEFAULT_CONFIG, ppo=dataclasses.replace(DEFAULT_CONFIG.ppo, **own.get("ppo", {})))
+    return Preset(env=env, network=network, hidden_size=hidden_size, config=config,
+                  network_kwargs=dict(own.get("network_kwargs", {})), target=None,
+                  description=f"the library defaults for --network {network}")
 
 
 def _pendulum(network: str, total_steps: int, eval_every: int, description: str, **ppo: Any) -> Preset:

@@ -16,6 +16,8 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 
+from nnx_ppo.algorithms.program import enable_compilation_cache  # noqa: E402
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 # Many tests compile the same program again (a resumed run, the same network
@@ -38,9 +40,8 @@ def pytest_configure(config):
         os.environ[_CACHE_VARIABLE] = _own_cache[0]
         os.environ.setdefault(_MIN_SECONDS_VARIABLE, _MIN_SECONDS)
     if os.environ.get(_CACHE_VARIABLE):
-        jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_VARIABLE])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                          float(os.environ.get(_MIN_SECONDS_VARIABLE, _MIN_SECONDS)))
+        seconds = float(os.environ.get(_MIN_SECONDS_VARIABLE, _MIN_SECONDS))
+        enable_compilation_cache(os.environ[_CACHE_VARIABLE], seconds)
 
 
 def pytest_unconfigure(config):

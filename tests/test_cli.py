@@ -173,7 +173,7 @@ def test_envs_lists_the_presets(capsys):
 
 
 def test_train_env_starts_from_its_preset_and_flags_override_it():
-    from nnx_ppo.presets import get_preset
+    from nnx_ppo.presets import get_preset, library_defaults
 
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1"])
     preset = get_preset("gymnax:Pendulum-v1")
@@ -188,8 +188,9 @@ def test_train_env_starts_from_its_preset_and_flags_override_it():
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--network", "lstm"])
     assert cmd.config == get_preset("gymnax:Pendulum-v1", "lstm").config and cmd.network == "lstm"
 
-    cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--no-preset"])
-    assert cmd.config == cli.TrainCommand().config and cmd.config.ppo.reward_scale == 1.0
+    cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--no-preset"])  # the library defaults (of an LSTM)
+    defaults = library_defaults("gymnax:Pendulum-v1", cmd.network, cmd.hidden_size) or cli.TrainCommand()
+    assert cmd.config == defaults.config and cmd.config.ppo.reward_scale == 1.0
 
     cmd, _ = cli._parse(["train", "playground:CartpoleBalance"])  # train-only env kwargs come along
     assert json.loads(cmd.train_env_kwargs) == get_preset("playground:CartpoleBalance").train_env_kwargs
@@ -198,8 +199,8 @@ def test_train_env_starts_from_its_preset_and_flags_override_it():
     cmd, _ = cli._parse(["train", "cue_memory_long"])  # so do the network's own settings
     assert json.loads(cmd.network_kwargs) == get_preset("cue_memory_long").network_kwargs == {"forget_bias": 3.0}
 
-    cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1"])  # no preset: the defaults
-    assert cmd.config == cli.TrainCommand().config
+    cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1", "--network", "gru"])  # no preset: the defaults
+    assert cmd.config == (library_defaults("gymnax:Acrobot-v1", "gru", cmd.hidden_size) or cli.TrainCommand()).config
 
 
 def test_bad_reward_scale_is_a_clear_error(tmp_path, capsys):
@@ -235,6 +236,37 @@ def test_console_entry_point_unknown_env_exit_code():
     assert proc.returncode == 2
     assert "Unknown environment 'no_such_env'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_compiled_programs_are_kept_between_runs(tmp_path):
+    """A second run of the same program (another seed) loads every compiled
+    program from the cache the first run filled (~/.cache/nnx_ppo/jax, here
+    under XDG_CACHE_HOME)."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    folder = tmp_path / "cache" / "nnx_ppo" / "jax"
+    entries = []
+    for seed in (0, 1):
+        proc = subprocess.run(_console("train", *TINY, "--ppo.total-steps", "1024", "--seed", str(seed),
+                                       "--run-dir", str(tmp_path / f"run{seed}"), "--quiet"),
+                              capture_output=True, text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stderr
+        entries.append(sorted(p.name for p in folder.iterdir()))
+    assert entries[0] and entries[1] == entries[0]
+
+
+def test_compilation_cache_can_be_turned_off(tmp_path, monkeypatch):
+    import jax
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)  # what JAX_ENABLE_COMPILATION_CACHE=false sets
+    try:
+        cli._compilation_cache()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
+    assert not (tmp_path / "nnx_ppo").exists()
 
 
 def test_ctrl_c_stops_cleanly_then_resume_appends(tmp_path):
@@ -538,3 +570,27 @@ def test_library_defaults_are_their_own_not_the_default_presets():
     preset = get_preset("cue_memory").config
     assert preset.ppo.learning_rate_decay
     assert dataclasses.replace(preset, ppo=dataclasses.replace(preset.ppo, learning_rate_decay=False)) == DEFAULT_CONFIG
+
+
+def test_network_defaults_apply_where_no_preset_does():
+    """Without a preset (or with ``--no-preset``) a run starts from the library
+    defaults of its kind of network: ``NETWORK_DEFAULTS``' entry over
+    ``DEFAULT_CONFIG``. Flags still override them, and a preset still wins."""
+    from nnx_ppo.presets import DEFAULT_CONFIG, NETWORK_DEFAULTS, get_preset
+
+    lstm = NETWORK_DEFAULTS["lstm"]
+    expected = dataclasses.replace(DEFAULT_CONFIG, ppo=dataclasses.replace(DEFAULT_CONFIG.ppo, **lstm["ppo"]))
+    for argv in (["train", "gymnax:Acrobot-v1", "--network", "lstm"],
+                 ["train", "gymnax:Pendulum-v1", "--network", "lstm", "--no-preset"],
+                 ["sweep", "gymnax:Acrobot-v1", "--network", "lstm", "--seeds", "0", "1"]):
+        cmd, _ = cli._parse(argv)
+        assert json.loads(cmd.network_kwargs) == lstm["network_kwargs"] and cmd.config == expected, argv
+    cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1", "--network", "lstm", "--ppo.n-envs", "8",
+                         "--network-kwargs", '{"forget_bias": 1.0}'])
+    assert (cmd.config.ppo.n_envs, cmd.config.ppo.rollout_length) == (8, lstm["ppo"]["rollout_length"])
+    assert json.loads(cmd.network_kwargs) == {"forget_bias": 1.0}
+    for network in ("gru", "mlp"):
+        cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1", "--network", network])
+        assert network in NETWORK_DEFAULTS or (cmd.config == DEFAULT_CONFIG and cmd.network_kwargs is None)
+    cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--network", "lstm"])
+    assert cmd.config == get_preset("gymnax:Pendulum-v1", "lstm").config and cmd.network_kwargs is None

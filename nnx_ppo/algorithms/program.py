@@ -8,10 +8,14 @@ IterationOutput)`` on a :class:`~nnx_ppo.algorithms.state.TrainingState`.
 The state (each seed's) stays at its last healthy state once its health
 fails (:func:`keep_last_healthy`); :func:`stack_trees` builds such a batch and
 :func:`seed_slice` takes one seed's part of it.
+:func:`enable_compilation_cache` keeps compiled programs on disk, so a run
+of the same program again (same code, shapes, JAX and CPU) skips compiling.
 """
 
 from __future__ import annotations
 
+import os
+import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +26,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from nnx_ppo.algorithms.config import check_seed_batching
 from nnx_ppo.algorithms.sharding import SEED_AXIS
 
-__all__ = ["compile_iterations", "over_seeds", "keep_last_healthy", "stack_trees", "seed_slice"]
+__all__ = ["compile_iterations", "over_seeds", "keep_last_healthy", "stack_trees", "seed_slice",
+           "enable_compilation_cache", "default_cache_dir"]
 
 
 def stack_trees(trees: Sequence[Any]) -> Any:
@@ -125,3 +130,35 @@ def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: 
         return jax.jit(run, donate_argnums=0)
     replicated = NamedSharding(jax.tree.leaves(shardings)[0].mesh, PartitionSpec())
     return jax.jit(run, donate_argnums=0, in_shardings=(shardings, replicated), out_shardings=(shardings, replicated))
+
+
+def default_cache_dir() -> pathlib.Path:
+    """``$XDG_CACHE_HOME/nnx_ppo/jax`` (default ``~/.cache/nnx_ppo/jax``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base, "nnx_ppo", "jax")
+
+
+def enable_compilation_cache(path: str | os.PathLike | None = None, min_compile_seconds: float = 1.0) -> pathlib.Path:
+    """Turn on JAX's persistent compilation cache in ``path`` (created if needed).
+
+    The cached executable is the one XLA built for the same program, so
+    results do not change; only the compile is skipped. ``nnx-ppo`` calls
+    this for every command that compiles (docs/cli.md).
+
+    Args:
+      path: the cache folder; default :func:`default_cache_dir`.
+      min_compile_seconds: programs that compiled faster than this are not stored.
+
+    Returns the folder. Programs compiled after the call are cached (and
+    looked up); call it before the first training iteration compiles.
+    """
+    from jax.experimental.compilation_cache import compilation_cache
+
+    folder = pathlib.Path(path).expanduser() if path is not None else default_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()  # so a cache already initialized (or disabled) picks up the new folder
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    return folder

@@ -32,7 +32,7 @@ from nnx_ppo.app.runs import (
     read_run,
 )
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs
-from nnx_ppo.presets import find_preset
+from nnx_ppo.presets import NETWORK_DEFAULTS, find_preset
 from nnx_ppo.progress import fmt_seconds, pretty_path
 from nnx_ppo.runner import Run, RunSpec
 
@@ -209,6 +209,9 @@ def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict, resuming: bool
     if preset is not None and not resuming:
         print(f"starting from the tuned preset for {preset.env} ({preset.network}); flags given override it, "
               "--no-preset starts from the library defaults", flush=True)
+    elif cmd.network in NETWORK_DEFAULTS and not resuming:
+        print(f"starting from the library defaults for --network {cmd.network} (docs/training.md, \"The defaults "
+              f"over a suite of tasks\"); flags given override them", flush=True)
 
 
 def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int = 1) -> None:
