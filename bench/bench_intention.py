@@ -1,7 +1,7 @@
-"""Speed of the intention network at the virtual-rodent users' size, on a cheap stand-in env.
+"""Speed of the intention network at the virtual-rodent users' size, on a cheap stand-in env or the rodent task.
 
-Usage: python bench/bench_intention.py [--n-envs 1024] [--rollout 20] [--iterations 4] [--skip 1]
-                                       [--mlp-decoder | --lstm-decoder] [--profile]
+Usage: python bench/bench_intention.py [--env stand_in | --env rodent] [--n-envs 1024] [--rollout 20]
+                                       [--iterations 4] [--skip 1] [--mlp-decoder | --lstm-decoder] [--profile]
 
 The network is ``make_intention_network(**INTENTION_USERS_SIZE)`` (encoder
 4 x 512 over the reference -> 60-dim VariationalBottleneck latent -> decoder
@@ -26,9 +26,24 @@ every step and back-propagates (about 3 forwards), for 4 epochs: ``(1 + 3 *
 n_epochs) * 2 * params * n_envs * rollout``. Activations, the optimizer and
 the env are left out (small next to the products at this width).
 
-The module's top part (the stand-in env's dynamics and the matmul rate) uses
-JAX only, so ``bench/peers/original_intention.py`` runs the same env and the
-same measurement on the original nnx-ppo 0.3.0 in the peers' venv.
+``--env rodent``: the real task instead, ``nnx_ppo.envs.make("rodent_imitation")``
+(MJX physics, 10 substeps per env step; docs/rodent.md) with its observation
+flattened to the stand-in's structure by :func:`flatten_rodent_obs`:
+``{"reference": [R], "proprioception": [P]}``, R = 425 (the 5-frame
+``imitation_target`` window: root [5, 3], quat [5, 4], joint [5, 45], body
+[5, 11, 3]), P = 153; 38 actions. The same network code and PPO settings
+(3,089,093 parameters with the MLP decoder at these widths). Episodes end
+at a failure (termination) or at the clip's end (truncation, at most 144
+steps; ``make``'s ``TimeLimit`` of 150 never binds). ``check_env`` is not
+run on it (another compile of the physics). The FLOP estimate counts the
+network only, so with the physics' cost on top the fraction of the matmul
+limit is lower by construction. The row gets ``"env": "rodent_imitation"``
+(``"stand_in"`` otherwise).
+
+The module's top part (the stand-in env's dynamics, the rodent observation's
+flattening and the matmul rate) uses JAX only, so
+``bench/peers/original_intention.py`` runs the same envs and the same
+measurement on the original nnx-ppo 0.3.0 in the peers' venv.
 """
 
 from __future__ import annotations
@@ -100,6 +115,21 @@ def stand_in_step(data: dict, action: jax.Array) -> tuple[dict, jax.Array, jax.A
     return obs, reward.astype(jnp.float32), done, truncated, data
 
 
+RODENT_TASK = "rodent_imitation"
+
+
+def flatten_rodent_obs(obs: dict) -> dict:
+    """One env's rodent observation ``{"imitation_target": {...},
+    "proprioception": {...}}`` in the stand-in's structure ``{"reference":
+    [R], "proprioception": [P]}``: each entry's leaves flattened and
+    concatenated in ``jax.tree`` order (sorted keys)."""
+
+    def flat(tree):
+        return jnp.concatenate([jnp.ravel(x) for x in jax.tree_util.tree_leaves(tree)])
+
+    return {"reference": flat(obs["imitation_target"]), "proprioception": flat(obs["proprioception"])}
+
+
 def iteration_flops(params: int, n_envs: int, rollout: int, n_epochs: int = 4) -> float:
     """FLOPs of one PPO iteration by the estimate in the module docstring."""
     return (1 + 3 * n_epochs) * 2.0 * params * n_envs * rollout
@@ -143,17 +173,21 @@ def steady_rate(times: list[tuple[float, int]], skip: int) -> tuple[float, int]:
 def speed_row(lib: str, args, params: int, build_s: float, compile_s: float, t0: float,
               times: list[tuple[float, int]], wall: float) -> dict:
     """The fields both libraries' rows share: sizes, build and compile time,
-    the steady rate (:func:`steady_rate` of the log_fn ``times``), peak
-    memory, and the iteration's FLOPs against the measured matmul rate."""
+    the steady rate (:func:`steady_rate` of the log_fn ``times``), each
+    iteration's seconds after the first (``iteration_s``: a second compile
+    shows there), peak memory, and the iteration's FLOPs against the
+    measured matmul rate."""
     per_iteration = args.n_envs * args.rollout
     sps, measured = steady_rate(times, args.skip)
     flops = iteration_flops(params, args.n_envs, args.rollout)
     rate = matmul_rate()
     return {
-        "lib": lib, "decoder": args.decoder, "n_envs": args.n_envs, "rollout": args.rollout,
+        "lib": lib, "env": RODENT_TASK if args.env == "rodent" else "stand_in",
+        "decoder": args.decoder, "n_envs": args.n_envs, "rollout": args.rollout,
         "parameters": int(params), "build_s": round(build_s, 2), "compile_s": round(compile_s, 2),
         "first_iteration_s": round(times[0][0] - t0, 2),
         "wall_s": round(wall, 2), "steady_sps": round(sps), "iterations_measured": measured,
+        "iteration_s": [round(b[0] - a[0], 2) for a, b in zip(times, times[1:])],
         "s_per_iteration": round(per_iteration / sps, 2), "peak_rss_mib": round(peak_rss_mib()),
         "iteration_gflop": round(flops / 1e9), "matmul_gflops": round(rate / 1e9, 1),
         "fraction_of_matmul_limit": round(flops * sps / per_iteration / rate, 3),
@@ -214,8 +248,43 @@ def make_env():
     return RodentStandIn()
 
 
+def make_rodent_env():
+    """``make("rodent_imitation")`` (the Playground adapter and its ``TimeLimit``)
+    with the observation flattened by :func:`flatten_rodent_obs`."""
+    from nnx_ppo.envs import Box, Wrapper, flat_size, make
+
+    class FlatRodentObs(Wrapper):
+        """The observation as ``{"reference": [R], "proprioception": [P]}``. The
+        inner envs keep their own state in ``data``: they never read it."""
+
+        def __init__(self, env):
+            super().__init__(env)
+            space = env.observation_space
+            self._space = {"reference": Box((flat_size(space["imitation_target"]),)),
+                           "proprioception": Box((flat_size(space["proprioception"]),))}
+
+        @property
+        def observation_space(self):
+            return self._space
+
+        def reset(self, key):
+            state = self.env.reset(key)
+            return state.replace(obs=flatten_rodent_obs(state.obs))
+
+        def step(self, state, action):
+            state = self.env.step(state, action)
+            return state.replace(obs=flatten_rodent_obs(state.obs))
+
+    env = FlatRodentObs(make(RODENT_TASK))
+    shapes = jax.eval_shape(env.reset, jax.random.key(0)).obs  # traces reset only
+    assert {k: v.shape for k, v in shapes.items()} == {k: b.shape for k, b in env.observation_space.items()}
+    return env
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", choices=("stand_in", "rodent"), default="stand_in",
+                        help="the stand-in (default) or the rodent imitation task")
     parser.add_argument("--n-envs", type=int, default=1024)
     parser.add_argument("--rollout", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=4, help="iterations in all (the first compiles)")
@@ -224,7 +293,7 @@ def main(argv):
     decoder.add_argument("--mlp-decoder", dest="decoder", action="store_const", const="mlp")
     decoder.add_argument("--lstm-decoder", dest="decoder", action="store_const", const="lstm")
     parser.add_argument("--profile", action="store_true", help="also time the rollout alone")
-    parser.add_argument("--no-check", action="store_true", help="skip check_env")
+    parser.add_argument("--no-check", action="store_true", help="skip check_env (never run with --env rodent)")
     parser.set_defaults(decoder="mlp")
     args = parser.parse_args(argv)
 
@@ -237,8 +306,8 @@ def main(argv):
     from nnx_ppo.networks.intention import INTENTION_USERS_SIZE, count_parameters, make_intention_network
     from nnx_ppo.testing import check_env
 
-    env = make_env()
-    if not args.no_check:
+    env = make_rodent_env() if args.env == "rodent" else make_env()
+    if args.env == "stand_in" and not args.no_check:
         report = check_env(env, n_envs=8, n_steps=64)
         assert report.truncated.sum() > 0 and (report.done > report.truncated).sum() > 0, "no truncation or fall"
     t_build = time.perf_counter()

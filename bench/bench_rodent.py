@@ -15,6 +15,8 @@ evaluation): the first iteration's wall time (compiling included) and the
 second's. ``--cache`` turns on JAX's persistent compilation cache (default
 folder ``~/.cache/nnx_ppo/jax``) first: run twice to see a warm start.
 ``--set`` overrides the task config (``--set iterations=8 solver=newton``).
+``--baselines N`` adds the return and episode length of uniform random and
+of zero actions over N episodes (the floor a learning check is read against).
 
 Prints one JSON row per measurement and appends it to
 bench/results/rodent.jsonl.
@@ -31,6 +33,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 RESULTS = pathlib.Path(__file__).parent / "results" / "rodent.jsonl"
 
@@ -108,6 +111,47 @@ def bench_train(task: str, n: int, overrides: dict, base: dict, out: pathlib.Pat
            "env_steps_per_s": None if second is None else round(n * rollout / second, 1)}, out)
 
 
+def bench_baselines(env, n: int, base: dict, out: pathlib.Path) -> None:
+    """Rows for two policies that learn nothing, on ``n`` fresh episodes of
+    the evaluation env (``make(task)``, its time limit included): uniform
+    random actions in [-1, 1] and zero actions (what an untrained network's
+    deterministic mean, near 0, does). Each row: the mean, std, min and max
+    of the episode return and length (an episode ends at its first done)."""
+    limit = getattr(env, "max_steps", 1000)  # make() wraps the task in its TimeLimit
+    shape = env.action_space.shape
+
+    def episodes(key, random):
+        def one(key):
+            k_reset, k_act = jax.random.split(key)
+            state = env.reset(k_reset)
+
+            def step(carry, k):
+                state, ret, length, alive = carry
+                action = (jax.random.uniform(k, shape, minval=-1.0, maxval=1.0) if random
+                          else jnp.zeros(shape, jnp.float32))
+                state = env.step(state, action)
+                ret = ret + alive * state.reward
+                length = length + alive
+                alive = alive * (1.0 - state.done)
+                return (state, ret, length, alive), None
+
+            init = (state, jnp.float32(0), jnp.float32(0), jnp.float32(1))
+            (_, ret, length, _), _ = jax.lax.scan(step, init, jax.random.split(k_act, limit))
+            return ret, length
+
+        return jax.vmap(one)(jax.random.split(key, n))
+
+    for name, random in (("random_actions", True), ("zero_actions", False)):
+        t0 = time.perf_counter()
+        ret, length = jax.jit(lambda k, random=random: episodes(k, random))(jax.random.key(1))
+        ret, length = np.asarray(ret), np.asarray(length)
+        _emit({**base, "what": f"baseline_{name}", "episodes": n, "return_mean": round(float(ret.mean()), 2),
+               "return_std": round(float(ret.std()), 2), "return_min": round(float(ret.min()), 2),
+               "return_max": round(float(ret.max()), 2), "length_mean": round(float(length.mean()), 2),
+               "length_std": round(float(length.std()), 2), "length_min": int(length.min()),
+               "length_max": int(length.max()), "wall_s": round(time.perf_counter() - t0, 1)}, out)
+
+
 def _parse_sets(items: list[str]) -> dict:
     overrides = {}
     for item in items:
@@ -126,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--train", action="store_true")
     parser.add_argument("--no-env", action="store_true", help="skip the reset/step rows")
+    parser.add_argument("--baselines", type=int, default=0, metavar="EPISODES",
+                        help="also the return and length of random and zero actions over this many episodes")
     parser.add_argument("--cache", nargs="?", const="", default=None)
     parser.add_argument("--label", default="")
     parser.add_argument("--set", nargs="*", default=[], dest="sets")
@@ -133,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides = _parse_sets(args.sets)
     if args.cache is not None:
-        from nnx_ppo.envs.rodent import enable_compilation_cache
+        from nnx_ppo.algorithms.program import enable_compilation_cache
 
         enable_compilation_cache(args.cache or None)
     from nnx_ppo.envs import make
@@ -149,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_env(env, n, args.steps, base, args.out)
     if args.train:
         bench_train(args.task, args.n_envs[0], overrides, base, args.out)
+    if args.baselines:
+        bench_baselines(env, args.baselines, base, args.out)
     return 0
 
 

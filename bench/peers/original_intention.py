@@ -2,8 +2,8 @@
 
 Runs in the peers' venv (../shared/peers/setup.sh creates /tmp/peers-venv):
 
-    /tmp/peers-venv/bin/python bench/peers/original_intention.py [--n-envs 1024] [--rollout 20]
-        [--iterations 4] [--skip 1] [--mlp-decoder | --lstm-decoder] [--profile]
+    /tmp/peers-venv/bin/python bench/peers/original_intention.py [--env stand_in | --env rodent]
+        [--n-envs 1024] [--rollout 20] [--iterations 4] [--skip 1] [--mlp-decoder | --lstm-decoder] [--profile]
 
 The same stand-in env (its dynamics are imported from bench_intention.py,
 which uses JAX only at import), wrapped in the original's env protocol
@@ -26,6 +26,47 @@ Prints one JSON line with the fields of bench_intention.py's; ``compile_s``
 here is the wall time from ``train_ppo``'s start to the first iteration's
 log (the original reports no compile time), the same span as
 bench_intention.py's ``first_iteration_s``.
+
+``--env rodent``: this project's rodent imitation task
+(``nnx_ppo/envs/rodent/imitation.py``, ``RodentImitation``, a MuJoCo
+Playground ``MjxEnv``: the original takes it in its own protocol as it is).
+In this venv ``nnx_ppo`` is the original package, which has no
+``nnx_ppo.envs``; :func:`import_rodent_imitation` puts two empty package
+modules, ``nnx_ppo.envs`` and ``nnx_ppo.envs.rodent``, whose ``__path__``
+is this checkout's folders, into ``sys.modules``, so the rodent modules
+(which import only each other, JAX, MuJoCo/MJX and Playground) load from
+this checkout without this project's package ``__init__`` files. It needs
+``dm-control`` in this venv (only its ``rodent.xml`` is read): ``pip
+install "dm-control==1.0.52"``. The same body, the same clips (the same
+cache file) and the same config as ``make("rodent_imitation")``, and the
+same observation flattening (``bench_intention.flatten_rodent_obs``) in a
+thin wrapper (:class:`RodentImitationOriginal`): R = 425, P = 153, 38
+actions, 3,089,093 parameters with the MLP decoder, as in
+bench_intention.py. Episode ends: the task's own, ``done`` at a failure or
+at the clip's end with ``info["truncated"] = 1`` there (the original's
+rollout reads that flag). No episode wrapper: this project's ``make`` adds
+a ``TimeLimit`` of 150 steps, which never binds (an episode lasts at most
+144 steps), while the original's ``EpisodeWrapper`` would start each
+episode's counter at a random step in [0, 75) and so cut episodes shorter
+than this project's; without it both see the same episode ends. What the
+two still do differently with them is each library's own: at a truncation
+this project runs the network once more on the final observation for the
+bootstrap value, the original sets that step's advantage to 0; the
+original resets all envs (a vmapped ``reset``) on every step and selects,
+this project resets only on steps where some env ended. ``state.data`` of
+this project's adapter also carries the Playground state's own (dict)
+observation next to the flattened one; the original's state is the
+Playground state with the flattened observation in place of the dict.
+
+The original compiles its training step twice on the rodent (not on the
+stand-in): the initial env states (an eager ``vmap`` of ``reset``) are
+partly committed to the CPU device (derived from ``mjx.put_model``'s
+arrays) and the network's parameters are not, so the first call's
+argument shardings differ from those of every later call (all committed
+jit outputs): the second iteration's time (``iteration_s[0]``) includes a
+second full compile (JAX_LOG_COMPILES=1 shows it; seen with 4 envs:
+86 s, then 91 s). Measure the rodent with ``--iterations 5 --skip 2`` so
+the steady rate starts after it (on both sides, for the same span).
 """
 
 from __future__ import annotations
@@ -47,6 +88,7 @@ from bench_intention import (  # noqa: E402  (JAX only: no project import)
     FRAME_DIMS,
     PROPRIOCEPTION,
     REFERENCE_FRAMES,
+    flatten_rodent_obs,
     print_row,
     profile_rollout,
     speed_row,
@@ -87,8 +129,55 @@ class RodentStandInOriginal:
         return state.replace(obs=obs, reward=reward, done=done, info={"truncated": truncated}, data=data)
 
 
-def build_network(decoder: str, rngs):
-    """The intention network at the users' size, from the original's modules."""
+REPO = Path(__file__).resolve().parents[2]
+
+
+def import_rodent_imitation():
+    """This checkout's ``RodentImitation`` class, loaded under the original
+    ``nnx_ppo`` package by way of two stub package modules (module docstring)."""
+    import importlib.util
+    import types
+
+    import nnx_ppo
+
+    if "nnx_ppo.envs" not in sys.modules:
+        if importlib.util.find_spec("nnx_ppo.envs") is not None:
+            raise RuntimeError(f"this nnx_ppo ({nnx_ppo.__file__}) has its own nnx_ppo.envs: not the original's venv?")
+        for name, folder in (("nnx_ppo.envs", REPO / "nnx_ppo" / "envs"),
+                             ("nnx_ppo.envs.rodent", REPO / "nnx_ppo" / "envs" / "rodent")):
+            stub = types.ModuleType(name)
+            stub.__path__ = [str(folder)]
+            stub.__package__ = name
+            sys.modules[name] = stub
+    from nnx_ppo.envs.rodent.imitation import RodentImitation
+
+    return RodentImitation
+
+
+class RodentImitationOriginal:
+    """This project's rodent imitation task (a Playground ``MjxEnv``: the
+    original's protocol already), its observation flattened by
+    ``flatten_rodent_obs``. The task never reads ``state.obs`` in ``step``."""
+
+    def __init__(self):
+        self.env = import_rodent_imitation()()
+        shapes = jax.eval_shape(self.reset, jax.random.key(0)).obs
+        self.observation_size = {k: int(v.shape[0]) for k, v in shapes.items()}
+        self.action_size = int(self.env.action_size)
+
+    def reset(self, key):
+        state = self.env.reset(key)
+        return state.replace(obs=flatten_rodent_obs(state.obs))
+
+    def step(self, state, action):
+        state = self.env.step(state, action)
+        return state.replace(obs=flatten_rodent_obs(state.obs))
+
+
+def build_network(decoder: str, rngs, R: int = REFERENCE_FRAMES * FRAME_DIMS, P: int = PROPRIOCEPTION,
+                  A: int = ACTIONS):
+    """The intention network at the users' size, from the original's modules,
+    for ``R`` reference and ``P`` proprioception dims and ``A`` actions."""
     from flax import nnx
 
     from nnx_ppo.networks.adapter import PPOAdapter
@@ -101,7 +190,7 @@ def build_network(decoder: str, rngs):
     from nnx_ppo.networks.utils import Filter, Flattener
     from nnx_ppo.networks.variational import VariationalBottleneck
 
-    R, P, A, L, W = REFERENCE_FRAMES * FRAME_DIMS, PROPRIOCEPTION, ACTIONS, 60, 512
+    L, W = 60, 512
     act = nnx.swish
     encoder = Sequential([
         Flattener(),
@@ -126,6 +215,8 @@ def build_network(decoder: str, rngs):
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", choices=("stand_in", "rodent"), default="stand_in",
+                        help="the stand-in (default) or the rodent imitation task")
     parser.add_argument("--n-envs", type=int, default=1024)
     parser.add_argument("--rollout", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=4, help="iterations in all (the first compiles)")
@@ -142,9 +233,10 @@ def main(argv):
     from nnx_ppo.algorithms import ppo, rollout  # the original package, in the peers' venv
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 
-    env = RodentStandInOriginal()
+    env = RodentImitationOriginal() if args.env == "rodent" else RodentStandInOriginal()
+    sizes = env.observation_size
     t_build = time.perf_counter()
-    net = build_network(args.decoder, nnx.Rngs(0))
+    net = build_network(args.decoder, nnx.Rngs(0), sizes["reference"], sizes["proprioception"], env.action_size)
     build_s = time.perf_counter() - t_build
     params = sum(x.size for x in jax.tree.leaves(nnx.state(net, nnx.Param)))
     per_iteration = args.n_envs * args.rollout
