@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# One script for a machine with an accelerator (a GPU), under 5 minutes:
+# One script for a machine with an accelerator (a GPU); parts 1-4 take under 5 minutes, part 5 up to 10 more:
 #  1. replay exactness of the MLP and LSTM Pendulum networks under the default
 #     matmul precision (TF32 on recent NVIDIA GPUs) and under "highest";
 #  2. steady throughput of the Pendulum MLP and LSTM work at 256 and 4096 envs;
 #  3. 8 seeds in one program against one after another;
 #  4. the intention network at the rodent users' size (3.46M parameters) on its
-#     stand-in env: MLP decoder at 1024 and 4096 envs x 20, LSTM decoder at 1024.
+#     stand-in env: MLP decoder at 1024 and 4096 envs x 20, LSTM decoder at 1024;
+#  5. the rodent task (needs nnx_ppo[playground,rodent]): the env step at 1024
+#     and 4096 envs, and the users' network training on it at 1024 envs x 20.
 # Prints JSON lines; copy them into bench/README.md ("Accelerators").
 # Usage: bash bench/device_check.sh [PYTHON]   (default .venv/bin/python)
 set -euo pipefail
@@ -31,3 +33,7 @@ for n_envs in 1024 4096; do
 done
 timeout 120 "$PY" bench_intention.py --n-envs 1024 --iterations 4 --lstm-decoder --no-check \
   || echo '{"failed": "intention lstm 1024"}'
+timeout 300 "$PY" bench_rodent.py --n-envs 1024 4096 --steps 10 --label device_check --out "${OUT:-/tmp}/rodent.jsonl" \
+  || echo '{"failed": "rodent step"}'
+timeout 300 "$PY" bench_intention.py --env rodent --n-envs 1024 --iterations 4 --skip 2 \
+  || echo '{"failed": "intention on the rodent 1024"}'
