@@ -57,7 +57,7 @@ from nnx_ppo.app.commands import (
 )
 from nnx_ppo.app.help_text import TRAIN_FLAG_GROUPS, clean_help, group_options
 from nnx_ppo.app.runs import parse_env_kwargs
-from nnx_ppo.presets import find_preset, library_defaults
+from nnx_ppo.presets import NETWORK_DEFAULTS, find_preset, library_defaults
 
 __all__ = [
     "main",
@@ -108,6 +108,10 @@ def _run_envs() -> int:
         ppo = p.config.ppo
         target = "-" if p.target is None else f"{p.target:g}"
         print(f"  {p.env:<28} {p.network:<5} {ppo.total_steps:>9,} steps  target {target}  {p.description}")
+    print("\nother envs (and --no-preset) start from the library defaults (docs/training.md); "
+          "where a kind of network has its own:")
+    for network, own in NETWORK_DEFAULTS.items():
+        print(f"  {network}: {', '.join(f'{k} {v}' for part in own.values() for k, v in part.items())}")
     return 0
 
 
@@ -270,7 +274,8 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
         "env_kwargs": parse_env_kwargs(cmd.env_kwargs, cmd.env),
         "train_env_kwargs": parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs"),
         "seeds": list(cmd.seeds) or [cmd.config.seed],
-        "preset": None if preset is None else f"{preset.env} ({preset.network})",
+        "preset": (f"{preset.env} ({preset.network})" if preset is not None else
+                   f"library defaults ({cmd.network})" if library_defaults(cmd.env, cmd.network, 1) else None),
         "resume": cmd.resume,
         "config": rd.train_config_to_dict(cmd.config),
     }
