@@ -18,8 +18,8 @@ from nnx_ppo.algorithms.members import CheckpointDirInUseError
 from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.algorithms.seeds import train_seeds
 from nnx_ppo.envs import make
-from nnx_ppo.network_spec import NetworkSpec
 from nnx_ppo.networks.factories import make_actor_critic_for_env
+from nnx_ppo.presets import library_defaults
 
 TINY = ["--network", "mlp", "--hidden-size", "8", "--ppo.n-envs", "8", "--ppo.n-minibatches", "2",
         "--ppo.rollout-length", "16", "--ppo.n-epochs", "1", "--eval.n-envs", "4", "--eval.max-episode-length", "16",
@@ -47,7 +47,8 @@ def _as_the_cli_does(cli_run: Path):
     kwargs = saved["env_kwargs"]
     train_env = make(saved["env"], random_initial_steps=True, **kwargs)  # as the CLI trains
     eval_env = make(saved["env"], **kwargs)
-    network = NetworkSpec.sized(saved["env"], "mlp", 8, env_kwargs=kwargs)
+    # cue_memory's preset is an LSTM's, so `--network mlp` starts from the library defaults of an MLP
+    network = dataclasses.replace(library_defaults(saved["env"], "mlp", 8), env_kwargs=kwargs).network_spec()
     return train_env, eval_env, network, rd.train_config_from_dict(saved["config"])
 
 

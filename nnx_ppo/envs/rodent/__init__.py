@@ -18,7 +18,6 @@ from nnx_ppo._lazy import lazy_exports
 _EXPORTS = {
     "nnx_ppo.envs.rodent.imitation": ("RodentImitation",),
     "nnx_ppo.envs.rodent.run": ("RodentRun",),
-    "nnx_ppo.algorithms.program": ("enable_compilation_cache",),  # here too, where rodent users found it first
     "nnx_ppo.envs.rodent.clips": ("Clips", "generate_clips", "load_clips"),
     "nnx_ppo.envs.rodent.body": ("load_model", "rodent_xml_path"),
 }
@@ -43,7 +42,6 @@ def make_env(name: str, **config_overrides: Any):
 
 
 if TYPE_CHECKING:
-    from nnx_ppo.algorithms.program import enable_compilation_cache
     from nnx_ppo.envs.rodent.body import load_model, rodent_xml_path
     from nnx_ppo.envs.rodent.clips import Clips, generate_clips, load_clips
     from nnx_ppo.envs.rodent.imitation import RodentImitation
