@@ -275,7 +275,7 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
         "train_env_kwargs": parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs"),
         "seeds": list(cmd.seeds) or [cmd.config.seed],
         "preset": (f"{preset.env} ({preset.network})" if preset is not None else
-                   f"library defaults ({cmd.network})" if library_defaults(cmd.env, cmd.network, 1) else None),
+                   f"library defaults ({cmd.network})" if cmd.network in NETWORK_DEFAULTS else None),
         "resume": cmd.resume,
         "config": rd.train_config_to_dict(cmd.config),
     }
