@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import io
 import json
 import os
@@ -56,8 +55,10 @@ from nnx_ppo.app.commands import (
     print_error,
 )
 from nnx_ppo.app.help_text import TRAIN_FLAG_GROUPS, clean_help, group_options
+from nnx_ppo.app.listing import env_spec_forms, run_envs
+from nnx_ppo.app.process import compilation_cache, format_warning, join_processes, quiet_library_logs
 from nnx_ppo.app.runs import parse_env_kwargs
-from nnx_ppo.presets import NETWORK_DEFAULTS, find_preset, library_defaults
+from nnx_ppo.presets import find_preset, library_defaults
 
 __all__ = [
     "main",
@@ -75,44 +76,6 @@ __all__ = [
     "DEFAULT_HIDDEN_SIZE",
     "DEFAULT_TRAIN_CONFIG",
 ]
-
-
-# ----------------------------------------------------------------------------- envs
-
-
-def _env_spec_forms() -> str:
-    """The forms an env spec takes, from the registry's table of sources."""
-    from nnx_ppo.envs.registry import list_sources
-
-    return ", ".join(["NAME (a built-in task)", *(f"{s.prefix}:NAME" for s in list_sources())])
-
-
-def _run_envs() -> int:
-    from nnx_ppo.envs.registry import list_envs, list_sources
-    from nnx_ppo.presets import PRESETS
-
-    print("built-in tasks:")
-    for spec in list_envs():
-        if ":" not in spec:
-            print(f"  {spec}")
-    print("\nenv sources: PREFIX:NAME builds the source's env NAME (if its package is installed; "
-          "nnx_ppo.envs.register_source adds sources):")
-    sources = list_sources()
-    width = max((len(s.prefix) for s in sources), default=0) + 2
-    for source in sources:
-        print(f"  {source.prefix + ':':<{width}} {source.description}".rstrip())
-        if source.examples:
-            print(f"  {'':<{width}} e.g. {' '.join(source.examples)}")
-    print("\ntuned presets (`nnx-ppo train ENV [--network KIND]` starts from them; nnx_ppo.presets in Python):")
-    for p in PRESETS:
-        ppo = p.config.ppo
-        target = "-" if p.target is None else f"{p.target:g}"
-        print(f"  {p.env:<28} {p.network:<5} {ppo.total_steps:>9,} steps  target {target}  {p.description}")
-    print("\nother envs (and --no-preset) start from the library defaults (docs/training.md); "
-          "where a kind of network has its own:")
-    for network, own in NETWORK_DEFAULTS.items():
-        print(f"  {network}: {', '.join(f'{k} {v}' for part in own.values() for k, v in part.items())}")
-    return 0
 
 
 # ----------------------------------------------------------------------------- main
@@ -160,7 +123,7 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand, sweep_default: Swe
         Annotated[PlotCommand, tyro.conf.subcommand("plot", prefix_name=False)],
         Annotated[EnvsCommand, tyro.conf.subcommand("envs", prefix_name=False)],
     ]
-    description = (f"PPO for stateful (recurrent) networks in JAX + Flax NNX. An ENV_SPEC is {_env_spec_forms()}; "
+    description = (f"PPO for stateful (recurrent) networks in JAX + Flax NNX. An ENV_SPEC is {env_spec_forms()}; "
                    f"`{PROG} envs` lists them.")
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -244,13 +207,23 @@ def _parse(argv: list[str]):
             return _with_preset(argv, preset), saved
     cmd = _tyro_parse(argv, TrainCommand())
     if isinstance(cmd, TrainCommand):  # (a SweepCommand is one too)
-        network_given = any(a == "--network" or a.startswith("--network=") for a in argv)
-        preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network if network_given else None)
-        if preset is None:  # the library defaults of this kind of network, where they differ
-            preset = library_defaults(cmd.env, cmd.network, cmd.hidden_size)
+        preset, _ = _starting_preset(cmd, argv)
         if preset is not None:
             cmd = _with_preset(argv, preset)
     return cmd, saved
+
+
+def _starting_preset(cmd: TrainCommand, argv: list[str]):
+    """What a new ``train`` or ``sweep`` starts from, and its name: ENV's
+    preset (of ``--network`` when given, unless ``--no-preset``), else the
+    library defaults of its kind of network; ``(None, None)`` where the kind
+    has none."""
+    network_given = any(a == "--network" or a.startswith("--network=") for a in argv)
+    preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network if network_given else None)
+    if preset is not None:
+        return preset, f"{preset.env} ({preset.network})"
+    defaults = library_defaults(cmd.env, cmd.network, cmd.hidden_size)
+    return defaults, defaults and f"library defaults ({cmd.network})"
 
 
 def _with_preset(argv: list[str], preset):
@@ -264,8 +237,7 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
     """``train --print-config``: the settings the run would use, as JSON."""
     from nnx_ppo import run_dir as rd
 
-    network_given = any(a == "--network" or a.startswith("--network=") for a in argv)
-    preset = None if cmd.no_preset or cmd.resume else find_preset(cmd.env, cmd.network if network_given else None)
+    _, preset = (None, None) if cmd.resume else _starting_preset(cmd, argv)
     settings = {
         "env": cmd.env,
         "network": cmd.network,
@@ -274,8 +246,7 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
         "env_kwargs": parse_env_kwargs(cmd.env_kwargs, cmd.env),
         "train_env_kwargs": parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs"),
         "seeds": list(cmd.seeds) or [cmd.config.seed],
-        "preset": (f"{preset.env} ({preset.network})" if preset is not None else
-                   f"library defaults ({cmd.network})" if cmd.network in NETWORK_DEFAULTS else None),
+        "preset": preset,
         "resume": cmd.resume,
         "config": rd.train_config_to_dict(cmd.config),
     }
@@ -283,98 +254,18 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
     return 0
 
 
-def _join_processes(cmd: TrainCommand) -> None:
-    """``--coordinator-address``: join a run of several processes before
-    anything touches a device (``nnx_ppo.algorithms.distributed.initialize``)."""
-    if cmd.coordinator_address is None:
-        if cmd.num_processes != 1 or cmd.process_id != 0:
-            raise CliError("--num-processes and --process-id need --coordinator-address HOST:PORT")
-        return
-    from nnx_ppo import run_dir as rd
-    from nnx_ppo.algorithms.distributed import check_same_everywhere, initialize, watch_peers
-
-    try:
-        initialize(cmd.coordinator_address, cmd.num_processes, cmd.process_id, timeout=cmd.distributed_timeout)
-        # Every process must train the same run: compare a hash of the settings (all but --process-id).
-        settings = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd) if f.name not in ("process_id",
-                                                                                                   "config")}
-        settings["config"] = rd.train_config_to_dict(cmd.config)
-        digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
-        check_same_everywhere(digest, "settings (flags)")
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    # A peer that dies or hangs ends every process within --distributed-timeout, in one line.
-    watch_peers(cmd.distributed_timeout)
-
-
-def _format_warning(message, category, filename, lineno, line=None) -> str:
-    """The library's own warnings (e.g. a skipped unreadable checkpoint) as
-    one line; others as Python formats them."""
-    if category.__module__.startswith("nnx_ppo."):
-        return f"{PROG}: warning: {message}\n"
-    return _python_format_warning(message, category, filename, lineno, line)
-
-
-_python_format_warning = warnings.formatwarning
-
-
-def _quiet_library_logs() -> None:
-    """Failures are reported in one line by the command itself: the logs that
-    orbax's background threads write when a checkpoint fails (absl errors,
-    asyncio callbacks after the loop closed) are not shown as well."""
-    import logging
-
-    for name in ("absl", "concurrent.futures", "asyncio"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    shown = sys.excepthook
-
-    def hook(kind, value, traceback) -> None:
-        if kind is RuntimeError and str(value) == "Event loop is closed":  # tensorstore callbacks, after a failure
-            return
-        shown(kind, value, traceback)
-
-    sys.excepthook = hook
-    unraisable = sys.unraisablehook
-
-    def unraisable_hook(info) -> None:
-        if isinstance(info.exc_value, RuntimeError) and str(info.exc_value) == "Event loop is closed":
-            return
-        unraisable(info)
-
-    sys.unraisablehook = unraisable_hook
-
-
-def _compilation_cache() -> None:
-    """Keep compiled programs on disk between runs
-    (:func:`nnx_ppo.algorithms.program.enable_compilation_cache`): in the
-    folder ``JAX_COMPILATION_CACHE_DIR`` names, else ``~/.cache/nnx_ppo/jax``;
-    ``JAX_ENABLE_COMPILATION_CACHE=false`` turns it off. A folder that cannot
-    be made is a warning, not an error."""
-    import jax
-
-    from nnx_ppo.algorithms.program import enable_compilation_cache
-
-    if not jax.config.jax_enable_compilation_cache:
-        return
-    try:
-        enable_compilation_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR") or None,
-                                 jax.config.jax_persistent_cache_min_compile_time_secs)
-    except OSError as e:
-        warnings.warn(f"no compilation cache ({e}); every run compiles afresh", stacklevel=2)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nnx-ppo`` console script. Returns the exit code
     (0 ok, 1 failure, 2 bad usage, 130 aborted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    warnings.formatwarning = _format_warning
-    _quiet_library_logs()
+    warnings.formatwarning = format_warning
+    quiet_library_logs()
     try:
         cmd, saved = _parse(argv)
         if isinstance(cmd, TrainCommand) and cmd.print_config:
             return _print_config(cmd, argv)
         if isinstance(cmd, (SweepCommand, TrainCommand, EvalCommand, DistillCommand, ExportCommand)):
-            _compilation_cache()
+            compilation_cache()
         if isinstance(cmd, SweepCommand):
             from nnx_ppo.app.sweep import run_sweep
 
@@ -382,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(cmd, TrainCommand):
             from nnx_ppo.app.train import run_train
 
-            _join_processes(cmd)
+            join_processes(cmd)
             return run_train(cmd, argv, saved)
         if isinstance(cmd, EvalCommand):
             from nnx_ppo.app.evaluate import run_eval
@@ -400,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             from nnx_ppo.app.export import run_export
 
             return run_export(cmd)
-        return _run_envs()
+        return run_envs()
     except CliError as e:
         print_error(str(e))
         return e.code

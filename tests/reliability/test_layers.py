@@ -40,3 +40,16 @@ def test_the_check_sees_an_upward_import(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from nnx_ppo import run_dir as rd\n    return rd\n")
     assert "nnx_ppo.run_dir" in _imports(module)
+
+
+def test_modules_and_app_functions_stay_small():
+    """No module of the package is over 400 lines, and no function of the
+    command-line layer (cli.py, app/) over 60 (docs/architecture.md)."""
+    too_long = [f"{p.relative_to(ROOT)}: {n} lines" for p in sorted(ROOT.rglob("*.py"))
+                if (n := len(p.read_text().splitlines())) > 400]
+    for path in [ROOT / "cli.py", *sorted((ROOT / "app").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: "
+                                f"{node.end_lineno - node.lineno + 1} lines")
+    assert not too_long, "\n".join(too_long)

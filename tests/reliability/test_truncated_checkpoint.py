@@ -14,6 +14,7 @@ from nnx_ppo.algorithms import checkpointing
 from nnx_ppo.algorithms.checkpointing import CheckpointError, CheckpointFallbackWarning
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
+from nnx_ppo.app.process import format_warning
 from nnx_ppo.networks.factories import make_mlp_actor_critic
 from tests.algorithms.toy_envs import Target
 
@@ -70,7 +71,7 @@ def test_cli_eval_and_resume_skip_a_truncated_checkpoint(tmp_path, capsys):
         assert cli.main(["eval", str(run), "--episodes", "4"]) == 0
     assert "Traceback" not in capsys.readouterr().err
     warning = caught.pop(CheckpointFallbackWarning)
-    line = cli._format_warning(warning.message, warning.category, warning.filename, warning.lineno)
+    line = format_warning(warning.message, warning.category, warning.filename, warning.lineno)
     assert line.startswith(f"nnx-ppo: warning: checkpoint step_000000000512 in {str(run / 'checkpoints')!r} "
                            "cannot be read (") and line.endswith("); loaded step_000000000384, the newest intact one\n")
     assert line.count("\n") == 1
