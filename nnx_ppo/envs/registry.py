@@ -10,6 +10,8 @@ module imports JAX only when it builds an env, so listing what there is
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,29 +24,20 @@ __all__ = ["make", "spec_of", "list_envs", "register", "register_source", "unreg
            "EnvSource"]
 
 
-def _task(class_name: str, **defaults: Any) -> Callable[..., RLEnv]:
-    """A constructor of a task in :mod:`nnx_ppo.envs.tasks` (with ``defaults``
-    for its keyword arguments), imported (with JAX) when first called."""
+def _lazy(module: str, attr: str, *args: Any, **defaults: Any) -> Callable[..., RLEnv]:
+    """A constructor that imports ``module`` (and JAX) when first called and
+    returns ``module.attr(*args, **defaults, **kwargs)``: a task class of
+    :mod:`nnx_ppo.envs.tasks`, or a rodent task (needs ``nnx_ppo[rodent]``)."""
 
     def construct(**kwargs) -> RLEnv:
-        from nnx_ppo.envs import tasks
+        return getattr(importlib.import_module(module), attr)(*args, **{**defaults, **kwargs})
 
-        return getattr(tasks, class_name)(**{**defaults, **kwargs})
-
-    construct.__name__ = construct.__qualname__ = class_name
+    construct.__name__ = construct.__qualname__ = args[0] if args else attr
     return construct
 
 
-def _rodent(name: str) -> Callable[..., RLEnv]:
-    """A rodent task of :mod:`nnx_ppo.envs.rodent` (needs ``nnx_ppo[rodent]``), imported when first called."""
-
-    def construct(**kwargs) -> RLEnv:
-        from nnx_ppo.envs.rodent import make_env
-
-        return make_env(name, **kwargs)
-
-    construct.__name__ = construct.__qualname__ = name
-    return construct
+_task = functools.partial(_lazy, "nnx_ppo.envs.tasks")
+_rodent = functools.partial(_lazy, "nnx_ppo.envs.rodent", "make_env")
 
 
 # name -> (constructor, default episode length or None for self-terminating tasks)
