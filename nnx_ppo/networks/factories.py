@@ -247,6 +247,7 @@ def make_recurrent_actor_critic(
     encoder_sizes: Sequence[int] = (64,),
     shared_trunk: bool = False,
     forget_bias: float = 1.0,
+    update_bias: float = 0.0,
     **options: Unpack[ActorCriticOptions],
 ) -> Sequential:
     """Recurrent actor-critic: ``encoder MLP -> LSTM|GRU core -> heads``.
@@ -262,6 +263,8 @@ def make_recurrent_actor_critic(
         each has its own (the default).
       forget_bias: the LSTM's initial forget-gate bias (see
         :class:`~nnx_ppo.networks.recurrent.LSTM`); an LSTM only.
+      update_bias: the GRU's initial update-gate bias (see
+        :class:`~nnx_ppo.networks.recurrent.GRU`); a GRU only.
       **options: keyword-only options of :class:`ActorCriticOptions`, as in
         :func:`make_mlp_actor_critic`.
     """
@@ -270,8 +273,12 @@ def make_recurrent_actor_critic(
     options, rngs, front, flat = _prepare("make_recurrent_actor_critic", obs_size, rngs, options)
     if core == "gru" and forget_bias != 1.0:
         raise ValueError(f"make_recurrent_actor_critic: forget_bias is an LSTM's; the GRU core has none "
-                         f"(got forget_bias={forget_bias})")
-    cell = functools.partial(LSTM, forget_bias=forget_bias) if core == "lstm" else GRU
+                         f"(got forget_bias={forget_bias}; a GRU's is update_bias)")
+    if core == "lstm" and update_bias != 0.0:
+        raise ValueError(f"make_recurrent_actor_critic: update_bias is a GRU's; the LSTM core has none "
+                         f"(got update_bias={update_bias}; an LSTM's is forget_bias)")
+    cell = (functools.partial(LSTM, forget_bias=forget_bias) if core == "lstm"
+            else functools.partial(GRU, update_bias=update_bias))
 
     def trunk():
         encoder = make_mlp_layers([flat, *encoder_sizes], rngs, options["activation"]) if encoder_sizes else []

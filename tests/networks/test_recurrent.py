@@ -395,3 +395,31 @@ def test_a_cell_of_your_own_trains():
     assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.05, rewards
     assert max(m["replay/max_error"] for m in logs) <= 1e-5
     assert not np.allclose(np.asarray(net.layers[0].linear.kernel[...]), before)
+
+
+def test_gru_update_bias_sets_the_initial_update_gate():
+    """``update_bias`` is ``b_u`` (the middle third of ``bias_x``): with zero
+    weights the state keeps ``sigmoid(update_bias)`` of itself per step."""
+    from flax import nnx
+
+    from nnx_ppo.networks.factories import make_recurrent_actor_critic
+
+    h = 5
+    cell = GRU(3, h, nnx.Rngs(0), update_bias=3.0)
+    bias = np.asarray(cell.bias_x[...])
+    np.testing.assert_array_equal(bias[h:2 * h], 3.0)
+    np.testing.assert_array_equal(np.delete(bias, np.s_[h:2 * h]), 0.0)
+    np.testing.assert_array_equal(np.asarray(GRU(3, h, nnx.Rngs(0)).bias_x[...]), 0.0)  # the default
+    cell.kernel_x[...] = jnp.zeros_like(cell.kernel_x[...])
+    cell.kernel_h[...] = jnp.zeros_like(cell.kernel_h[...])
+    state = jnp.ones((2, h))
+    new, _ = cell.step(state, cell.project_input(jnp.zeros((2, 3))))
+    np.testing.assert_allclose(new, jax.nn.sigmoid(3.0) * state, rtol=1e-6)  # n = 0: only u * h is left
+    with pytest.raises(ValueError, match="GRU: update_bias must be a finite number"):
+        GRU(3, h, nnx.Rngs(0), update_bias=float("nan"))
+    with pytest.raises(ValueError, match="the LSTM core has none"):
+        make_recurrent_actor_critic(3, 2, nnx.Rngs(0), core="lstm", update_bias=3.0)
+    net = make_recurrent_actor_critic(3, 2, nnx.Rngs(0), core="gru", hidden_size=h, encoder_sizes=(4,),
+                                      update_bias=2.0)
+    biases = [np.asarray(m.bias_x[...])[h:2 * h] for _, m in nnx.iter_modules(net) if isinstance(m, GRU)]
+    assert len(biases) == 2 and all((b == 2.0).all() for b in biases)  # actor's and critic's cores
