@@ -14,8 +14,10 @@
 Every :class:`~nnx_ppo.algorithms.config.TrainConfig` field is a flag
 (``--ppo.n-envs``, ``--eval.every-steps``, ``--seed`` ...), with its
 documentation as help. See docs/cli.md. The commands live in
-:mod:`nnx_ppo.app` (``commands``, ``train``, ``evaluate``, ``progress``);
-this module parses the command line and dispatches. It imports no JAX:
+:mod:`nnx_ppo.app` (``commands``, ``train``, ``sweep``, ``evaluate``,
+``distill``, ``export``, ``plot``, ``listing``; ``process`` sets up the
+process a command runs in); this module parses the command line and
+dispatches. It imports no JAX:
 ``--help`` and ``envs`` stay quick, and the commands that train or
 evaluate import it when they run.
 """
