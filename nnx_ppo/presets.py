@@ -104,6 +104,9 @@ NETWORK_DEFAULTS: dict[str, dict[str, Any]] = {
     # label mlp_tanh_ent, seeds 0-2 of the 6 control tasks with --network mlp: pairs solved 3 of 6 against 1 of 6
     # (Acrobot and PointMass gained, none lost), leave-one-out 0.60 against 0.41
     "mlp": {"network_kwargs": {"entropy_weight": 0.01, "activation": "tanh"}},
+    # label gru_long_ub, seeds 0-2 of the 8 memory tasks with --network gru: update-gate bias 3 (the GRU's
+    # counterpart of the forget bias) and the LSTM's 16 envs x 128 steps (docs/training.md)
+    "gru": {"network_kwargs": {"update_bias": 3.0}, "ppo": {"n_envs": 16, "rollout_length": 128}},
 }
 """Where the library defaults of one kind of network differ from
 :data:`DEFAULT_CONFIG` and its factory's defaults: ``network_kwargs`` for the

@@ -248,7 +248,8 @@ def test_compiled_programs_are_kept_between_runs(tmp_path):
     folder = tmp_path / "cache" / "nnx_ppo" / "jax"
     entries = []
     for seed in (0, 1):
-        proc = subprocess.run(_console("train", *TINY, "--ppo.total-steps", "1024", "--seed", str(seed),
+        proc = subprocess.run(_console("train", *TINY, "--network", "mlp",  # (compiles faster than an LSTM)
+                                       "--ppo.total-steps", "1024", "--seed", str(seed),
                                        "--run-dir", str(tmp_path / f"run{seed}"), "--quiet"),
                               capture_output=True, text=True, timeout=600, env=env)
         assert proc.returncode == 0, proc.stderr
@@ -275,9 +276,11 @@ def test_ctrl_c_stops_cleanly_then_resume_appends(tmp_path):
     and exit 0; then ``--resume`` (in-process) continues and appends rows."""
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Without learning-rate decay the resume's longer budget leaves the program as it was:
+    # the resume loads it from the compilation cache the process filled.
     proc = subprocess.Popen(
-        _console("train", *TINY, "--ppo.total-steps", "100000000", "--eval.every-steps", "100000000",
-                 "--run-dir", str(run), "--quiet"),
+        _console("train", *TINY, "--ppo.no-learning-rate-decay", "--ppo.total-steps", "100000000",
+                 "--eval.every-steps", "100000000", "--run-dir", str(run), "--quiet"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     lines = []
@@ -329,7 +332,8 @@ def test_wandb_logs_offline_with_the_installed_release(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = tmp_path / "r"
-    assert cli.main(["train", *TINY, "--ppo.total-steps", "256", "--eval.every-steps", "256", "--wandb",
+    # (trained_run's training program: loaded from the compilation cache)
+    assert cli.main(["train", *TINY, "--ppo.total-steps", str(TOTAL), "--eval.every-steps", "512", "--wandb",
                      "--run-dir", str(run), "--quiet"]) == 0
     run_id = json.loads((run / "config.json").read_text())["wandb_id"]
     offline = list((run / "wandb").glob(f"offline-run-*-{run_id}"))

@@ -145,8 +145,10 @@ def test_print_config_shows_the_preset_with_the_flags_given(capsys):
     assert cli.main(["train", "--print-config", "--no-preset"]) == 0  # the default network, an LSTM
     settings = json.loads(capsys.readouterr().out)
     assert settings["preset"] == "library defaults (lstm)" and settings["network_kwargs"] == {"forget_bias": 3.0}
-    assert cli.main(["train", "--print-config", "--no-preset", "--network", "gru"]) == 0  # no defaults of its own
-    assert json.loads(capsys.readouterr().out)["preset"] is None
+    assert cli.main(["train", "--print-config", "--no-preset", "--network", "gru", "--ppo.n-envs", "32"]) == 0
+    settings = json.loads(capsys.readouterr().out)
+    assert settings["preset"] == "library defaults (gru)" and settings["network_kwargs"] == {"update_bias": 3.0}
+    assert settings["config"]["ppo"]["n_envs"] == 32 and settings["config"]["ppo"]["rollout_length"] == 128
 
 
 def test_docs_cli_lists_every_subcommand(capsys):

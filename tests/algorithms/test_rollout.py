@@ -78,7 +78,8 @@ def test_nonfinite_counts():
                          eval=EvalConfig(enabled=False))
     env = _NaNAtStep2()
     state = new_training_state(env, net, config)
-    rollout = collect_rollout(env, NetworkFn.of(net, deterministic=False), state.rollout, jax.random.key(0), 8, True)
+    rollout = jax.jit(collect_rollout, static_argnums=(0, 4, 5))(  # compiled, as training runs it
+        env, NetworkFn.of(net, deterministic=False), state.rollout, jax.random.key(0), 8, True)
     metrics = rollout.stats.metrics()
     assert float(metrics["health/nonfinite_rewards"]) == 2 * 3  # steps 2 and 6 of 8, 3 envs
     assert float(metrics["health/nonfinite_observations"]) == 2 * 3

@@ -68,8 +68,9 @@ def test_seed_batch_checkpoints_resume_exactly_and_load_per_seed(tmp_path):
 
     env = make("cue_memory", n_cues=2, delay=3)
     make_network = lambda rngs: make_actor_critic_for_env(env, "lstm", rngs, hidden_size=8, encoder_sizes=(8,))
+    # (the training program of test_each_seed_matches_its_own_run's seed batch: compiled once for both)
     config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=6, n_minibatches=2, total_steps=8 * 6 * 4),
-                         eval=EvalConfig(enabled=False), checkpoint_every_steps=8 * 6 * 2)
+                         eval=EvalConfig(enabled=False), checkpoint_every_steps=8 * 6 * 2, iterations_per_call=2)
     whole = train_seeds(env, make_network, config, [3, 5], checkpoint_dir=str(tmp_path))  # saved at 2 and 4
     halfway = str(tmp_path / "step_000000000096")
     with pytest.raises(ValueError, match="resume with its seeds"):
