@@ -15,6 +15,7 @@ from nnx_ppo.exported import ExportWarning, export_info, load_exported
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.policy import Policy
 from tests.algorithms.test_replay_consistency import DictActionTarget, everything_network
+from tests.xla_flags import optimization_off, run_as_users_compile
 
 N, T = 8, 30
 
@@ -43,25 +44,14 @@ def _policy_actions(policy, traj):
     return jax.tree.map(lambda *xs: np.stack(xs), *actions)
 
 
-def _at_default_optimization(test_id: str) -> None:
-    """Run one test of this file in a fresh process whose CPU code is
-    generated at XLA's default level (the suite's conftest lowers it for
-    speed; bit-for-bit claims are about what users compile)."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_backend_optimization_level" not in f]
-    env = {**os.environ, "XLA_FLAGS": " ".join([*flags, "--xla_backend_optimization_level=2"])}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{test_id}"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-
-
 def test_policy_acts_as_the_training_rollout():
     """Every shipped module (LSTM, GRU, delays, noise with fresh keys on
     reset, bottlenecks, samplers): the policy's actions over episodes with
     resets are the rollout's, bit for bit, sampled ones included, for a
     deterministic and a sampling policy (compiled as users compile: in a
-    process at XLA's default optimization level)."""
-    if "xla_backend_optimization_level=0" in os.environ.get("XLA_FLAGS", ""):
-        _at_default_optimization("test_policy_acts_as_the_training_rollout")
+    process at XLA's defaults)."""
+    if optimization_off():
+        run_as_users_compile(__file__, "test_policy_acts_as_the_training_rollout")
         return
     env = DictActionTarget(obs_size=3, action_size=2, max_steps=5, p_end=0.15)
     net = everything_network()

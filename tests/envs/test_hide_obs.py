@@ -7,9 +7,16 @@ import pytest
 
 from nnx_ppo.envs import ObservationMask, make
 from nnx_ppo.envs.registry import spec_of
+from tests.xla_flags import old_emitters, run_with_fusion_emitters
 
 
 def test_hide_obs_removes_the_indices_from_observations_and_space():
+    """The masked env's observations are the full env's at the kept indices
+    (to float32 rounding: with XLA's fusion emitters, in a process of its
+    own), and its observation space says so."""
+    if old_emitters():
+        run_with_fusion_emitters(__file__, "test_hide_obs_removes_the_indices_from_observations_and_space")
+        return
     full = make("gymnax:CartPole-v1")
     env = make("gymnax:CartPole-v1", hide_obs=[1, 3])  # velocities
     assert isinstance(env, ObservationMask)
