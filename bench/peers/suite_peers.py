@@ -7,7 +7,7 @@ Usage (in the peers' venv, /tmp/peers-venv: ../shared/peers/setup.sh, then
     /tmp/peers-venv/bin/python bench/peers/suite_peers.py run [--peers original rejax brax] [--tasks T ...]
         [--seeds 0 1 2 3 4] [--budget N] [--out bench/results/suite_peers.jsonl] [--timeout 7200]
     /tmp/peers-venv/bin/python bench/peers/suite_peers.py report [--out ...] [--suite-out bench/results/suite.jsonl]
-        [--label defaults] [--no-readme]
+        [--labels "old defaults=defaults" "adopted defaults=lstm_long,mlp_tanh_ent,gru_long_ub"] [--no-readme]
 
 The tasks are bench/suite.py's ``TASKS`` (name, env spec, env kwargs such as
 ``memory_length`` and ``hide_obs``, budget, threshold, random and best
@@ -50,10 +50,14 @@ resumes; Ctrl-C or ``kill`` loses only the run in progress). The runs' output
 goes to ``<out>_runs.log``.
 
 ``report`` puts them side by side with this library's rows of
-bench/results/suite.jsonl (label ``defaults``; its time to threshold comes
-from each run directory's metrics.jsonl) and rewrites the part of
+bench/results/suite.jsonl and rewrites the part of
 bench/README.md between ``<!-- suite-peers:begin -->`` and
-``<!-- suite-peers:end -->``.
+``<!-- suite-peers:end -->``. Each of ``--labels`` is one version of this
+library's defaults, ``NAME=LABELS``: labels of bench/suite.py joined by
+commas whose rows together cover the networks (by default the old defaults,
+label ``defaults``, and the adopted ones: ``lstm_long``, ``mlp_tanh_ent``,
+``gru_long_ub``). Its time to
+threshold comes from each row's curve (or its run directory's metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -384,13 +388,18 @@ def _cell(group: list[dict]) -> tuple[str, bool | None]:
     return text, 2 * solved > len(group)
 
 
-def report_markdown(peer_rows: list[dict], our_rows: list[dict], label: str) -> str:
+def report_markdown(peer_rows: list[dict], ours: dict[str, list[dict]]) -> str:
+    """The side-by-side table: for each group of this library's labels (``ours``:
+    its name -> its rows), a column for lstm / mlp and one for gru; one per peer."""
     suite = load_suite()
-    for r in our_rows:
-        ttt = ours_time_to_threshold(r)
-        r["time_to_threshold_s"], r["steps_to_threshold"] = ("unknown", None) if ttt is None else ttt
-    columns = [(f"nnx-ppo {label}: lstm / mlp", lambda r: r.get("network") in ("lstm", "mlp"), our_rows),
-               (f"nnx-ppo {label}: gru", lambda r: r.get("network") == "gru", our_rows)]
+    columns = []
+    for name, our_rows in ours.items():
+        for r in our_rows:
+            ttt = ours_time_to_threshold(r)
+            r["time_to_threshold_s"], r["steps_to_threshold"] = ("unknown", None) if ttt is None else ttt
+        columns += [(f"nnx-ppo, {name}: lstm / mlp", lambda r: r.get("network") in ("lstm", "mlp"), our_rows),
+                    (f"nnx-ppo, {name}: gru", lambda r: r.get("network") == "gru", our_rows)]
+    first_peer = len(columns)
     columns += [(f"{peer} {_versions(peer_rows, peer)}", (lambda p: lambda r: r["peer"] == p)(peer), peer_rows)
                 for peer in PEERS]
     lines = ["| task | kind | threshold | " + " | ".join(c[0] for c in columns) + " |",
@@ -401,8 +410,8 @@ def report_markdown(peer_rows: list[dict], our_rows: list[dict], label: str) -> 
         for j, (_, match, rows) in enumerate(columns):
             group = [r for r in rows if r["task"] == task.name and match(r)]
             text, majority = _cell(group)
-            if not group and j >= 2:
-                network, note = plan(PEERS[j - 2], task)
+            if not group and j >= first_peer:
+                network, note = plan(PEERS[j - first_peer], task)
                 text = "cannot (discrete actions)" if network is None else "-"
             if majority is not None:
                 totals[j][0] += majority
@@ -427,7 +436,9 @@ evaluations: 16 deterministic episodes every max(10k, budget / 10) env steps, fo
 yet; "without curve": this library's run directory (its metrics.jsonl) is gone. Same tasks,
 env kwargs, hidden observations and env-step budgets for all; each (library, task, seed) a solo process on this
 project's 2-core CPU. Networks: nnx-ppo its defaults (`--no-preset`; lstm and gru on memory tasks, mlp on control
-tasks); the original nnx-ppo 0.3.0 its PPOConfig defaults with Dense(64) -> LSTM(64) on memory tasks and its
+tasks): the old ones (label `defaults`) and the adopted ones (labels `lstm_long`, `mlp_tanh_ent`, `gru_long_ub`: their
+settings given as flags, which the library's defaults now are, bench/README's suite section); the original
+nnx-ppo 0.3.0 its PPOConfig defaults with Dense(64) -> LSTM(64) on memory tasks and its
 README's MLP on control tasks (it has no discrete action sampler: a categorical one written on its
 `ActionSampler` interface, `bench/peers/suite_peer_agents.py`); rejax 0.1.3 PPO, an MLP everywhere (no recurrent
 PPO: on memory tasks it runs without memory), the tuned configs of rejax's repository for CartPole, Acrobot,
@@ -456,9 +467,11 @@ def cmd_report(args) -> int:
     budgets = {t.name: t.budget for t in suite.TASKS}
     all_peer = [r for r in suite.read_rows(Path(args.out)) if r.get("task") in budgets]
     peer_rows = [r for r in all_peer if r.get("budget") == budgets[r["task"]]]
-    our_rows = [r for r in suite.read_rows(Path(args.suite_out))
-                if r.get("label") == args.label and r.get("task") in budgets and r.get("budget") == budgets[r["task"]]]
-    if not peer_rows and not our_rows:
+    suite_rows = [r for r in suite.read_rows(Path(args.suite_out))
+                  if r.get("task") in budgets and r.get("budget") == budgets[r["task"]]]
+    groups = dict(g.split("=", 1) if "=" in g else (g, g) for g in args.labels)
+    ours = {name: [r for r in suite_rows if r.get("label") in labels.split(",")] for name, labels in groups.items()}
+    if not peer_rows and not any(ours.values()):
         print(f"no rows in {args.out} or {args.suite_out}")
         return 1
     dates = sorted(r["started"][:10] for r in peer_rows)
@@ -466,9 +479,10 @@ def cmd_report(args) -> int:
     header = (f"Rows: {len(peer_rows)} peer runs in `{suite._rel(Path(args.out))}`"
               + (f" ({dates[0]} to {dates[-1]})" if dates else " (none yet)")
               + (f", {left_out} rows of other budgets left out" if left_out else "")
-              + f", and {len(our_rows)} runs of label `{args.label}` in `{suite._rel(Path(args.suite_out))}`. "
+              + ", and " + ", ".join(f"{len(ours[n])} runs of {n} (`{labels}`)" for n, labels in groups.items())
+              + f" in `{suite._rel(Path(args.suite_out))}`. "
               "`python bench/peers/suite_peers.py report` rewrote this part.\n")
-    section = header + "\n" + report_markdown(peer_rows, our_rows, args.label) + "\n\n" + NOTES
+    section = header + "\n" + report_markdown(peer_rows, ours) + "\n\n" + NOTES
     print(section)
     if not args.no_readme:
         rewrite_readme(section)
@@ -500,7 +514,10 @@ def main(argv: list[str] | None = None) -> int:
     p_report = sub.add_parser("report", help="the side-by-side table, and the README section")
     p_report.add_argument("--out", default=str(OUT))
     p_report.add_argument("--suite-out", default=str(SUITE_OUT))
-    p_report.add_argument("--label", default="defaults", help="this library's label in --suite-out")
+    p_report.add_argument("--labels", nargs="+",
+                          default=["old defaults=defaults", "adopted defaults=lstm_long,mlp_tanh_ent,gru_long_ub"],
+                          help="this library's defaults, one version each: NAME=LABELS, labels of --suite-out "
+                               "joined by commas (default: the old defaults, then the adopted ones)")
     p_report.add_argument("--no-readme", action="store_true", help="print only")
     args = parser.parse_args(argv)
     return {"list": cmd_list, "run": cmd_run, "one": cmd_one, "report": cmd_report}[args.command](args)
