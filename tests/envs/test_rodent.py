@@ -32,7 +32,7 @@ def _cache_in_tmp(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_clips() -> clips.Clips:
-    return clips.generate_clips(n_clips=2, n_frames=24, seed=1)
+    return clips.generate_clips(n_clips=2, n_frames=24, seed=1, min_speed=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_missing_dm_control_is_one_clear_line(monkeypatch):
 
 
 def test_generated_clip_is_plausible_and_consistent():
-    clip = clips.generate_clips(n_clips=1, n_frames=12, seed=0)
+    clip = clips.generate_clips(n_clips=1, n_frames=12, seed=0, min_speed=0.0)
     assert clip.qpos.shape == (1, 12, 52) and clip.qvel.shape == (1, 12, 51) and clip.act.shape == (1, 12, 38)
     assert clip.body_pos.shape == (1, 12, len(body.TRACKED_BODIES), 3)
     assert np.all(np.isfinite(clip.qpos)) and np.all(clip.qpos[0, :, 2] > 0.025)
@@ -88,12 +88,23 @@ def test_generated_clip_is_plausible_and_consistent():
 
 
 def test_clips_are_cached(tmp_path):
-    first = clips.load_clips(n_clips=1, n_frames=10, cache_dir=tmp_path)
+    first = clips.load_clips(n_clips=1, n_frames=10, min_speed=0.0, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("clips-*.npz"))) == 1
-    again = clips.load_clips(n_clips=1, n_frames=10, cache_dir=tmp_path)
+    again = clips.load_clips(n_clips=1, n_frames=10, min_speed=0.0, cache_dir=tmp_path)
     np.testing.assert_array_equal(first.qpos, again.qpos)
-    clips.load_clips(n_clips=1, n_frames=10, seed=3, cache_dir=tmp_path)
+    clips.load_clips(n_clips=1, n_frames=10, seed=3, min_speed=0.0, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("clips-*.npz"))) == 2
+
+
+def test_clips_go_somewhere_at_min_speed():
+    """The kept clips' roots move at min_speed or faster (start to end), so
+    holding still does not track them; a speed no candidate reaches is a
+    one-line error naming the argument."""
+    moving = clips.generate_clips(n_clips=2, n_frames=100, seed=0, min_speed=0.05)
+    distance = np.linalg.norm(moving.qpos[:, -1, :2] - moving.qpos[:, 0, :2], axis=-1)
+    assert np.all(distance >= 0.05 * 99 / 50)
+    with pytest.raises(RuntimeError, match="min_speed=5.0"):
+        clips.generate_clips(n_clips=1, n_frames=20, min_speed=5.0, max_tries=3)
 
 
 # ---------------------------------------------------------------------------- rodent_imitation

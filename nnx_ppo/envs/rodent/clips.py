@@ -7,14 +7,16 @@ then a trot-like rhythm on the limbs (diagonal pairs in phase, random
 frequency and amplitude) plus slow random drift on every actuator. The state
 is recorded at ``fps`` frames per second. A clip is rejected (and redrawn)
 when the torso drops below 2.5 cm, tilts more than ~37 degrees, or any
-velocity is non-finite or above 50 (an explosion). Every clip is physically
-consistent with the body (it came out of the same model), so a tracker can
-reproduce it exactly.
+velocity is non-finite or above 50 (an explosion), and when its root moves
+slower than ``min_speed`` (start-to-end horizontal distance over the clip's
+duration): clips that go somewhere, so that holding still does not track
+them. Every clip is physically consistent with the body (it came out of the
+same model), so a tracker can reproduce it exactly.
 
 Clips are cached as ``.npz`` under ``~/.cache/nnx_ppo/rodent_clips`` keyed
 by a hash of the body version, the generator version, the arguments and the
-MuJoCo version. Generating the default 8 clips of 150 frames takes about a
-second.
+MuJoCo version. Generating the default 8 clips of 150 frames (about 110
+candidates) takes a few seconds.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from nnx_ppo.envs.rodent import body as _body
 __all__ = ["Clips", "generate_clips", "load_clips", "clip_cache_dir", "CLIP_VERSION"]
 
 # bumped whenever generate_clips changes what it produces
-CLIP_VERSION = 1
+CLIP_VERSION = 2
 
 _MIN_HEIGHT = 0.025  # m: torso height below this is a fall
 _MIN_UPRIGHT = 0.8  # torso z-axis . world z below this is tipping over
@@ -120,6 +122,11 @@ def _simulate(model: mujoco.MjModel, rng: np.random.Generator, n_frames: int, fp
     return np.stack(qpos), np.stack(qvel), np.stack(act), np.stack(pos)
 
 
+def _speed(qpos: np.ndarray, fps: float) -> float:
+    """The root's mean horizontal speed (m/s) over a clip's ``qpos [T, nq]``: start-to-end distance / duration."""
+    return float(np.linalg.norm(qpos[-1, :2] - qpos[0, :2]) * fps / max(1, len(qpos) - 1))
+
+
 def _plausible(data: mujoco.MjData) -> bool:
     """The body is up (torso high enough and upright) and nothing exploded."""
     finite = np.all(np.isfinite(data.qvel)) and np.all(np.isfinite(data.qpos))
@@ -129,12 +136,14 @@ def _plausible(data: mujoco.MjData) -> bool:
 
 
 def generate_clips(n_clips: int = 8, n_frames: int = 150, fps: float = 50.0, seed: int = 0,
-                   settle: float = 0.3, max_tries: int = 100) -> Clips:
+                   min_speed: float = 0.05, settle: float = 0.3, max_tries: int = 1000) -> Clips:
     """Simulate ``n_clips`` plausible clips of ``n_frames`` frames (plain mujoco, CPU).
 
     Each clip starts at the origin in the settled rest pose; ``seed`` fixes
-    the signals. Raises ``RuntimeError`` if fewer than ``n_clips`` of
-    ``max_tries`` candidates were plausible.
+    the signals. ``min_speed`` (m/s) rejects clips whose root moves slower
+    (0: keep every plausible clip); at the default, about 1 candidate in 14
+    is kept. Raises ``RuntimeError`` if fewer than ``n_clips`` of
+    ``max_tries`` candidates were kept.
     """
     model = _body.load_model()
     sites = _body.body_site_ids(model)
@@ -143,13 +152,13 @@ def generate_clips(n_clips: int = 8, n_frames: int = 150, fps: float = 50.0, see
     clips = []
     for _ in range(max_tries):
         clip = _simulate(model, rng, n_frames, fps, settle, sites, gait_ids)
-        if clip is not None:
+        if clip is not None and _speed(clip[0], fps) >= min_speed:
             clips.append(clip)
         if len(clips) == n_clips:
             qpos, qvel, act, pos = (np.stack(x).astype(np.float32) for x in zip(*clips))
             return Clips(qpos, qvel, act, pos, float(fps))
-    raise RuntimeError(f"only {len(clips)} of {max_tries} generated rodent clips were plausible "
-                       f"(asked for {n_clips})")
+    raise RuntimeError(f"only {len(clips)} of {max_tries} generated rodent clips were plausible and moved at "
+                       f"min_speed={min_speed} m/s or faster (asked for {n_clips}); lower min_speed or n_clips")
 
 
 def clip_cache_dir() -> pathlib.Path:
@@ -163,16 +172,17 @@ def _cache_key(**kwargs) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_clips(n_clips: int = 8, n_frames: int = 150, fps: float = 50.0, seed: int = 0,
+def load_clips(n_clips: int = 8, n_frames: int = 150, fps: float = 50.0, seed: int = 0, min_speed: float = 0.05,
                cache_dir: str | os.PathLike | None = None) -> Clips:
     """The clips of :func:`generate_clips` with these arguments, from the
     cache when there, else generated and cached (written atomically)."""
     folder = pathlib.Path(cache_dir) if cache_dir is not None else clip_cache_dir()
-    path = folder / f"clips-{_cache_key(n_clips=n_clips, n_frames=n_frames, fps=fps, seed=seed)}.npz"
+    key = _cache_key(n_clips=n_clips, n_frames=n_frames, fps=fps, seed=seed, min_speed=min_speed)
+    path = folder / f"clips-{key}.npz"
     if path.is_file():
         with np.load(path) as f:
             return Clips(f["qpos"], f["qvel"], f["act"], f["body_pos"], float(f["fps"]))
-    clips = generate_clips(n_clips, n_frames, fps, seed)
+    clips = generate_clips(n_clips, n_frames, fps, seed, min_speed)
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".npz")
     with os.fdopen(fd, "wb") as f:

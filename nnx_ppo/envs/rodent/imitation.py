@@ -46,7 +46,7 @@ __all__ = ["RodentImitation", "default_config"]
 def default_config() -> config_dict.ConfigDict:
     """Physics (:func:`base_config`), clips, reward terms and termination thresholds."""
     cfg = base_config(
-        n_clips=8, clip_frames=150, clip_seed=0, reference_length=5, max_start_frame=50,
+        n_clips=8, clip_frames=150, clip_seed=0, clip_min_speed=0.05, reference_length=5, max_start_frame=50,
         reward_terms=config_dict.create(
             root_pos=config_dict.create(weight=1.0, scale=0.035),       # m
             root_quat=config_dict.create(weight=1.0, scale=20.0),       # degrees
@@ -80,7 +80,7 @@ class RodentImitation(RodentBase):
         cfg = self._config
         if clips is None:
             clips = _clips.load_clips(int(cfg.n_clips), int(cfg.clip_frames), 1.0 / float(cfg.ctrl_dt),
-                                      int(cfg.clip_seed))
+                                      int(cfg.clip_seed), float(cfg.clip_min_speed))
         self._window = int(cfg.reference_length)
         self._last_frame = clips.n_frames - 1 - self._window  # the last frame with a full window ahead
         if self._last_frame < 1:
