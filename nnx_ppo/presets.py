@@ -89,7 +89,6 @@ def _config(total_steps: int, eval_every: int, eval_envs: int, eval_length: int,
     )
 
 
-
 DEFAULT_CONFIG: TrainConfig = _config(150_000, 10_000, 64, 1000, n_envs=64, rollout_length=24)
 """The library's defaults: the training config ``nnx-ppo train`` starts from
 for an env without a preset, or with ``--no-preset`` (64 envs x 24 steps, Adam

@@ -66,7 +66,7 @@ def find_checkpoint(directory: str | os.PathLike, step: int | str | None = None,
     if step is None:
         return resolve_latest(root)
     if step == "best":
-        best = root / BEST_DIR if seed is None else root / BEST_DIR / f"seed_{int(seed)}"
+        best = best_policy_dir(root, seed)
         if not best.is_dir():
             raise FileNotFoundError(f"no best policy in {str(root)!r} (kept only by runs with evaluation and "
                                     "checkpoints" + ("" if seed is None else f", for seed {seed}") + ")")

@@ -75,10 +75,6 @@ def _is_key(leaf: Any) -> bool:
     return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
 
 
-def _key_impl_name(leaf: Any) -> str:
-    return str(jax.random.key_impl(leaf))
-
-
 def describe_leaves(prefix: str, tree: Any) -> tuple[list[dict], list[Any], Any]:
     """Flatten one section: ``(layout entries, storable arrays, treedef)``.
 
@@ -89,7 +85,7 @@ def describe_leaves(prefix: str, tree: Any) -> tuple[list[dict], list[Any], Any]
     for path, leaf in flat:
         impl = None
         if _is_key(leaf):
-            impl = _key_impl_name(leaf)
+            impl = str(jax.random.key_impl(leaf))
             leaf = jax.random.key_data(leaf)
         elif not isinstance(leaf, jax.Array):
             leaf = jnp.asarray(leaf)

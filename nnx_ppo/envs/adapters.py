@@ -114,9 +114,6 @@ class GymnaxEnv(RLEnv):
                     lambda a: {k: to_env(a[k]) for k, (_, to_env) in parts.items()})
         raise TypeError(f"gymnax:{self.name}: unsupported action space {s!r}")
 
-    def _env_action(self, action):
-        return self._to_env_action(action)
-
     def reset(self, key):
         key, sub = jax.random.split(key)
         obs, gstate = self.env.reset_env(sub, self.params)
@@ -133,7 +130,7 @@ class GymnaxEnv(RLEnv):
         gstate, key = state.data
         key, sub = jax.random.split(key)
         obs, gstate2, reward, terminated, _ = self.env.step_env(
-            sub, gstate, self._env_action(action), self.params
+            sub, gstate, self._to_env_action(action), self.params
         )
         terminated = jnp.asarray(terminated).reshape(()).astype(bool)
         out_of_time = jnp.asarray(gstate2.time >= self.params.max_steps_in_episode).reshape(())

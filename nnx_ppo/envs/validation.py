@@ -23,15 +23,12 @@ class EnvCheckError(ValueError):
     the message names the offending field."""
 
 
-
 def fail(msg: str):
     raise EnvCheckError(msg)
 
 
 def path_name(prefix: str, path) -> str:
     return prefix + jax.tree_util.keystr(path)
-
-
 
 
 def shape_of(x):
@@ -46,38 +43,37 @@ def leaves_with_paths(tree, prefix):
     return {path_name(prefix, p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def compare_structure(name, a, b, what_a="reset", what_b="step"):
+def compare_structure(name, a, b):
     pa, pb = leaves_with_paths(a, name), leaves_with_paths(b, name)
     only_a, only_b = sorted(set(pa) - set(pb)), sorted(set(pb) - set(pa))
     if only_a or only_b or jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b):
         parts = []
         if only_a:
-            parts.append(f"only in {what_a}: {only_a}")
+            parts.append(f"only in reset: {only_a}")
         if only_b:
-            parts.append(f"only in {what_b}: {only_b}")
+            parts.append(f"only in step: {only_b}")
         if not parts:
             parts.append(f"{jax.tree_util.tree_structure(a)} vs {jax.tree_util.tree_structure(b)}")
-        fail(f"{name}: pytree structure differs between {what_a} and {what_b} states ({'; '.join(parts)})")
+        fail(f"{name}: pytree structure differs between reset and step states ({'; '.join(parts)})")
     for k in pa:
         xa, xb = pa[k], pb[k]
         sa, sb = shape_of(xa), shape_of(xb)
         da, db = dtype_of(xa), dtype_of(xb)
         if sa != sb:
-            fail(f"{k}: shape differs between {what_a} {sa} and {what_b} {sb}")
+            fail(f"{k}: shape differs between reset {sa} and step {sb}")
         if da != db:
-            fail(f"{k}: dtype differs between {what_a} ({da}) and {what_b} ({db})")
+            fail(f"{k}: dtype differs between reset ({da}) and step ({db})")
 
 
-def check_scalar_per_env(name, tree, n_envs, dtype=jnp.float32):
+def check_scalar_per_env(name, tree, n_envs):
     for k, x in leaves_with_paths(tree, name).items():
         if shape_of(x) != (n_envs,):
             fail(
                 f"{k}: must be a scalar per environment (batched shape ({n_envs},)), "
                 f"got per-env shape {shape_of(x)[1:]}"
             )
-        if dtype_of(x) != dtype:
-            fail(f"{k}: dtype must be {jnp.dtype(dtype).name}, got {dtype_of(x)}")
-
+        if dtype_of(x) != jnp.float32:
+            fail(f"{k}: dtype must be float32, got {dtype_of(x)}")
 
 
 def check_env_structure(env, n_envs: int, actions=None) -> None:
@@ -105,7 +101,6 @@ def check_env_structure(env, n_envs: int, actions=None) -> None:
     check_scalar_per_env("reward", reset.reward, n_envs)
     check_scalar_per_env("done", step.done, n_envs)
     check_scalar_per_env("info['truncated']", step.info["truncated"], n_envs)
-
 
 
 def check_actions(env, actions, B: int) -> None:

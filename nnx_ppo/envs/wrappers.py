@@ -14,7 +14,6 @@ from nnx_ppo.envs.types import RLEnv, as_f32
 __all__ = ["Wrapper", "TimeLimit", "RewardScale", "ObservationMask", "ActionRepeat", "ResetPool"]
 
 
-
 class Wrapper(RLEnv):
     """Forwards everything to the wrapped env; subclasses override what they change."""
 

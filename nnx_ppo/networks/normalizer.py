@@ -13,7 +13,6 @@ from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 __all__ = ["Normalizer", "NormalizerStatistics", "merge_moments"]
 
 
-
 def merge_moments(count_a: jax.Array, mean_a: jax.Array, m2_a: jax.Array, count_b: jax.Array, mean_b: jax.Array,
                   m2_b: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Merge the moments of two samples (Chan et al.'s parallel formula).
@@ -28,6 +27,7 @@ def merge_moments(count_a: jax.Array, mean_a: jax.Array, m2_a: jax.Array, count_
     mean = mean_a + delta * (count_b / total)
     m2 = m2_a + m2_b + jnp.square(delta) * (count_a * count_b / total)
     return total, mean, m2
+
 
 class NormalizerStatistics(nnx.Variable):
     """Running statistics of a :class:`Normalizer`.

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo.networks.feedforward import check_features
 from nnx_ppo.networks.replay import (
     SequenceOutput,
     flatten_time,
@@ -45,14 +46,6 @@ def _check_positive_int(cls_name: str, name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{cls_name}: {name} must be a positive int, got {value!r}")
     return value
-
-
-def _check_array(cls_name: str, name: str, value: Any, trailing: tuple[int, ...], note: str) -> None:
-    """Raise a ValueError unless ``value`` has shape ``(B, *trailing)``."""
-    shape = tuple(jnp.shape(value))
-    if len(shape) != 1 + len(trailing) or shape[1:] != trailing:
-        expected = "(B, " + ", ".join(str(d) for d in trailing) + ")"
-        raise ValueError(f"{cls_name}: {name} has shape {shape}, expected {expected} ({note})")
 
 
 def _tile(vector: jax.Array, batch_size: int) -> jax.Array:
@@ -189,8 +182,7 @@ class RecurrentCell(StatefulModule):
                               carry=carries)
 
     def _check_x(self, x: jax.Array) -> None:
-        _check_array(type(self).__name__, "x", x, (self.in_features,),
-                     f"in_features={self.in_features}")
+        check_features(type(self).__name__, x, self.in_features)
 
     def _check_state(self, state: Any, batch: int) -> None:
         """The carry has the layout of :attr:`carry_keys` and ``[B, H]`` entries."""
@@ -213,8 +205,10 @@ class RecurrentCell(StatefulModule):
             self._check_h(f"state[{key!r}]", state[key], batch)
 
     def _check_h(self, name: str, h: jax.Array, batch_size: int) -> None:
-        _check_array(type(self).__name__, name, h, (self.hidden_features,),
-                     f"hidden_features={self.hidden_features}")
+        shape, hidden = tuple(jnp.shape(h)), self.hidden_features
+        if len(shape) != 2 or shape[1] != hidden:
+            raise ValueError(f"{type(self).__name__}: {name} has shape {shape}, expected (B, {hidden}) "
+                             f"(hidden_features={hidden})")
         if h.shape[0] != batch_size:
             raise ValueError(
                 f"{type(self).__name__}: {name} has batch size {h.shape[0]}, expected {batch_size} "
@@ -225,7 +219,8 @@ class _ProjectedCell(RecurrentCell):
     """What the library's cells share besides :class:`RecurrentCell`: the
     weight matrices ``kernel_x`` ``[I, G H]`` (LeCun normal) and ``kernel_h``
     ``[H, G H]`` (one orthogonal block per gate), drawn in that order from
-    ``rngs.params()``, then the cell's own parameters (:meth:`_init_cell_params`).
+    ``rngs.params()``, then the cell's own parameters (:meth:`_init_cell_params`);
+    and :meth:`project_input`, ``x kernel_x + bias`` (:class:`GRU` has its own).
     """
 
     _n_gates = 1
@@ -244,6 +239,9 @@ class _ProjectedCell(RecurrentCell):
     def _init_cell_params(self, h: int) -> None:
         """Create the cell's own parameters (after the kernels) for ``h`` hidden features."""
         raise NotImplementedError
+
+    def project_input(self, x: jax.Array) -> jax.Array:
+        return x @ self.kernel_x[...] + self.bias[...][None, :]
 
 
 def _finite_bias(cell: str, name: str, value: float) -> float:
@@ -280,9 +278,6 @@ class SimpleRNN(_ProjectedCell):
 
     def _init_cell_params(self, h: int) -> None:
         self.bias = nnx.Param(jnp.zeros((h,), jnp.float32))
-
-    def project_input(self, x: jax.Array) -> jax.Array:
-        return x @ self.kernel_x[...] + self.bias[...][None, :]
 
     def step(self, h, zx):
         h_new = self.activation(zx + h @ self.kernel_h[...])
@@ -324,9 +319,6 @@ class LSTM(_ProjectedCell):
     def _init_cell_params(self, h: int) -> None:
         bias = jnp.zeros((4 * h,), jnp.float32).at[h:2 * h].set(self.forget_bias)
         self.bias = nnx.Param(bias)
-
-    def project_input(self, x: jax.Array) -> jax.Array:
-        return x @ self.kernel_x[...] + self.bias[...][None, :]
 
     def step(self, state, zx):
         h, c = state

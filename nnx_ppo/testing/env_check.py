@@ -55,7 +55,7 @@ def _require_finite(name, tree):
             fail(f"{k}: contains NaN or inf")
 
 
-def _check_obs_space(obs, space, n_envs):
+def _check_obs_space(obs, space):
     leaves, treedef = jax.tree_util.tree_flatten(space, is_leaf=_spaces.is_space)
     try:
         obs_leaves = treedef.flatten_up_to(obs)
@@ -81,7 +81,7 @@ def _check_state(state, n_envs, obs_space, what):
     for k, x in leaves_with_paths(state.metrics, "metrics").items():
         if shape_of(x) != (n_envs,):
             fail(f"{k}: metrics must be scalars per environment, got per-env shape {shape_of(x)[1:]}")
-    _check_obs_space(state.obs, obs_space, n_envs)
+    _check_obs_space(state.obs, obs_space)
     _require_finite("obs", state.obs)
     _require_finite("reward", state.reward)
     d, t = np.asarray(state.done), np.asarray(state.info["truncated"])
@@ -93,7 +93,7 @@ def _check_state(state, n_envs, obs_space, what):
         fail("info['truncated']: set to 1 on a step where done is 0 (truncated implies done)")
 
 
-def _stored_keys(state, in_data=True):
+def _stored_keys(state, in_data):
     found = {}
     if in_data:
         found.update({k: x for k, x in leaves_with_paths(state.data, "data").items() if _looks_like_key(x)})
@@ -154,7 +154,7 @@ def check_env(env, *, n_envs: int = 4, n_steps: int = 8, seed: int = 0, check_ke
             fail(f"step failed on a state returned by {'reset' if t == 0 else 'step'}: {type(e).__name__}: {e}")
         if not isinstance(nxt, EnvState):
             fail(f"step must return an EnvState, got {type(nxt).__name__}")
-        compare_structure("state", s0, nxt, "reset", "step")
+        compare_structure("state", s0, nxt)
         _check_state(nxt, n_envs, obs_space, "step")
         if check_keys and t == 0:
             in_data = getattr(env.unwrapped, "check_keys_in_data", True)
@@ -171,7 +171,7 @@ def check_env(env, *, n_envs: int = 4, n_steps: int = 8, seed: int = 0, check_ke
         state = nxt
 
     # A second reset must also agree with step states (e.g. not depend on Python state).
-    compare_structure("state", reset_fn(jax.random.split(key, n_envs)), state, "reset", "step")
+    compare_structure("state", reset_fn(jax.random.split(key, n_envs)), state)
     return EnvCheckReport(
         n_envs=n_envs,
         n_steps=n_steps,
