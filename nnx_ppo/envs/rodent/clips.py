@@ -136,7 +136,7 @@ def _plausible(data: mujoco.MjData) -> bool:
 
 
 def generate_clips(n_clips: int = 8, n_frames: int = 150, fps: float = 50.0, seed: int = 0,
-                   min_speed: float = 0.05, settle: float = 0.3, max_tries: int = 1000) -> Clips:
+                   settle: float = 0.3, max_tries: int = 1000, min_speed: float = 0.05) -> Clips:
     """Simulate ``n_clips`` plausible clips of ``n_frames`` frames (plain mujoco, CPU).
 
     Each clip starts at the origin in the settled rest pose; ``seed`` fixes
@@ -172,8 +172,8 @@ def _cache_key(**kwargs) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_clips(n_clips: int = 8, n_frames: int = 150, fps: float = 50.0, seed: int = 0, min_speed: float = 0.05,
-               cache_dir: str | os.PathLike | None = None) -> Clips:
+def load_clips(n_clips: int = 8, n_frames: int = 150, fps: float = 50.0, seed: int = 0,
+               cache_dir: str | os.PathLike | None = None, min_speed: float = 0.05) -> Clips:
     """The clips of :func:`generate_clips` with these arguments, from the
     cache when there, else generated and cached (written atomically)."""
     folder = pathlib.Path(cache_dir) if cache_dir is not None else clip_cache_dir()
@@ -182,7 +182,7 @@ def load_clips(n_clips: int = 8, n_frames: int = 150, fps: float = 50.0, seed: i
     if path.is_file():
         with np.load(path) as f:
             return Clips(f["qpos"], f["qvel"], f["act"], f["body_pos"], float(f["fps"]))
-    clips = generate_clips(n_clips, n_frames, fps, seed, min_speed)
+    clips = generate_clips(n_clips, n_frames, fps, seed, min_speed=min_speed)
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".npz")
     with os.fdopen(fd, "wb") as f:

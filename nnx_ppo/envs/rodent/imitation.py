@@ -80,7 +80,7 @@ class RodentImitation(RodentBase):
         cfg = self._config
         if clips is None:
             clips = _clips.load_clips(int(cfg.n_clips), int(cfg.clip_frames), 1.0 / float(cfg.ctrl_dt),
-                                      int(cfg.clip_seed), float(cfg.clip_min_speed))
+                                      int(cfg.clip_seed), min_speed=float(cfg.clip_min_speed))
         self._window = int(cfg.reference_length)
         self._last_frame = clips.n_frames - 1 - self._window  # the last frame with a full window ahead
         if self._last_frame < 1:
