@@ -25,7 +25,9 @@ def fmt_seconds(s: float) -> str:
 
 class StopFlag:
     """First Ctrl-C (or SIGTERM): ask training to stop after the current
-    compiled call. A second Ctrl-C aborts immediately."""
+    compiled call. A second Ctrl-C aborts immediately; a repeated SIGTERM
+    does not, since schedulers and ``timeout`` may deliver one twice (GNU
+    ``timeout`` signals the command, then its process group)."""
 
     def __init__(self, announce):
         self.requested = False
@@ -34,7 +36,9 @@ class StopFlag:
 
     def _handler(self, signum, frame):
         if self.requested:
-            raise KeyboardInterrupt
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
         self.requested = True
         self._announce("stop requested: finishing the current step and saving a checkpoint "
                        "(Ctrl-C again to abort without saving)")
