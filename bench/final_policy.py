@@ -165,8 +165,10 @@ def main() -> None:
     bests = np.array([r["best_return"] for r in rows])
     summary = {"env": preset.env, "env_kwargs": preset.env_kwargs, "network": preset.network,
                "label": args.label, "seeds": args.seeds, "batched": args.batched,
-               "target": target, "final_reached": int(np.sum(finals >= target)),
-               "best_reached": int(np.sum(bests >= target)), "final_median": float(np.median(finals)),
+               "target": target,
+               "final_reached": None if target is None else int(np.sum(finals >= target)),
+               "best_reached": None if target is None else int(np.sum(bests >= target)),
+               "final_median": float(np.median(finals)),
                "final_min": float(finals.min()), "best_min": float(bests.min()),
                "wall_s": sum(r["wall_s"] for r in rows) if not args.batched else rows[0]["wall_s"]}
     print(json.dumps(summary))
