@@ -16,7 +16,9 @@ seed's row to ``--out`` (default bench/results/final_policy.jsonl) as soon
 as it is evaluated, with the commit and the command, then the summary. ``--set`` overrides a
 TrainConfig field (``--set ppo.learning_rate_decay=true``), ``--env-kwargs`` the preset's env
 keyword arguments (``'{"n_cues": 4, "delay": 40}'``); ``--label`` names
-such a variant.
+such a variant. ``--trained-in DIR`` evaluates seeds trained elsewhere with that
+same command (``DIR/seed_S``, e.g. run on an accelerator and copied back);
+their ``wall_s`` is the run's training time as its metrics record it.
 """
 
 from __future__ import annotations
@@ -70,9 +72,8 @@ def cli_flags(overrides: list[str]) -> list[str]:
     return flags
 
 
-def train_solo(args, preset, seed: int, run: Path) -> tuple[float, list[float], list[str]]:
-    """Seed ``seed`` as a user runs it: its own ``nnx-ppo train`` process
-    into ``run``. Returns its wall time, its training evaluations and the command."""
+def solo_command(args, preset, seed: int, run: Path) -> list[str]:
+    """The ``nnx-ppo train`` command that trains seed ``seed`` of ``preset`` into ``run``."""
     command = [str(Path(sys.executable).parent / "nnx-ppo"), "train", preset.env, "--network", preset.network,
                "--seed", str(seed), "--run-dir", str(run), "--quiet", *cli_flags(args.overrides)]
     if args.env_kwargs is not None:
@@ -81,11 +82,23 @@ def train_solo(args, preset, seed: int, run: Path) -> tuple[float, list[float], 
         command += ["--hidden-size", str(args.hidden_size)]
     if args.network_kwargs is not None:
         command += ["--network-kwargs", args.network_kwargs]
+    return command
+
+
+def read_evals(run: Path) -> tuple[list[dict], list[float]]:
+    """``run``'s metric rows and its training evaluations' returns."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rows, [r["eval/episode_return"] for r in rows if r.get("eval")]
+
+
+def train_solo(args, preset, seed: int, run: Path) -> tuple[float, list[float], list[str]]:
+    """Seed ``seed`` as a user runs it: its own ``nnx-ppo train`` process
+    into ``run``. Returns its wall time, its training evaluations and the command."""
+    command = solo_command(args, preset, seed, run)
     t0 = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return wall, [r["eval/episode_return"] for r in rows if r.get("eval")], command
+    return wall, read_evals(run)[1], command
 
 
 def git_commit() -> str:
@@ -109,6 +122,9 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=None, help="the bar (default: the preset's target)")
     parser.add_argument("--out", default=str(HERE / "results" / "final_policy.jsonl"))
     parser.add_argument("--batched", action="store_true", help="all seeds in one program (not as users run)")
+    parser.add_argument("--trained-in", default=None,
+                        help="evaluate runs already trained elsewhere (DIR/seed_S, e.g. on an accelerator) "
+                             "instead of training them")
     args = parser.parse_args()
     preset = find_preset(args.env, args.network)
     if preset is None:
@@ -156,6 +172,13 @@ def main() -> None:
             for s, r in zip(args.seeds, results):
                 record(s, directory, s, wall, [m["eval/episode_return"] for _, m in r.eval_history],
                        r.failure is not None, None)
+        elif args.trained_in is not None:
+            for s in args.seeds:
+                run = Path(args.trained_in) / f"seed_{s}"
+                metrics, evals = read_evals(run)
+                wall = max(r.get("time/elapsed_seconds", 0.0) for r in metrics)  # training time, not start-up
+                record(s, str(run / "checkpoints"), None, wall, evals, False,
+                       " ".join(solo_command(args, preset, s, Path(f"seed_{s}"))[1:]))
         else:
             for s in args.seeds:
                 wall, evals, command = train_solo(args, preset, s, Path(directory) / f"seed_{s}")
