@@ -121,8 +121,9 @@ def main() -> None:
     parser.add_argument("--label", default="preset")
     parser.add_argument("--target", type=float, default=None, help="the bar (default: the preset's target)")
     parser.add_argument("--out", default=str(HERE / "results" / "final_policy.jsonl"))
-    parser.add_argument("--batched", action="store_true", help="all seeds in one program (not as users run)")
-    parser.add_argument("--trained-in", default=None,
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--batched", action="store_true", help="all seeds in one program (not as users run)")
+    mode.add_argument("--trained-in", default=None,
                         help="evaluate runs already trained elsewhere (DIR/seed_S, e.g. on an accelerator) "
                              "instead of training them")
     args = parser.parse_args()

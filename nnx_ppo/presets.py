@@ -11,10 +11,10 @@ lists them. In Python::
     network = preset.build_network(eval_env, seed=0)
     # train_ppo(env, network, preset.config, eval_env=eval_env)
 
-Each preset's ``target`` is the evaluation return it reached on every one of
-5 seeds within ``config.ppo.total_steps`` when it was tuned (the CheetahRun
-presets: the return every final policy of seeds 0-9 reached on 128
-episodes); the measurements are in ``docs/training.md``.
+Each preset's ``target`` is a return that the final policy of every one of
+seeds 0-9 reached on 128 fresh evaluation episodes, each seed trained in its
+own ``nnx-ppo train ENV --seed S`` process; the measurements are in
+``docs/training.md`` ("Presets: what they reach").
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ class Preset:
       env_kwargs: keyword arguments for ``make`` (training and evaluation).
       train_env_kwargs: keyword arguments for the training env only (e.g.
         ``random_reset_steps``; ``random_initial_steps`` is always on).
-      target: evaluation return every tuning seed reached (``None``: a
-        setup for hardware this library was not measured on).
+      target: evaluation return the final policy of every one of seeds 0-9
+        reached, each seed a solo CLI run (``None``: a setup for hardware
+        this library was not measured on).
       description: one line for listings.
     """
 
