@@ -435,7 +435,8 @@ compilation included) and env steps at the first such evaluation, with how many 
 evaluations: 16 deterministic episodes every max(10k, budget / 10) env steps, for every library); "-": no runs
 yet; "without curve": this library's run directory (its metrics.jsonl) is gone. Same tasks,
 env kwargs, hidden observations and env-step budgets for all; each (library, task, seed) a solo process on this
-project's 2-core CPU. Networks: nnx-ppo its defaults (`--no-preset`; lstm and gru on memory tasks, mlp on control
+project's 2-core CPU, most of them with one other run beside them (one per core), which slowed a run by 2-4x
+at times: wall seconds vary with the load, env steps do not. Networks: nnx-ppo its defaults (`--no-preset`; lstm and gru on memory tasks, mlp on control
 tasks): the old ones (label `defaults`) and the adopted ones (labels `lstm_long`, `mlp_tanh_ent`, `gru_long_ub`: their
 settings given as flags, which the library's defaults now are, bench/README's suite section); the original
 nnx-ppo 0.3.0 its PPOConfig defaults with Dense(64) -> LSTM(64) on memory tasks and its
