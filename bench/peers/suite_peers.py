@@ -432,19 +432,19 @@ NOTES = """\
 Each cell: final evaluations solved (128 fresh deterministic episodes, mean >= threshold) / runs; then the median
 over the runs whose periodic evaluation reached the threshold of the wall seconds (from the start of training,
 compilation included) and env steps at the first such evaluation, with how many of the runs reached it (periodic
-evaluations: 16 deterministic episodes every max(10k, budget / 10) env steps, for every library); "-": no runs
-yet; "without curve": this library's run directory (its metrics.jsonl) is gone. Same tasks,
-env kwargs, hidden observations and env-step budgets for all; each (library, task, seed) a solo process on this
-project's 2-core CPU, most of them with one other run beside them (one per core), which slowed a run by 2-4x
-at times: wall seconds vary with the load, env steps do not. Networks: nnx-ppo its defaults (`--no-preset`; lstm and gru on memory tasks, mlp on control
-tasks): the old ones (label `defaults`) and the adopted ones (labels `lstm_long`, `mlp_tanh_ent`, `gru_long_ub`: their
-settings given as flags, which the library's defaults now are, bench/README's suite section); the original
-nnx-ppo 0.3.0 its PPOConfig defaults with Dense(64) -> LSTM(64) on memory tasks and its
-README's MLP on control tasks (it has no discrete action sampler: a categorical one written on its
-`ActionSampler` interface, `bench/peers/suite_peer_agents.py`); rejax 0.1.3 PPO, an MLP everywhere (no recurrent
-PPO: on memory tasks it runs without memory), the tuned configs of rejax's repository for CartPole, Acrobot,
-Pendulum and MountainCarContinuous and its defaults elsewhere; Brax 0.14.2 PPO, an MLP (no recurrent policy) with
-`bench/peers/brax_run.py`'s settings (`brax_playground_run.py`'s on Playground), continuous actions only."""
+evaluations: 16 deterministic episodes every max(10k, budget / 10) env steps, for every library); "-": no runs yet;
+"without curve": this library's run directory (its metrics.jsonl) is gone. Same tasks, env kwargs, hidden
+observations and env-step budgets for all; each (library, task, seed) a solo process on this project's 2-core CPU,
+most of them with one other run beside them (one per core), which slowed a run by up to about 2x: wall seconds vary
+with the load, env steps do not. Networks: nnx-ppo its defaults (`--no-preset`; lstm and gru on memory tasks, mlp on
+control tasks): the old ones (label `defaults`) and the adopted ones (labels `lstm_long`, `mlp_tanh_ent`,
+`gru_long_ub`: their settings given as flags, which the library's defaults now are, bench/README's suite section);
+the original nnx-ppo 0.3.0 its PPOConfig defaults with Dense(64) -> LSTM(64) on memory tasks and its README's MLP on
+control tasks (it has no discrete action sampler: a categorical one written on its `ActionSampler` interface,
+`bench/peers/suite_peer_agents.py`); rejax 0.1.3 PPO, an MLP everywhere (no recurrent PPO: on memory tasks it runs
+without memory), the tuned configs of rejax's repository for CartPole, Acrobot, Pendulum and MountainCarContinuous
+and its defaults elsewhere; Brax 0.14.2 PPO, an MLP (no recurrent policy) with `bench/peers/brax_run.py`'s settings
+(`brax_playground_run.py`'s on Playground), continuous actions only."""
 
 
 def rewrite_readme(section: str, readme: Path = README) -> None:
