@@ -2,6 +2,7 @@
 
 Usage: python bench/bench_intention.py [--env stand_in | --env rodent] [--n-envs 1024] [--rollout 20]
                                        [--iterations 4] [--skip 1] [--mlp-decoder | --lstm-decoder] [--profile]
+                                       [--precision default|bfloat16]
 
 The network is ``make_intention_network(**INTENTION_USERS_SIZE)`` (encoder
 4 x 512 over the reference -> 60-dim VariationalBottleneck latent -> decoder
@@ -294,6 +295,8 @@ def main(argv):
     decoder.add_argument("--lstm-decoder", dest="decoder", action="store_const", const="lstm")
     parser.add_argument("--profile", action="store_true", help="also time the rollout alone")
     parser.add_argument("--no-check", action="store_true", help="skip check_env (never run with --env rodent)")
+    parser.add_argument("--precision", choices=("default", "bfloat16"), default="default",
+                        help="PPOConfig.precision (bfloat16 matrix inputs, float32 sums)")
     parser.set_defaults(decoder="mlp")
     args = parser.parse_args(argv)
 
@@ -317,7 +320,8 @@ def main(argv):
     per_iteration = args.n_envs * args.rollout
     config = TrainConfig(
         ppo=PPOConfig(n_envs=args.n_envs, rollout_length=args.rollout, total_steps=args.iterations * per_iteration,
-                      n_epochs=4, n_minibatches=4, discounting_factor=0.97, learning_rate=1e-4),
+                      n_epochs=4, n_minibatches=4, discounting_factor=0.97, learning_rate=1e-4,
+                      precision=args.precision),
         eval=EvalConfig(enabled=False),
     )
     times: list[tuple[float, int]] = []
@@ -334,6 +338,7 @@ def main(argv):
     wall = time.perf_counter() - t0
     row = speed_row("nnx_ppo", args, params, build_s, result.compile_seconds, t0, times, wall)
     row["replay_max_error"] = max(replay_errors) if replay_errors else None
+    row["precision"] = args.precision
     if args.profile:
         fn = NetworkFn.of(net, deterministic=False)
 

@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
-# One script for a machine with an accelerator (a GPU); parts 1-4 take under 5 minutes, part 5 up to 10 more:
+# One script for a machine with an accelerator (a GPU or a TPU); each part fits in a 10-minute call:
 #  1. replay exactness of the MLP and LSTM Pendulum networks under the default
-#     matmul precision (TF32 on recent NVIDIA GPUs) and under "highest";
+#     matmul precision (TF32 on recent NVIDIA GPUs), under "highest" and with
+#     PPOConfig.precision="bfloat16";
 #  2. steady throughput of the Pendulum MLP and LSTM work at 256 and 4096 envs;
 #  3. 8 seeds in one program against one after another;
 #  4. the intention network at the rodent users' size (3.46M parameters) on its
 #     stand-in env: MLP decoder at 1024 and 4096 envs x 20, LSTM decoder at 1024;
 #  5. the rodent task (needs nnx_ppo[playground,rodent]): the env step at 1024
-#     and 4096 envs, and the users' network training on it at 1024 envs x 20.
-# Prints JSON lines; copy them into bench/README.md ("Accelerators").
-# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, all parts "1 2 3 4 5";
-#        a machine lent for a few minutes at a time can run "1 2 3" and then "4 5")
+#     and 4096 envs, and the users' network training on it at 1024 envs x 20;
+#  6. where one iteration's time goes (bench/profile_iteration.py), for the intention
+#     network's configurations $CONFIGS (default: MLP and LSTM decoder at 1024 and 4096 envs);
+#  7. the same configurations side by side with the original nnx-ppo 0.3.0
+#     (bench/peers/original_intention.py; PYTHONPATH for it in $ORIG_PYTHONPATH), one
+#     process at a time, ours then the original's, for each configuration;
+#  8. ours again with PPOConfig.precision="bfloat16", each configuration.
+# Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
+# bench/results/ and bench/README.md ("Accelerators").
+# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, all parts "1 2 3 4 5 6 7 8")
+# On a bare TPU machine: source bench/tpu_setup.sh first (it installs what is needed and sets
+# PYTHONPATH and ORIG_PYTHONPATH), then: bash bench/device_check.sh python3 "6"
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${1:-../.venv/bin/python}
-PARTS=" ${2:-1 2 3 4 5} "
+PARTS=" ${2:-1 2 3 4 5 6 7 8} "
+CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
+ROWS="${OUT:-/tmp}/device_check.jsonl"
 part() { [[ "$PARTS" == *" $1 "* ]]; }
+rows() { grep --line-buffered '^{' | tee -a "$ROWS"; }
 export PYTHONPATH="$PWD/..${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import jax; print('devices:', jax.devices())"
 part 1 && for arch in mlp lstm; do
-  for precision in default highest; do
+  for precision in default highest bfloat16; do
     timeout 120 "$PY" replay_precision.py "$arch" 256 "$precision" || echo "{\"failed\": \"replay $arch $precision\"}"
   done
 done
@@ -40,4 +52,18 @@ part 5 && { timeout 300 "$PY" bench_rodent.py --n-envs 1024 4096 --steps 10 --la
   || echo '{"failed": "rodent step"}'; }
 part 5 && { timeout 300 "$PY" bench_intention.py --env rodent --n-envs 1024 --iterations 4 --skip 2 \
   || echo '{"failed": "intention on the rodent 1024"}'; }
+part 6 && for config in $CONFIGS; do
+  timeout 150 "$PY" profile_iteration.py --decoder "${config%:*}" --n-envs "${config#*:}" --skip 2 --iterations 3 \
+    2>/dev/null | rows || echo "{\"failed\": \"profile $config\"}"
+done
+part 7 && for config in $CONFIGS; do
+  decoder="--${config%:*}-decoder --n-envs ${config#*:} --iterations 8 --skip 3"
+  timeout 150 "$PY" bench_intention.py $decoder --no-check 2>/dev/null | rows || echo "{\"failed\": \"ours $config\"}"
+  PYTHONPATH="${ORIG_PYTHONPATH:?source bench/tpu_setup.sh, or set ORIG_PYTHONPATH to the original nnx-ppo}" \
+    timeout 150 "$PY" peers/original_intention.py $decoder 2>/dev/null | rows || echo "{\"failed\": \"original $config\"}"
+done
+part 8 && for config in $CONFIGS; do
+  timeout 150 "$PY" bench_intention.py --${config%:*}-decoder --n-envs ${config#*:} --iterations 8 --skip 3 --no-check \
+    --precision bfloat16 2>/dev/null | rows || echo "{\"failed\": \"ours bfloat16 $config\"}"
+done
 :

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
+from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
 from nnx_ppo.exported import (  # noqa: F401 (importable here as before)
     ANY,
     FORMAT,
@@ -99,7 +99,7 @@ class Policy:
     def __init__(self, network: Any, deterministic: bool = True, *, env: Any = None):
         self.deterministic = bool(deterministic)
         view = NetworkFn.of(network, self.deterministic)
-        self._network = jax.tree.map(copy_leaf, view)
+        self._network = copy_tree(view)
         self._step = jax.jit(_act)
         self._init = jax.jit(_initial, static_argnums=1)
         self._env = env

@@ -29,6 +29,10 @@ class StopFlag:
     does not, since schedulers and ``timeout`` may deliver one twice (GNU
     ``timeout`` signals the command, then its process group)."""
 
+    # A stop on request may take effect after the call that is running when it is noticed: the trainer then
+    # dispatches each call before reading the last one's results (the device does not wait for the host).
+    may_lag_one_call = True
+
     def __init__(self, announce):
         self.requested = False
         self._announce = announce

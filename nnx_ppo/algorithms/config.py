@@ -21,6 +21,7 @@ __all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "SEED_BATCHING", "check_see
 
 SeedBatching = Literal["vmap", "map"]  # TrainConfig.seed_batching
 SEED_BATCHING = typing.get_args(SeedBatching)  # its choices, for checks and messages
+Precision = Literal["default", "bfloat16"]  # PPOConfig.precision (nnx_ppo.networks.feedforward.PRECISIONS)
 
 
 def check_seed_batching(value: Any, where: str = "seed_batching") -> None:
@@ -198,6 +199,20 @@ class PPOConfig:
       reward_scale: multiplies the rewards the learner sees (GAE, value
         targets; before ``normalize_rewards``); logged returns stay in the
         env's units.
+      replay_unroll: how many time steps the loss replay's scans over time
+        (recurrent cells, :func:`~nnx_ppo.networks.types.replay_in_time`) run
+        per loop step (``lax.scan``'s ``unroll``): a larger value removes the
+        loop's per-step overhead and lets the compiler fuse across steps, at
+        the cost of a longer compile. None (default): the whole rollout on an
+        accelerator (GPU, TPU), 1 on a CPU. Changes no result beyond float
+        rounding; the replay check holds either way.
+      precision: the matrix products of the library's modules in the
+        rollout, the replay and evaluation: ``"default"`` (float32 at JAX's
+        default matmul precision) or ``"bfloat16"`` (inputs rounded to
+        bfloat16, products summed in float32; parameters, optimizer and
+        everything else stay float32). Rollout and replay compute alike, so
+        the replay check holds under both
+        (:func:`~nnx_ppo.networks.feedforward.compute_precision`).
     """
 
     n_envs: int = 256
@@ -224,12 +239,18 @@ class PPOConfig:
     target_kl: float | None = _field(None, member=(1e-3, 0.5))
     regularization_weight: float = _field(1.0, member=(0.0, 100.0))
     reward_scale: float = _field(1.0, member=(1e-3, 1e3))
+    replay_unroll: int | None = _field(None, resume=True)
+    precision: Precision = "default"
 
     def __post_init__(self):
         if _checks_deferred.get():
             return
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches", "shuffle_blocks"):
             _require_positive_int("PPOConfig", name, getattr(self, name))
+        _require_positive_int("PPOConfig", "replay_unroll", self.replay_unroll, allow_none=True)
+        if self.precision not in typing.get_args(Precision):
+            choices = ", ".join(map(repr, typing.get_args(Precision)))
+            raise ValueError(f"PPOConfig.precision must be one of {choices}, got {self.precision!r}")
         if self.n_envs % self.n_minibatches:
             raise ValueError(
                 f"PPOConfig: n_envs ({self.n_envs}) must be divisible by n_minibatches "
@@ -287,6 +308,14 @@ class PPOConfig:
     def n_iterations(self) -> int:
         """Iterations needed to reach ``total_steps``."""
         return -(-self.total_steps // self.steps_per_iteration)
+
+    def scan_unroll(self, backend: str) -> int:
+        """``replay_unroll`` for a program compiled for ``backend`` (``"cpu"``,
+        ``"gpu"``, ``"tpu"``; ``jax.default_backend()``): None gives
+        ``rollout_length`` on an accelerator and 1 on a CPU."""
+        if self.replay_unroll is not None:
+            return self.replay_unroll
+        return 1 if backend == "cpu" else self.rollout_length
 
 
 @dataclasses.dataclass(frozen=True)

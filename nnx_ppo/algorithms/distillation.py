@@ -23,6 +23,7 @@ the student does not see (``teacher_obs``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, Unpack
 
@@ -32,7 +33,7 @@ import optax
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Health, IterationOutput
-from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
+from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
 from nnx_ppo.algorithms.hooks import evaluation_hook
 from nnx_ppo.algorithms.losses import check_scalar_regularization, replay_error
 from nnx_ppo.algorithms.optimization import make_optimizer, update_epochs
@@ -42,6 +43,7 @@ from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, train
 from nnx_ppo.envs.coercion import as_env
 from nnx_ppo.networks.adapter import extras_for_actions
+from nnx_ppo.networks.feedforward import compute_precision
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModuleOutput
 
 __all__ = [
@@ -159,7 +161,8 @@ class TeacherStudent:
         return fresh, dataclasses.replace(self, student=student, teacher=teacher)
 
 
-def distillation_loss(params: Any, network: NetworkFn, trajectory: Trajectory) -> tuple[jax.Array, dict]:
+def distillation_loss(params: Any, network: NetworkFn, trajectory: Trajectory,
+                      unroll: int = 1) -> tuple[jax.Array, dict]:
     """Negative log-likelihood of the teacher's actions under the student.
 
     ``trajectory`` is a ``[T, M]`` slice of the student's rollout whose
@@ -168,9 +171,10 @@ def distillation_loss(params: Any, network: NetworkFn, trajectory: Trajectory) -
     from the stored carries, so the student is trained on the activations
     that acted. ``total = -mean log p(teacher action) + regularization`` (the
     student's modules' ``regularization_loss``: KL, entropy bonus, ...).
+    ``unroll``: the replay's scan unroll (``PPOConfig.replay_unroll``).
     """
     check_scalar_regularization(network.with_state(params=params), trajectory)
-    replay = network.with_state(params=params).replay(trajectory)
+    replay = network.with_state(params=params).replay(trajectory, unroll)
     nll = -jnp.mean(sum_leaves(replay.output.loglikelihoods))
     total = nll + replay.regularization_loss
     return total, {"loss/total": total, "loss/distillation": nll, "loss/regularization": replay.regularization_loss}
@@ -199,11 +203,13 @@ def distillation_iteration(env, graphdef: Any, teacher: NetworkFn, optimizer: op
     traj, student = rollout.trajectory, rollout.network.student
     own = dataclasses.replace(traj, obs=pair._views(traj.obs)[0], carry=traj.carry["student"],
                               extras=traj.extras["student"])
-    error = replay_error(student.replay(own).output, traj)
+    unroll = config.scan_unroll(jax.default_backend())
+    error = replay_error(student.replay(own, unroll).output, traj)
     targets = dataclasses.replace(own, extras=extras_for_actions(student.module(), own.extras,
                                                                  traj.extras["teacher_actions"]))
+    loss_fn = functools.partial(distillation_loss, unroll=unroll)
     student, opt_state, loss_metrics = update_epochs(student, optimizer, state.opt_state, targets, epoch_key,
-                                                     config, loss_fn=distillation_loss)
+                                                     config, loss_fn=loss_fn)
     student = student.update_statistics(own.extras)
 
     stats = rollout.stats
@@ -326,7 +332,7 @@ def train_distillation(
         observe = lambda env_state: {"student": env_state.obs, "teacher": jax.vmap(teacher_obs)(env_state)}
     if target_fn is not None and not callable(target_fn):
         raise TypeError(f"train_distillation: target_fn must be callable, got {target_fn!r}")
-    teacher_carry, teacher_fn = jax.tree.map(copy_leaf, NetworkFn.of(teacher, deterministic=True)).initialize(
+    teacher_carry, teacher_fn = copy_tree(NetworkFn.of(teacher, deterministic=True)).initialize(
         config.ppo.n_envs)
     mixing = distillation.teacher_mixing > 0
     initial_evaluation: list[tuple[int, dict[str, float]]] = []
@@ -349,8 +355,13 @@ def train_distillation(
 
     def iteration(env, graphdef, ppo: PPOConfig):
         optimizer = make_optimizer(ppo)
-        return lambda state: distillation_iteration(env, graphdef, teacher_fn, optimizer, ppo, distillation, observe,
-                                                    state, target_fn)
+
+        def one(state):
+            with compute_precision(ppo.precision):
+                return distillation_iteration(env, graphdef, teacher_fn, optimizer, ppo, distillation, observe,
+                                              state, target_fn)
+
+        return one
 
     if stop_fn is not None:
         options = {**options, **_stop_options(stop_fn, log_fn, options.get("should_stop"))}

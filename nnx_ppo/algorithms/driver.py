@@ -10,6 +10,7 @@ other trainer built on the same state shape share it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from collections.abc import Callable
@@ -180,6 +181,9 @@ class Hooks:
         ``checkpoint_every_steps`` and once at the end (if not just saved).
       checkpoint_every_steps: env steps between checkpoints (None: only at the end).
       should_stop: polled after every call; True ends training early.
+      stop_may_lag: a stop may end training one call late (a stop on
+        request, as Ctrl-C), so each call can go out before the last one's
+        results are read; False: right after the call it answered True for.
     """
 
     log: Callable[[dict[str, float], int], None] | None = None
@@ -188,6 +192,7 @@ class Hooks:
     checkpoint: Callable[[Any, int], None] | None = None
     checkpoint_every_steps: int | None = None
     should_stop: Callable[[], bool] | None = None
+    stop_may_lag: bool = False
 
 
 @dataclasses.dataclass
@@ -310,8 +315,28 @@ class Driver:
                 last = steps
         return last
 
+    def _dispatch(self, start: int) -> "_Call":
+        """Start the call that runs the iterations from ``start`` on (up to
+        ``iterations_per_call``); ``self.state`` becomes its (future) state."""
+        n = min(self.iterations_per_call, self.total_iterations - start)
+        started = time.perf_counter()
+        self.state, output = self.train_fn(self.state, jnp.asarray(n, jnp.int32))
+        return _Call(output=output, n=n, started=started)
+
+    def _due(self, iteration: int, last_eval: int | None, last_checkpoint: int) -> tuple[bool, bool]:
+        """``(evaluate, checkpoint)``: whether each hook falls due after ``iteration``."""
+        steps, hooks = iteration * self.steps_per_iteration, self.hooks
+        evaluate = hooks.evaluate is not None and (last_eval is None or iteration == self.total_iterations or (
+            hooks.eval_every_steps is not None and steps - last_eval >= hooks.eval_every_steps))
+        checkpoint = hooks.checkpoint is not None and hooks.checkpoint_every_steps is not None and (
+            steps - last_checkpoint >= hooks.checkpoint_every_steps)
+        return evaluate, checkpoint
+
     def run(self) -> DriverResult:
-        """The loop. A failure ends it only when every member has failed (see ``failures``)."""
+        """The loop. A failure ends it only when every member has failed (see ``failures``).
+        Each call goes out before the last one's results are read (the device
+        does not wait for the host), unless a hook reads the state between
+        them or a stop must be exact (:class:`Hooks`)."""
         hooks = self.hooks
         last_checkpoint = self.steps
         saved = {self.steps} if self.start_iteration else set()  # env steps with a checkpoint (a resume's own)
@@ -319,39 +344,55 @@ class Driver:
         eval_history: list[tuple[int, dict[str, float]]] = []
         last_metrics: dict[str, float] = {}
         compile_seconds = 0.0
-        tick = time.perf_counter()
-        while self.iteration < self.total_iterations and not self.all_failed:
-            n = min(self.iterations_per_call, self.total_iterations - self.iteration)
-            t0 = time.perf_counter()
-            self.state, output = self.train_fn(self.state, jnp.asarray(n, jnp.int32))
-            rows = _host_rows(output, n)
-            elapsed = time.perf_counter() - t0
+        tick = previous = time.perf_counter()
+        call = None if self.all_failed or self.iteration >= self.total_iterations else self._dispatch(self.iteration)
+        stopping = False
+        while call is not None:
+            after = self.iteration + call.n
+            ahead = None
+            if (not stopping and after < self.total_iterations and (hooks.should_stop is None or hooks.stop_may_lag)
+                    and not any(self._due(after, last_eval, last_checkpoint))):
+                ahead = self._dispatch(after)
+            rows = _host_rows(call.output, call.n)
+            now = time.perf_counter()
+            elapsed = now - max(call.started, previous)  # this call's share of the wall time
+            previous = now
             if self.iteration == self.start_iteration:
                 compile_seconds = elapsed
             for health, row in rows:
                 self.iteration += 1
                 self._check(health)
-                row["time/steps_per_second"] = n * self.steps_per_iteration / max(elapsed, 1e-9)
-                row["time/elapsed_seconds"] = time.perf_counter() - tick
+                row["time/steps_per_second"] = call.n * self.steps_per_iteration / max(elapsed, 1e-9)
+                row["time/elapsed_seconds"] = now - tick
                 last_metrics = row
                 if hooks.log is not None:
                     hooks.log(row, self.steps)
-            done = self.iteration == self.total_iterations
-            if hooks.evaluate is not None and not self.all_failed and (last_eval is None or done or (
-                    hooks.eval_every_steps is not None and self.steps - last_eval >= hooks.eval_every_steps)):
+            if self.all_failed:
+                if ahead is not None:  # it left every (failed) member's state as it was
+                    jax.block_until_ready(ahead.output)
+                break
+            evaluate, checkpoint = self._due(self.iteration, last_eval, last_checkpoint)
+            if evaluate:
                 metrics = hooks.evaluate(self.state, self.steps)
                 eval_history.append((self.steps, metrics))
                 last_eval = self.steps
                 if hooks.log is not None:
                     hooks.log(metrics, self.steps)
-            if hooks.checkpoint is not None and hooks.checkpoint_every_steps is not None and (
-                    self.steps - last_checkpoint >= hooks.checkpoint_every_steps):
+            if checkpoint:
                 hooks.checkpoint(self.state, self.steps)
                 last_checkpoint = self.steps
                 saved.add(self.steps)
-            if hooks.should_stop is not None and hooks.should_stop():
-                break
+            if not stopping and hooks.should_stop is not None and hooks.should_stop():
+                stopping = True
+            if ahead is not None or stopping or self.iteration == self.total_iterations:
+                call = ahead
+            else:
+                call = self._dispatch(self.iteration)
         if hooks.checkpoint is not None and self.state_steps not in saved:
             hooks.checkpoint(self.state, self.state_steps)
         return DriverResult(state=self.state, metrics=last_metrics, eval_history=eval_history,
                             iterations=self.iteration, compile_seconds=compile_seconds)
+
+
+# A dispatched call: its [iterations_per_call]-stacked output, how many of its iterations count, when it went out.
+_Call = collections.namedtuple("_Call", "output n started")

@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.replay import SequenceOutput
+from nnx_ppo.networks.replay import SequenceOutput, unrolled
 from nnx_ppo.networks.types import StatefulModuleOutput
 
-__all__ = ["NetworkFn", "copy_leaf", "donatable"]
+__all__ = ["NetworkFn", "copy_leaf", "copy_tree", "donatable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,10 +96,12 @@ class NetworkFn:
         """``reset_state(carry)`` for the whole batch (the caller selects per env)."""
         return self._run("reset_state", carry)
 
-    def replay(self, trajectory: Any) -> SequenceOutput:
+    def replay(self, trajectory: Any, unroll: int = 1) -> SequenceOutput:
         """Re-run a ``[T, M]`` slice of a rollout from its stored start carry,
         feeding back the stored extras and resets (``replay_sequence``).
-        ``trajectory`` is a :class:`~nnx_ppo.algorithms.rollout.Trajectory`.
+        ``trajectory`` is a :class:`~nnx_ppo.algorithms.rollout.Trajectory`;
+        ``unroll`` is what the replay's scans over time unroll
+        (:func:`~nnx_ppo.networks.types.scan_unroll`).
 
         The replay starts from this view's variables (as the rollout left
         them) and writes made to variables during it are discarded. A write
@@ -110,7 +112,8 @@ class NetworkFn:
         naming the module (checked when the replay is traced)."""
         module = self.module()
         before = _variable_leaves(module)
-        result = self._replay_module(module, trajectory)
+        with unrolled(unroll):
+            result = self._replay_module(module, trajectory)
         after = _variable_leaves(module)
         written = _written(before, after)
         if written:
@@ -323,8 +326,27 @@ def copy_leaf(x: Any) -> jax.Array:
     if not hasattr(x, "dtype"):
         return jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-        return jax.random.wrap_key_data(jnp.copy(jax.random.key_data(x)), impl=jax.random.key_impl(x))
+        return _copy_key(x)
     return jnp.copy(x)
+
+
+def _copy_key(x: jax.Array) -> jax.Array:
+    return jax.random.wrap_key_data(jnp.copy(jax.random.key_data(x)), impl=jax.random.key_impl(x))
+
+
+@jax.jit
+def _copy_arrays(arrays: list) -> list:
+    return [_copy_key(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else jnp.copy(x) for x in arrays]
+
+
+def copy_tree(tree: Any) -> Any:
+    """:func:`copy_leaf` of every leaf of ``tree``, its JAX arrays in one
+    compiled call (one compile per tree structure, where a leaf at a time
+    compiles a copy per shape: seconds on an accelerator)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    is_array = [isinstance(x, jax.Array) for x in leaves]
+    copied = iter(_copy_arrays([x for x, a in zip(leaves, is_array) if a]) if any(is_array) else [])
+    return jax.tree.unflatten(treedef, [next(copied) if a else copy_leaf(x) for x, a in zip(leaves, is_array)])
 
 
 def _unalias(tree: Any) -> Any:

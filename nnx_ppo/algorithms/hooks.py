@@ -22,6 +22,7 @@ from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.program import seed_slice
 from nnx_ppo.algorithms.sharding import replicated
 from nnx_ppo.algorithms.state import TrainingState
+from nnx_ppo.networks.feedforward import compute_precision
 
 __all__ = ["evaluation_hook", "best_policy_hook", "checkpoint_hook"]
 
@@ -38,7 +39,8 @@ def evaluation_hook(config: TrainConfig, network, eval_env, seeds: list[int] | N
 
     def one(params, rest, key):
         policy = NetworkFn(graphdef, params, rest)
-        return episode_metrics(run_episodes(eval_env, policy, key, ev.n_envs, ev.max_episode_length))
+        with compute_precision(config.ppo.precision):
+            return episode_metrics(run_episodes(eval_env, policy, key, ev.n_envs, ev.max_episode_length))
 
     out = {} if mesh is None else {"out_shardings": NamedSharding(mesh, PartitionSpec())}
     evaluate = jax.jit(one if seeds is None else jax.vmap(one), **out)

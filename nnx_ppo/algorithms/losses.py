@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.experimental.layout import Layout, with_layout_constraint
 
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.functional import NetworkFn
@@ -25,8 +26,8 @@ from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.rollout import Trajectory, sum_leaves
 from nnx_ppo.networks.types import PPONetworkOutput
 
-__all__ = ["Minibatch", "split_minibatches", "largest_difference", "replay_error", "normalize_advantages",
-           "check_scalar_regularization", "ppo_loss"]
+__all__ = ["Minibatch", "minibatch_indices", "split_minibatches", "largest_difference",
+           "replay_error", "normalize_advantages", "check_scalar_regularization", "ppo_loss"]
 
 
 @jax.tree_util.register_dataclass
@@ -43,40 +44,67 @@ class Minibatch:
     last_values: Any = None
 
 
-def split_minibatches(key: jax.Array, data: Any, n_minibatches: int, n_blocks: int = 1) -> Any:
-    """Permute the env axis and split it into groups of whole env sequences.
+def minibatch_indices(key: jax.Array, n_envs: int, n_minibatches: int, n_blocks: int = 1) -> jax.Array:
+    """One epoch's random partition of the env axis into minibatches of whole env sequences.
 
-    ``data`` (a :class:`Minibatch` or any pytree) leaves ``[T, B, ...]``
-    become ``[n_minibatches, T, B // n_minibatches, ...]``; scan over the
-    leading axis for one epoch. With ``n_blocks > 1`` the env
-    axis is cut into ``n_blocks`` contiguous blocks, envs are permuted within
-    each block, and every minibatch takes ``B / (n_blocks * n_minibatches)``
-    envs from each block, in block order (so under sharding over ``n_blocks``
-    devices no env sequence moves between devices).
+    Returns int32 ``[n_minibatches, n_blocks, n_envs // (n_blocks * n_minibatches)]``:
+    minibatch ``k`` takes, from each block ``g`` (a contiguous ``n_envs /
+    n_blocks`` of the envs), the envs ``index[k, g]`` counted within the
+    block. With one block it is a random permutation of the envs cut into
+    ``n_minibatches`` parts; with ``n_blocks > 1`` the envs are permuted
+    within each block and every minibatch takes an equal share of each (so
+    under sharding over ``n_blocks`` devices no env sequence moves between
+    devices). :func:`split_minibatches` gathers them.
     """
-    B = jax.tree.leaves(data)[0].shape[1]
+    per_block = n_envs // n_blocks
     if n_blocks == 1:
-        perm = jax.random.permutation(key, B)
+        perms = jax.random.permutation(key, n_envs)[None]
+    else:
+        perms = jax.vmap(lambda k: jax.random.permutation(k, per_block))(jax.random.split(key, n_blocks))
+    return jnp.swapaxes(jnp.reshape(perms, (n_blocks, n_minibatches, per_block // n_minibatches)), 0, 1)
 
-        def split(x):
-            x = jnp.take(x, perm, axis=1)
-            x = jnp.reshape(x, (x.shape[0], n_minibatches, B // n_minibatches) + x.shape[2:])
-            return jnp.swapaxes(x, 0, 1)
 
-        return jax.tree.map(split, data)
+def _take_minibatch(data: Any, index: jax.Array) -> Any:
+    """The minibatch ``index`` (``[n_blocks, M / n_blocks]``, one entry of
+    :func:`minibatch_indices`) of ``data`` (a :class:`Minibatch` or any pytree
+    of ``[T, B, ...]`` leaves): leaves ``[T, M, ...]``, block by block."""
+    n_blocks, per_minibatch = index.shape
 
-    K = B // n_blocks
-    perms = jax.vmap(lambda k: jax.random.permutation(k, K))(jax.random.split(key, n_blocks))  # [G, K]
+    def take(x):
+        if n_blocks == 1:
+            return x.at[:, index[0]].get(mode="promise_in_bounds")
+        T, B = x.shape[:2]
+        blocks = jnp.reshape(x, (T, n_blocks, B // n_blocks) + x.shape[2:])
+        taken = jax.vmap(lambda block, i: block.at[:, i].get(mode="promise_in_bounds"), in_axes=(1, 0),
+                         out_axes=1)(blocks, index)
+        return jnp.reshape(taken, (T, n_blocks * per_minibatch) + x.shape[2:])
 
-    def split_blocks(x):
-        T, rest = x.shape[0], x.shape[2:]
-        x = jnp.reshape(x, (T, n_blocks, K) + rest)
-        x = jax.vmap(lambda block, perm: jnp.take(block, perm, axis=1), in_axes=(1, 0), out_axes=1)(x, perms)
-        x = jnp.reshape(x, (T, n_blocks, n_minibatches, K // n_minibatches) + rest)
-        x = jnp.moveaxis(x, 2, 0)  # [n_minibatches, T, G, K / n_minibatches, ...]
-        return jnp.reshape(x, (n_minibatches, T, B // n_minibatches) + rest)
+    return jax.tree.map(take, data)
 
-    return jax.tree.map(split_blocks, data)
+
+def split_minibatches(key: jax.Array, data: Any, n_minibatches: int, n_blocks: int = 1) -> Any:
+    """One epoch's minibatches: ``data`` (a :class:`Minibatch` or any pytree)
+    leaves ``[T, B, ...]`` become ``[n_minibatches, T, B // n_minibatches,
+    ...]`` (the partition of :func:`minibatch_indices`); scan over the
+    leading axis for one epoch.
+
+    They are laid out row-major in memory (minibatch, then time, then env
+    major) whatever layout the gather would prefer, so that the replay reads
+    each step's rows contiguously; left to itself, a TPU's compiler gave the
+    gathered data an env-major layout (``bench/README.md``, "Where an
+    iteration's time goes on the chip")."""
+    B = jax.tree.leaves(data)[0].shape[1]
+    indices = minibatch_indices(key, B, n_minibatches, n_blocks)
+    batches = jax.vmap(lambda index: _take_minibatch(data, index))(indices)
+    return jax.tree.map(_row_major, batches)
+
+
+def _row_major(x: jax.Array) -> jax.Array:
+    """``x`` laid out row-major in memory (minibatch, then time, then env
+    major), whatever layout the gather that made it prefers; PRNG keys as they are."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return x
+    return with_layout_constraint(x, Layout(major_to_minor=tuple(range(x.ndim))))
 
 
 def largest_difference(a: Any, b: Any) -> jax.Array:
@@ -226,7 +254,7 @@ def ppo_loss(params, network: NetworkFn, batch: Minibatch, config: PPOConfig):
     """
     traj = batch.trajectory
     check_scalar_regularization(network.with_state(params=params), traj)
-    replay = network.with_state(params=params).replay(traj)
+    replay = network.with_state(params=params).replay(traj, config.scan_unroll(jax.default_backend()))
     new = replay.output
 
     advantages, returns = batch.advantages, batch.returns

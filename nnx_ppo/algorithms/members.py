@@ -25,7 +25,7 @@ from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Failure, NonFiniteError, ReplayMismatchError
-from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
+from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
 from nnx_ppo.algorithms.hyperparameters import check_population, initial_member_state
 from nnx_ppo.algorithms.outputs import FAILURE_KEY
 from nnx_ppo.algorithms.program import seed_slice, stack_trees
@@ -179,8 +179,8 @@ def write_back(members: Members, state: TrainingState, mesh) -> None:
     latest = replicated(latest, mesh) if members.stacked else latest
     for i, net in enumerate(members.networks):
         own = members.part(latest, i)
-        if bool(all_finite(own)):
-            nnx.update(net, *jax.tree.map(copy_leaf, own))
+        if bool(jax.jit(all_finite)(own)):
+            nnx.update(net, *copy_tree(own))
 
 
 def member_row(row: dict[str, Any], index: int) -> dict[str, float]:

@@ -52,8 +52,10 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
     """``n_epochs`` passes of ``n_minibatches`` gradient steps (nested scans).
 
     ``data`` leaves are ``[T, B, ...]`` (a :class:`~nnx_ppo.algorithms.losses.Minibatch`
-    for PPO); each epoch permutes the env axis and splits it into
-    ``[n_minibatches, T, B / n_minibatches, ...]``. ``loss_fn(params,
+    for PPO); each epoch partitions the env axis at random
+    (:func:`~nnx_ppo.algorithms.losses.minibatch_indices`) and each step
+    gathers its minibatch ``[T, B / n_minibatches, ...]`` of whole env
+    sequences (:func:`~nnx_ppo.algorithms.losses.take_minibatch`). ``loss_fn(params,
     network, minibatch) -> (loss, metrics)`` defaults to :func:`ppo_loss`
     with ``config`` (distillation passes its own). Returns the network with
     new ``params``, the optimizer state and the mean metrics (``replay/...``
@@ -67,11 +69,13 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
 
     def minibatch_step(carry, batch):
         params, opt_state, stopped = carry
-        (_, metrics), grads = grad_fn(params, network, batch)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        metrics["optimizer/grad_norm"] = optax.tree.norm(grads)
-        metrics["health/nonfinite_gradients"] = count_nonfinite(grads)
+        with jax.named_scope("loss"):
+            (_, metrics), grads = grad_fn(params, network, batch)
+        with jax.named_scope("optimizer"):
+            updates, new_opt_state = optimizer.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            metrics["optimizer/grad_norm"] = optax.tree.norm(grads)
+            metrics["health/nonfinite_gradients"] = count_nonfinite(grads)
         if config.target_kl is None or "policy/approx_kl" not in metrics:
             return (new_params, new_opt_state, stopped), metrics
         # Early stop: this minibatch's policy already moved too far; skip its update and the rest.
@@ -81,7 +85,8 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
         return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state), stopped), metrics
 
     def epoch(carry, epoch_key):
-        batches = split_minibatches(epoch_key, data, config.n_minibatches, config.shuffle_blocks)
+        with jax.named_scope("minibatch_gather"):
+            batches = split_minibatches(epoch_key, data, config.n_minibatches, config.shuffle_blocks)
         return jax.lax.scan(minibatch_step, carry, batches)
 
     keys = jax.random.split(key, config.n_epochs)

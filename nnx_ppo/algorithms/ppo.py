@@ -10,6 +10,7 @@ compiled program, driver loop, evaluation, checkpoints, resume, devices).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Unpack
 
@@ -19,7 +20,7 @@ import optax
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Health, IterationOutput
-from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
+from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
 from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.hyperparameters import with_hyperparameters
 from nnx_ppo.algorithms.losses import Minibatch
@@ -36,6 +37,7 @@ from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout, sum_leaves
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, train
 from nnx_ppo.envs.coercion import as_env
+from nnx_ppo.networks.feedforward import compute_precision
 
 __all__ = ["PPO", "new_training_state", "train_iteration", "make_train_fn", "train_ppo"]
 
@@ -59,8 +61,8 @@ def new_training_state(env, network, config: TrainConfig) -> TrainingState:
         return states
 
     env_state = jax.jit(initial_envs)(reset_key, sync_key)
-    net = jax.tree.map(copy_leaf, NetworkFn.of(network))
-    carry, net = net.initialize(ppo.n_envs)  # may draw from the copy's Rngs
+    net = copy_tree(NetworkFn.of(network))
+    carry, net, opt_state, return_stats = _fresh_state(net, ppo)
     rollout = RolloutState(
         env_state=env_state,
         carry=carry,
@@ -71,12 +73,34 @@ def new_training_state(env, network, config: TrainConfig) -> TrainingState:
     return TrainingState(
         params=net.params,
         rest=net.rest,
-        opt_state=make_optimizer(ppo).init(net.params),
+        opt_state=opt_state,
         rollout=rollout,
         key=key,
         iteration=jnp.zeros((), jnp.int32),
-        return_stats=initial_return_statistics(ppo.n_envs),
+        return_stats=return_stats,
     )
+
+
+def _fresh_state(net: NetworkFn, ppo: PPOConfig):
+    """The network's initial carry ``[n_envs, ...]`` (it may draw from the
+    network's Rngs: the view returned has them advanced), the optimizer's
+    and the return statistics' initial states, in one compiled call
+    (instead of a compile per array shape), compiled once per network
+    structure and config where both can be hashed."""
+    try:
+        fresh = _fresh_program(net.graphdef, ppo)
+    except TypeError:  # a graphdef or config that cannot be hashed: compiled for this call
+        fresh = _fresh_program.__wrapped__(net.graphdef, ppo)
+    return fresh(net.params, net.rest)
+
+
+@functools.lru_cache(maxsize=16)
+def _fresh_program(graphdef, ppo: PPOConfig):
+    def fresh(params, rest):
+        carry, net = NetworkFn(graphdef, params, rest).initialize(ppo.n_envs)
+        return carry, net, make_optimizer(ppo).init(net.params), initial_return_statistics(ppo.n_envs)
+
+    return jax.jit(fresh)
 
 
 def _explained_variance(values, returns):
@@ -111,17 +135,21 @@ def train_iteration(env, graphdef, optimizer: optax.GradientTransformation, conf
     """
     key, rollout_key, epoch_key = jax.random.split(state.key, 3)
     network = NetworkFn(graphdef, state.params, state.rest)
-    rollout = collect_rollout(env, network, state.rollout, rollout_key, config.rollout_length,
-                              config.bootstrap_on_truncation)
+    with jax.named_scope("rollout"):
+        rollout = collect_rollout(env, network, state.rollout, rollout_key, config.rollout_length,
+                                  config.bootstrap_on_truncation)
     traj, stats = rollout.trajectory, rollout.stats
-    reward_mean = jnp.mean(sum_leaves(traj.rewards))  # in the env's units
-    traj, return_stats = _learner_rewards(traj, state.return_stats, config)
-    advantages, returns = trajectory_gae(traj, traj.values, rollout.last_values, config)
+    with jax.named_scope("advantages"):
+        reward_mean = jnp.mean(sum_leaves(traj.rewards))  # in the env's units
+        traj, return_stats = _learner_rewards(traj, state.return_stats, config)
+        advantages, returns = trajectory_gae(traj, traj.values, rollout.last_values, config)
     data = Minibatch(trajectory=traj, advantages=advantages, returns=returns,
                      last_values=jax.tree.map(lambda v: v[None], rollout.last_values))
-    network, opt_state, loss_metrics = update_epochs(rollout.network, optimizer, state.opt_state, data,
-                                                     epoch_key, config)
-    network = network.update_statistics(traj.extras)
+    with jax.named_scope("update"):
+        network, opt_state, loss_metrics = update_epochs(rollout.network, optimizer, state.opt_state, data,
+                                                         epoch_key, config)
+    with jax.named_scope("statistics"):
+        network = network.update_statistics(traj.extras)
 
     metrics = {
         **loss_metrics,
@@ -155,7 +183,8 @@ def _iteration(env, graphdef, config: PPOConfig) -> Callable:
 
     def iteration(state: TrainingState):
         ppo = config if state.member is None else with_hyperparameters(config, state.member.hyperparameters)
-        return train_iteration(env, graphdef, make_optimizer(ppo), ppo, state)
+        with compute_precision(config.precision):
+            return train_iteration(env, graphdef, make_optimizer(ppo), ppo, state)
 
     return iteration
 

@@ -25,6 +25,7 @@ from nnx_ppo.algorithms.functional import NetworkFn, module_name, observing_call
 from nnx_ppo.algorithms.losses import Minibatch, split_minibatches
 from nnx_ppo.algorithms.rollout import collect_rollout
 from nnx_ppo.envs.coercion import as_env
+from nnx_ppo.networks.feedforward import compute_precision
 
 __all__ = ["ReplayDiagnosis", "diagnose_replay"]
 
@@ -125,15 +126,17 @@ def _get(tree, path):
 
 
 def diagnose_replay(network, env, *, n_envs: int = 8, rollout_length: int = 32, n_minibatches: int = 2,
-                    seed: int = 0, tolerance: float = 1e-5) -> ReplayDiagnosis:
+                    seed: int = 0, tolerance: float = 1e-5, precision: str = "default") -> ReplayDiagnosis:
     """One rollout of ``n_envs`` x ``rollout_length`` steps, replayed in
-    ``n_minibatches`` minibatches, compared (``network`` is not modified).
-    A module that writes a variable its output depends on raises
+    ``n_minibatches`` minibatches, compared (``network`` is not modified),
+    both at ``precision`` (``PPOConfig.precision``). A module that writes a
+    variable its output depends on raises
     :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError` naming it."""
     from nnx_ppo.algorithms.ppo import new_training_state
 
     env = as_env(env)
-    ppo = PPOConfig(n_envs=n_envs, rollout_length=rollout_length, n_minibatches=n_minibatches, total_steps=1)
+    ppo = PPOConfig(n_envs=n_envs, rollout_length=rollout_length, n_minibatches=n_minibatches, total_steps=1,
+                    precision=precision)
     state = new_training_state(env, network, TrainConfig(ppo=ppo, seed=seed))
     graphdef = NetworkFn.of(network).graphdef
 
@@ -141,13 +144,14 @@ def diagnose_replay(network, env, *, n_envs: int = 8, rollout_length: int = 32, 
     def run(state):
         key_rollout, key_perm = jax.random.split(state.key)
         net = NetworkFn(graphdef, state.params, state.rest)
-        rollout = collect_rollout(env, net, state.rollout, key_rollout, rollout_length, True)
-        traj = rollout.trajectory
-        dummy = jax.tree.map(jnp.zeros_like, traj.values)
-        batches = split_minibatches(
-            key_perm, Minibatch(trajectory=traj, advantages=dummy, returns=dummy), n_minibatches
-        )
-        replayed = jax.lax.map(lambda b: rollout.network.replay(b.trajectory), batches)
+        with compute_precision(precision):
+            rollout = collect_rollout(env, net, state.rollout, key_rollout, rollout_length, True)
+            traj = rollout.trajectory
+            dummy = jax.tree.map(jnp.zeros_like, traj.values)
+            batches = split_minibatches(
+                key_perm, Minibatch(trajectory=traj, advantages=dummy, returns=dummy), n_minibatches
+            )
+            replayed = jax.lax.map(lambda b: rollout.network.replay(b.trajectory), batches)
         return batches.trajectory, replayed
 
     try:

@@ -231,14 +231,16 @@ def _episode_step(state: "RolloutState", reward: jax.Array, done: jax.Array, ste
     ep_return = state.episode_return + reward
     ep_length = state.episode_length + 1
     donef = done.astype(jnp.float32)
+    # next_obs is stepped_obs where no episode ended: the two counts cover every observation once
+    nonfinite_obs = count_nonfinite(stepped_obs) + count_nonfinite(next_obs, where=done)
     stats = RolloutStats(
         completed_episodes=jnp.sum(donef),
         completed_return_sum=jnp.sum(ep_return * donef),
         completed_length_sum=jnp.sum(ep_length.astype(jnp.float32) * donef),
         finite_reward=jnp.all(jnp.isfinite(reward)),
-        finite_obs=all_finite(stepped_obs) & all_finite(next_obs),
+        finite_obs=nonfinite_obs == 0,
         nonfinite_rewards=jnp.sum(~jnp.isfinite(reward), dtype=jnp.float32),
-        nonfinite_observations=count_nonfinite(stepped_obs) + count_nonfinite(next_obs, where=done),
+        nonfinite_observations=nonfinite_obs,
         nonfinite_actions=count_nonfinite(actions),
     )
     return stats, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length)
@@ -267,15 +269,19 @@ def collect_rollout(
     def step(carry, step_key):
         net, rs = carry
         obs = observe(rs.env_state)
-        out, net = net.apply(rs.carry, obs)
+        with jax.named_scope("policy"):
+            out, net = net.apply(rs.carry, obs)
         net_out: PPONetworkOutput = out.output
-        stepped = jax.vmap(env.step)(rs.env_state, net_out.actions)
+        with jax.named_scope("env_step"):
+            stepped = jax.vmap(env.step)(rs.env_state, net_out.actions)
         done = stepped.done > 0
         truncated = stepped.info["truncated"].astype(jnp.float32) * done
-        final_values = _truncation_values(net, out.next_state, observe(stepped), truncated,
-                                          jax.tree.map(jnp.zeros_like, net_out.value_estimates),
-                                          bootstrap_on_truncation)
-        env_state = reset_ended(env, done, stepped, jax.random.split(step_key)[0])
+        with jax.named_scope("truncation_bootstrap"):
+            final_values = _truncation_values(net, out.next_state, observe(stepped), truncated,
+                                              jax.tree.map(jnp.zeros_like, net_out.value_estimates),
+                                              bootstrap_on_truncation)
+        with jax.named_scope("env_reset"):
+            env_state = reset_ended(env, done, stepped, jax.random.split(step_key)[0])
         fresh_carry, net = net.reset(out.next_state)
         step_stats, ep_return, ep_length = _episode_step(rs, sum_leaves(stepped.reward), done, stepped.obs,
                                                          env_state.obs, net_out.actions)
@@ -301,7 +307,8 @@ def collect_rollout(
     (network, next_state), (rec, step_stats, env_metrics, net_metrics) = jax.lax.scan(step, (network, state), keys)
     done = rec.pop("done")
     reset = jnp.concatenate([state.fresh[None], done[:-1]], axis=0)
-    last_out, _ = network.apply(next_state.carry, observe(next_state.env_state))
+    with jax.named_scope("last_values"):
+        last_out, _ = network.apply(next_state.carry, observe(next_state.env_state))
     metrics = {k: jnp.mean(v) for k, v in env_metrics.items()}
     metrics.update({f"network/{k}": jnp.mean(v) for k, v in net_metrics.items()})
     return Rollout(

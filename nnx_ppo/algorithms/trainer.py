@@ -123,8 +123,9 @@ class TrainOptions(TypedDict, total=False):
         continue from; the latest complete checkpoint is used.
       checkpoint_metadata: JSON-serializable data saved with each checkpoint
         (e.g. how to rebuild the network for inference).
-      should_stop: polled between compiled calls; returning True ends
-        training early (the state so far is saved and returned).
+      should_stop: polled between compiled calls; True ends training (the
+        state so far is saved and returned) right after that call, or one
+        call later if it has ``may_lag_one_call = True`` (Ctrl-C's flag).
       run_dir: write a run directory as ``nnx-ppo train`` does (config.json,
         metrics.jsonl, TensorBoard, learning_curve.png, ``checkpoints/``
         with the best policy), through the run layer's one runner
@@ -363,6 +364,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
                 out.checkpoint_dir) else None,
             checkpoint_every_steps=config.checkpoint_every_steps,
             should_stop=should_stop,
+            stop_may_lag=getattr(out.should_stop, "may_lag_one_call", False),
         ),
     )
     # A member that failed before the resumed step stays failed.

@@ -1,7 +1,9 @@
-"""Feed-forward layers."""
+"""Feed-forward layers, and the library's matrix product (:func:`matmul`) with its precision setting."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Callable
 
 import jax
@@ -10,7 +12,37 @@ from flax import nnx
 
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["Dense", "check_features"]
+__all__ = ["Dense", "check_features", "matmul", "compute_precision", "PRECISIONS"]
+
+PRECISIONS = ("default", "bfloat16")
+"""The values of ``PPOConfig.precision`` (:func:`compute_precision`)."""
+
+_PRECISION = contextvars.ContextVar("nnx_ppo_precision", default="default")
+
+
+@contextlib.contextmanager
+def compute_precision(precision: str):
+    """Within this block :func:`matmul` (every matrix product of the library's
+    modules) computes at ``precision``: ``"default"`` (float32 inputs at
+    JAX's default matmul precision) or ``"bfloat16"`` (inputs rounded to
+    bfloat16, products summed in float32, a float32 result; parameters stay
+    float32). The trainer traces a whole iteration, rollout and replay alike,
+    inside it (``PPOConfig.precision``), so the replay still reproduces the
+    rollout."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    token = _PRECISION.set(precision)
+    try:
+        yield
+    finally:
+        _PRECISION.reset(token)
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x @ w`` at the precision :func:`compute_precision` sets (float32 result)."""
+    if _PRECISION.get() == "bfloat16":
+        return jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+    return x @ w
 
 
 def check_features(owner: str, x: jax.Array, features: int, argument: str = "in_features") -> None:
@@ -81,7 +113,11 @@ class Dense(StatefulModule):
 
     def __call__(self, state, x, rollout_extras=None):
         check_features("Dense", x, self.in_features)
-        y = self.linear(x)
+        if _PRECISION.get() == "default":
+            y = self.linear(x)
+        else:
+            y = matmul(x, self.linear.kernel[...])
+            y = y if self.linear.bias is None else y + self.linear.bias[...][None, :]
         if self.activation is not None:
             y = self.activation(y)
         return StatefulModuleOutput(next_state=(), output=y)

@@ -27,12 +27,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.feedforward import check_features
+from nnx_ppo.networks.feedforward import check_features, matmul
 from nnx_ppo.networks.replay import (
     SequenceOutput,
     flatten_time,
     has_fast_replay,
     replay_in_time,
+    scan_unroll,
     select_where,
     straight_through,
     unflatten_time,
@@ -177,7 +178,7 @@ class RecurrentCell(StatefulModule):
             next_state, output = self.step(carry_in, z)
             return next_state, (output, carry)
 
-        _, (outputs, carries) = jax.lax.scan(step, carry, (zx, reset, stored_carry))
+        _, (outputs, carries) = jax.lax.scan(step, carry, (zx, reset, stored_carry), unroll=scan_unroll())
         return SequenceOutput(output=outputs, regularization_loss=jnp.zeros((), jnp.float32), metrics={},
                               carry=carries)
 
@@ -241,7 +242,7 @@ class _ProjectedCell(RecurrentCell):
         raise NotImplementedError
 
     def project_input(self, x: jax.Array) -> jax.Array:
-        return x @ self.kernel_x[...] + self.bias[...][None, :]
+        return matmul(x, self.kernel_x[...]) + self.bias[...][None, :]
 
 
 def _finite_bias(cell: str, name: str, value: float) -> float:
@@ -280,7 +281,7 @@ class SimpleRNN(_ProjectedCell):
         self.bias = nnx.Param(jnp.zeros((h,), jnp.float32))
 
     def step(self, h, zx):
-        h_new = self.activation(zx + h @ self.kernel_h[...])
+        h_new = self.activation(zx + matmul(h, self.kernel_h[...]))
         return h_new, h_new
 
 
@@ -322,7 +323,7 @@ class LSTM(_ProjectedCell):
 
     def step(self, state, zx):
         h, c = state
-        z = zx + h @ self.kernel_h[...]
+        z = zx + matmul(h, self.kernel_h[...])
         i, f, g, o = jnp.split(z, 4, axis=-1)
         c_new = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h_new = jax.nn.sigmoid(o) * jnp.tanh(c_new)
@@ -363,13 +364,13 @@ class GRU(_ProjectedCell):
         self.bias_hn = nnx.Param(jnp.zeros((h,), jnp.float32))
 
     def project_input(self, x: jax.Array) -> jax.Array:
-        return x @ self.kernel_x[...] + self.bias_x[...][None, :]
+        return matmul(x, self.kernel_x[...]) + self.bias_x[...][None, :]
 
     def step(self, h, zx):
         hdim = self.hidden_features
         kh = self.kernel_h[...]
-        zh_ru = h @ kh[:, :2 * hdim]
-        zh_n = h @ kh[:, 2 * hdim:] + self.bias_hn[...][None, :]
+        zh_ru = matmul(h, kh[:, :2 * hdim])
+        zh_n = matmul(h, kh[:, 2 * hdim:]) + self.bias_hn[...][None, :]
         r = jax.nn.sigmoid(zx[:, :hdim] + zh_ru[:, :hdim])
         u = jax.nn.sigmoid(zx[:, hdim:2 * hdim] + zh_ru[:, hdim:])
         n = jnp.tanh(zx[:, 2 * hdim:] + r * zh_n)

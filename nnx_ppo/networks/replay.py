@@ -11,6 +11,8 @@ module's faster ``replay_sequence`` applies, and the small helpers they share.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +24,30 @@ if TYPE_CHECKING:
     from nnx_ppo.networks.types import StatefulModule
 
 # The helpers module writers use (SequenceOutput, select_where, flatten_time,
-# unflatten_time, straight_through, replay_in_time, replay_flat) are public
-# through nnx_ppo.networks.types, the module contract.
-__all__ = ["has_fast_replay"]
+# unflatten_time, straight_through, replay_in_time, replay_flat, scan_unroll)
+# are public through nnx_ppo.networks.types, the module contract.
+__all__ = ["has_fast_replay", "unrolled"]
+
+_UNROLL = contextvars.ContextVar("nnx_ppo_replay_unroll", default=1)
+
+
+def scan_unroll() -> int:
+    """The ``unroll`` a replay's ``lax.scan`` over time uses: what the trainer
+    asks for (``PPOConfig.replay_unroll``) while it traces the loss replay,
+    1 otherwise. A module whose ``replay_sequence`` scans time passes it on:
+    ``jax.lax.scan(step, carry, xs, unroll=scan_unroll())``."""
+    return _UNROLL.get()
+
+
+@contextlib.contextmanager
+def unrolled(unroll: int):
+    """Within this block :func:`scan_unroll` returns ``unroll`` (the trainer
+    traces the loss replay inside it)."""
+    token = _UNROLL.set(unroll)
+    try:
+        yield
+    finally:
+        _UNROLL.reset(token)
 
 
 @jax.tree_util.register_dataclass
@@ -110,7 +133,8 @@ def replay_in_time(module: "StatefulModule", carry, xs, rollout_extras, reset, s
         return (out.next_state, variables), (out.output, regularization, out.metrics, carry)
 
     inputs = (xs, rollout_extras, reset, stored_carry)
-    (_, last), (output, regularization, metrics, carries) = jax.lax.scan(step, (carry, variables), inputs)
+    (_, last), (output, regularization, metrics, carries) = jax.lax.scan(step, (carry, variables), inputs,
+                                                                         unroll=scan_unroll())
     if written_by_call:
         last = dict(nnx.to_flat_state(last))
         for path, variable in nnx.to_flat_state(nnx.state(module)):

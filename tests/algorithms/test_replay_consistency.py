@@ -15,7 +15,7 @@ from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.noise import BernoulliGate, DropoutMask, GaussianNoise
 from nnx_ppo.networks.normalizer import Normalizer
-from nnx_ppo.networks.recurrent import GRU, LSTM
+from nnx_ppo.networks.recurrent import GRU, LSTM, SimpleRNN
 from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalSampler, NormalTanhSampler
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.networks.utils import Filter, Flattener, Map, Merge, Scale
@@ -45,6 +45,7 @@ def everything_network(seed=0):
             b=Sequential([Delay(jnp.zeros(3), 2), Dense(3, 8, rngs, activation=relu)]),
         ),
         GRU(16, 8, rngs),
+        SimpleRNN(8, 8, rngs),
         DropoutMask(0.2, rngs),
         Parallel(
             gate=Sequential([Dense(8, 8, rngs), BernoulliGate(rngs, fresh_keys_on_reset=True)]),
@@ -64,15 +65,20 @@ def everything_network(seed=0):
     return Sequential([trunk, PPOAdapter(action=action, value=Sequential([Filter({"v": "value"}), Flattener()]))])
 
 
-def test_every_module_replays_exactly_after_training():
+@pytest.mark.parametrize("precision", ["default", "bfloat16"])
+def test_every_module_replays_exactly_after_training(precision):
     env = DictActionTarget(obs_size=3, action_size=2, max_steps=5, p_end=0.15)
     net = everything_network()
     config = TrainConfig(
-        ppo=PPOConfig(n_envs=8, rollout_length=12, total_steps=8 * 12 * 3, n_minibatches=4, learning_rate=1e-3),
+        ppo=PPOConfig(n_envs=8, rollout_length=12, total_steps=8 * 12 * 3, n_minibatches=4, learning_rate=1e-3,
+                      precision=precision),
         eval=EvalConfig(enabled=False),
     )
-    train_ppo(env, net, config)  # statistics, RNG streams and params are no longer at their initial values
-    report = check_replay_consistency(net, env, n_envs=8, rollout_length=12, n_minibatches=4, seed=3)
+    rows = []
+    train_ppo(env, net, config, log_fn=lambda m, s: rows.append(m))  # statistics, RNG streams and params moved
+    assert max(r["replay/max_error"] for r in rows if "replay/max_error" in r) <= 1e-5
+    report = check_replay_consistency(net, env, n_envs=8, rollout_length=12, n_minibatches=4, seed=3,
+                                      precision=precision)
     assert report.n_resets > 0
     assert report.passed, str(report)
     assert report.max_abs_log_ratio <= 1e-5 and report.max_value_difference <= 1e-5

@@ -314,7 +314,8 @@ def test_regularization_metrics_and_statistics_routing():
     assert float(g.transforms["x->y"].seen[...]) == 4.0 and float(g.transforms["second"].seen[...]) == 4.0
 
 
-def test_graph_in_ppo_network_replays_exactly():
+@pytest.mark.parametrize("precision", ["default", "bfloat16"])
+def test_graph_in_ppo_network_replays_exactly(precision):
     rngs = nnx.Rngs(0)
     g = PopulationGraph(rngs)
     g.add_input("obs", 3)
@@ -338,7 +339,8 @@ def test_graph_in_ppo_network_replays_exactly():
         ),
     ])
     env = Target(obs_size=3, action_size=2, max_steps=5)
-    report = check_replay_consistency(net, env, n_envs=8, rollout_length=12, n_minibatches=4, seed=0)
+    report = check_replay_consistency(net, env, n_envs=8, rollout_length=12, n_minibatches=4, seed=0,
+                                      precision=precision)
     assert report.n_resets > 0
     assert report.passed, str(report)
 

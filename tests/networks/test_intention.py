@@ -170,18 +170,20 @@ def test_the_decoder_sees_only_the_latent_and_the_proprioception():
     assert not jnp.allclose(value(obs), value(moved_reference))
 
 
-def _check_replay(net, env):
-    report = check_replay_consistency(net, env, n_envs=8, rollout_length=12, n_minibatches=4, seed=2)
+def _check_replay(net, env, precision="default"):
+    report = check_replay_consistency(net, env, n_envs=8, rollout_length=12, n_minibatches=4, seed=2,
+                                      precision=precision)
     assert report.n_resets > 0
     assert report.passed, str(report)
 
 
-def test_replay_guarantee_lstm_decoder():
+@pytest.mark.parametrize("precision", ["default", "bfloat16"])
+def test_replay_guarantee_lstm_decoder(precision):
     """A rollout with episode resets, replayed in 4 minibatches: the latent
     samples, the LSTM decoder's carry, log-likelihoods and values come back
-    exactly. (The MLP decoder's: after training, below.)"""
+    exactly, also with bfloat16 matrix inputs. (The MLP decoder's: after training, below.)"""
     env = ReferenceTracking(max_steps=5, p_end=0.15)
-    _check_replay(make_intention_network(env, nnx.Rngs(1), decoder="lstm", **TINY), env)
+    _check_replay(make_intention_network(env, nnx.Rngs(1), decoder="lstm", **TINY), env, precision)
 
 
 def test_trains_end_to_end_then_replays_exactly():

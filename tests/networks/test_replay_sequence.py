@@ -107,3 +107,30 @@ def test_subclass_that_changes_call_falls_back_to_step_by_step():
         stored, extras, outputs = rollout(module, xs, reset)
         result = module.replay_sequence(jax.tree.map(lambda x: x[0], stored), xs, extras, reset, stored)
         np.testing.assert_allclose(np.asarray(result.output), np.asarray(outputs), atol=1e-6)
+
+
+def test_unrolled_replay_equals_the_rolled_one_and_reaches_every_scan():
+    """``PPOConfig.replay_unroll`` (through ``unrolled``) changes how the scans
+    over time are compiled, not what they compute."""
+    from nnx_ppo.networks.replay import unrolled
+
+    net = network()
+    xs = jax.random.normal(jax.random.key(1), (T, B, 3))
+    reset = jnp.zeros((T, B), bool).at[2, 1].set(True).at[4, 0].set(True)
+    stored, extras, _ = rollout(net, xs, reset)
+    start = jax.tree.map(lambda x: x[0], stored)
+    graphdef, params, rest = nnx.split(net, nnx.Param, ...)
+
+    def loss(params, unroll):
+        with unrolled(unroll):
+            out = nnx.merge(graphdef, params, rest).replay_sequence(start, xs, extras, reset, stored).output
+        return jnp.sum(out.loglikelihoods) + jnp.sum(out.value_estimates ** 2)
+
+    scans = [eqn.params["unroll"] for eqn in jax.make_jaxpr(lambda p: loss(p, T))(params).jaxpr.eqns
+             if eqn.primitive.name == "scan"]
+    assert len(scans) >= 3 and set(scans) == {T}  # the LSTM's, the GRU's and the noise module's own replay
+    value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (v1, g1), (vt, gt) = value_and_grad(params, 1), value_and_grad(params, T)
+    np.testing.assert_allclose(float(vt), float(v1), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(gt), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what this checkout's benchmarks need on a bare accelerator machine that has its own JAX
+# and a local package index but no internet (the TPU v5e machines this project borrows).
+#
+# Before, on a machine with internet, in the repository root (both folders are ignored by git):
+#   echo /.whl-tpu/ >> .git/info/exclude; echo /.whl-orig/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl-tpu tyro==1.0.17                  # the one dependency the machine's index lacks
+#   python3 -m pip download --no-deps -d .whl-orig nnx-ppo==0.3.0   # the original, for the side-by-side runs
+# and carry both folders (the device tool's `carry`). For the rodent (part 5 of device_check.sh) also
+# download playground, mujoco-mjx, dm-control and their own missing needs into .whl-tpu.
+#
+# On the machine:   source bench/tpu_setup.sh      (sets PYTHONPATH; the original goes to /tmp/orig-site)
+# Then this checkout's package:   python3 bench/...;   the original:   ORIGINAL=1 python3 bench/peers/...
+# The machine's JAX stays first on PYTHONPATH; what is installed here goes after it.
+SITE=${SITE:-/tmp/site}
+ORIG_SITE=${ORIG_SITE:-/tmp/orig-site}
+_pip() { PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-compile --no-cache-dir --upgrade "$@"; }
+# From the machine's own index: flax, optax, orbax-checkpoint and what they, tyro and tensorboardX need
+# (not JAX, jaxlib, NumPy or SciPy: the machine's are used).
+_pip --no-deps --only-binary=:all: --index-url file:///opt/pypi/simple --target "$SITE" \
+  flax optax orbax-checkpoint tensorstore treescope msgpack rich markdown-it-py mdurl pygments pyyaml \
+  typing-extensions absl-py etils fsspec importlib-resources zipp aiofiles humanize simplejson protobuf psutil \
+  nest-asyncio docstring-parser typeguard tensorboardx tqdm packaging jaxtyping wadler-lindig \
+  || return 1 2>/dev/null || exit 1
+_pip --no-deps --no-index --target "$SITE" .whl-tpu/*.whl || return 1 2>/dev/null || exit 1
+if ls .whl-orig/*.whl >/dev/null 2>&1; then
+  _pip --no-deps --no-index --target "$ORIG_SITE" .whl-orig/*.whl || return 1 2>/dev/null || exit 1
+fi
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SITE"
+export ORIG_PYTHONPATH="$PYTHONPATH:$ORIG_SITE"
+echo "installed into $SITE (and the original into $ORIG_SITE); PYTHONPATH=$PYTHONPATH"

@@ -1,0 +1,87 @@
+"""The minibatch partition (whole env sequences, every env once per epoch, blocks kept apart), the replay's
+scan unroll and the matrix precision: the iteration's settings for accelerators."""
+
+import typing
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nnx_ppo.algorithms.config import PPOConfig
+from nnx_ppo.algorithms.losses import minibatch_indices, split_minibatches
+
+
+@pytest.mark.parametrize("n_blocks", [1, 2])
+def test_each_epoch_partitions_the_envs_and_keeps_blocks_apart(n_blocks):
+    T, B, n_minibatches = 3, 16, 4
+    data = {"x": jnp.arange(T * B * 2, dtype=jnp.float32).reshape(T, B, 2),
+            "key": jax.random.split(jax.random.key(0), (T, B))}
+    index = minibatch_indices(jax.random.key(7), B, n_minibatches, n_blocks)
+    assert index.shape == (n_minibatches, n_blocks, B // (n_blocks * n_minibatches))
+    envs = np.concatenate([np.asarray(index[:, g]) + g * (B // n_blocks) for g in range(n_blocks)], axis=1)
+    assert sorted(envs.ravel().tolist()) == list(range(B))  # every env in exactly one minibatch
+    split = split_minibatches(jax.random.key(7), data, n_minibatches, n_blocks)
+    assert split["x"].shape == (n_minibatches, T, B // n_minibatches, 2)
+    for k in range(n_minibatches):  # whole env sequences, in the order of the index
+        np.testing.assert_array_equal(np.asarray(split["x"][k]), np.asarray(data["x"][:, envs[k]]))
+        np.testing.assert_array_equal(jax.random.key_data(split["key"][k]),
+                                      jax.random.key_data(data["key"][:, envs[k]]))
+        if n_blocks > 1:  # each block gives the same share
+            assert all(len(set(envs[k]) & set(range(g * B // n_blocks, (g + 1) * B // n_blocks))) == B // 8
+                       for g in range(n_blocks))
+
+
+def test_replay_unroll_defaults_to_the_whole_rollout_on_an_accelerator_only():
+    ppo = PPOConfig(rollout_length=20)
+    assert ppo.scan_unroll("cpu") == 1 and ppo.scan_unroll("tpu") == 20 and ppo.scan_unroll("gpu") == 20
+    assert PPOConfig(rollout_length=20, replay_unroll=5).scan_unroll("tpu") == 5
+    with pytest.raises(ValueError, match="PPOConfig.replay_unroll must be a positive integer or None, got 0"):
+        PPOConfig(replay_unroll=0)
+
+
+def test_training_with_the_replay_unrolled_passes_the_replay_check():
+    from flax import nnx
+
+    from nnx_ppo.algorithms.config import EvalConfig, TrainConfig
+    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.envs import make
+    from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+    env = make("cue_memory", n_cues=2, delay=3)
+    net = make_actor_critic_for_env(env, "lstm", nnx.Rngs(0), hidden_size=8, encoder_sizes=(8,))
+    rows = []
+    config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=8, n_minibatches=2, total_steps=8 * 8 * 2,
+                                       replay_unroll=8), eval=EvalConfig(enabled=False))
+    train_ppo(env, net, config, log_fn=lambda m, s: rows.append(m))
+    assert len(rows) == 2 and max(r["replay/max_error"] for r in rows) <= 1e-5
+
+
+def test_bfloat16_precision_rounds_the_matrix_inputs_only():
+    from flax import nnx
+
+    from nnx_ppo.algorithms.config import Precision
+    from nnx_ppo.networks.feedforward import PRECISIONS, Dense, compute_precision, matmul
+    from nnx_ppo.networks.recurrent import LSTM
+
+    assert PRECISIONS == typing.get_args(Precision)
+    x = jax.random.normal(jax.random.key(0), (4, 8))
+    w = jax.random.normal(jax.random.key(1), (8, 3))
+    with compute_precision("bfloat16"):
+        y = matmul(x, w)
+        dense = Dense(8, 3, nnx.Rngs(0))
+        lstm = LSTM(8, 3, nnx.Rngs(0))
+        d16 = dense((), x).output
+        l16 = lstm(lstm.initialize_state(4), x).output
+    rounded = np.asarray(x.astype(jnp.bfloat16), np.float64) @ np.asarray(w.astype(jnp.bfloat16), np.float64)
+    assert y.dtype == jnp.float32 and d16.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(y), rounded, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.asarray(y), np.asarray(x @ w), rtol=1e-6, atol=1e-6)  # the inputs were rounded
+    np.testing.assert_allclose(np.asarray(d16), np.asarray(dense((), x).output), atol=0.05)
+    np.testing.assert_allclose(np.asarray(l16), np.asarray(lstm(lstm.initialize_state(4), x).output), atol=0.05)
+    assert jax.tree.leaves(nnx.state(dense, nnx.Param))[0].dtype == jnp.float32  # the parameters stay float32
+    with pytest.raises(ValueError, match="PPOConfig.precision must be one of 'default', 'bfloat16', got 'fp8'"):
+        PPOConfig(precision="fp8")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        with compute_precision("half"):
+            pass
