@@ -3,6 +3,7 @@
 Usage:
     python bench/bench_rodent.py [--task rodent_imitation] [--n-envs 16 64 256] [--steps 20]
                                  [--train] [--cache [DIR]] [--label TEXT] [--set KEY=VALUE ...]
+                                 [--profile CALLS]
 
 For each env count, on the env ``nnx_ppo.envs.make(--task)`` returns (the
 Playground adapter under its time limit, as training runs it): the seconds
@@ -17,6 +18,10 @@ folder ``~/.cache/nnx_ppo/jax``) first: run twice to see a warm start.
 ``--set`` overrides the task config (``--set iterations=8 solver=newton``).
 ``--baselines N`` adds the return and episode length of uniform random and
 of zero actions over N episodes (the floor a learning check is read against).
+``--profile N`` traces N step calls and N reset calls and charges the
+device's time to MJX's parts (solver, position stage with collision and
+constraints, velocity, actuation, acceleration, integration) and the
+task's own code (``bench/profile_iteration.py``'s analysis).
 
 Prints one JSON row per measurement and appends it to
 bench/results/rodent.jsonl.
@@ -73,8 +78,41 @@ def _reset_rate(reset, keys, n: int, calls: int) -> float:
     return n * calls / (time.perf_counter() - t0)
 
 
-def bench_env(env, n: int, steps: int, base: dict, out: pathlib.Path) -> None:
-    """Rows for reset and step of ``env`` at ``n`` envs."""
+# MJX's own name scopes (mujoco/mjx/_src/forward.py), most specific first; the rest is the task's own code
+# (observation, reward, termination, the reset's pose) and the adapter's.
+PHYSICS_PARTS = (
+    ("physics/solver", "step/solve"),
+    ("physics/position: kinematics, collision, constraints", "step/fwd_position"),
+    ("physics/velocity", "step/fwd_velocity"),
+    ("physics/actuation", "step/fwd_actuation"),
+    ("physics/acceleration", "step/fwd_acceleration"),
+    ("physics/integration", "step/euler"),
+    ("physics/other", "step"),
+)
+
+
+def profile_calls(compiled, call, state, calls: int) -> dict:
+    """Where ``calls`` calls of a compiled function spend the device's time,
+    by MJX's name scopes (:data:`PHYSICS_PARTS`; the analysis of
+    ``bench/profile_iteration.py``): ms per call, GFLOP and GB per part."""
+    import tempfile
+
+    from profile_iteration import analyze
+
+    folder = tempfile.mkdtemp(prefix="nnx_ppo_rodent_trace_")
+    jax.profiler.start_trace(folder)
+    for _ in range(calls):
+        state = jax.block_until_ready(call(state))
+    jax.profiler.stop_trace()
+    trace = next(pathlib.Path(folder).rglob("*.xplane.pb"))
+    fields, _ = analyze(str(trace), compiled.as_text(), calls, top=6, parts=PHYSICS_PARTS, module_prefix="jit_")
+    fields["parts"] = {("task and adapter" if k.startswith("other") else k): v for k, v in fields["parts"].items()}
+    return fields
+
+
+def bench_env(env, n: int, steps: int, base: dict, out: pathlib.Path, profile: int = 0) -> None:
+    """Rows for reset and step of ``env`` at ``n`` envs (and with ``profile``,
+    where that many calls of each spend their time)."""
     keys = jax.random.split(jax.random.key(0), n)
     reset, lo, co = _compile(jax.vmap(env.reset), keys)
     reset_rate = _reset_rate(reset, keys, n, steps)
@@ -88,6 +126,11 @@ def bench_env(env, n: int, steps: int, base: dict, out: pathlib.Path) -> None:
     _emit({**base, "what": "step", "n_envs": n, "lower_s": round(lo, 2), "compile_s": round(co, 2),
            "env_steps_per_s": round(rate, 1), "physics_steps_per_s": round(rate * substeps, 1),
            "substeps": substeps}, out)
+    if profile:
+        _emit({**base, "what": "step_profile", "n_envs": n, "substeps": substeps,
+               **profile_calls(step, lambda s: step(s, action), state, profile)}, out)
+        _emit({**base, "what": "reset_profile", "n_envs": n,
+               **profile_calls(reset, lambda k: (reset(k), k)[1], keys, profile)}, out)
 
 
 def bench_train(task: str, n: int, overrides: dict, base: dict, out: pathlib.Path) -> None:
@@ -176,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="")
     parser.add_argument("--set", nargs="*", default=[], dest="sets")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
+    parser.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                        help="also trace this many step and reset calls: device time by MJX's parts")
     args = parser.parse_args(argv)
     overrides = _parse_sets(args.sets)
     if args.cache is not None:
@@ -192,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     base["make_s"] = round(time.perf_counter() - t0, 2)
     if not args.no_env:
         for n in args.n_envs:
-            bench_env(env, n, args.steps, base, args.out)
+            bench_env(env, n, args.steps, base, args.out, args.profile)
     if args.train:
         bench_train(args.task, args.n_envs[0], overrides, base, args.out)
     if args.baselines:

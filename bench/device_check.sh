@@ -14,17 +14,21 @@
 #  7. the same configurations side by side with the original nnx-ppo 0.3.0
 #     (bench/peers/original_intention.py; PYTHONPATH for it in $ORIG_PYTHONPATH), one
 #     process at a time, ours then the original's, for each configuration;
-#  8. ours again with PPOConfig.precision="bfloat16", each configuration.
+#  8. ours again with PPOConfig.precision="bfloat16", each configuration;
+#  9. the rodent's physics at 4096 envs: where a step's and a reset's device time goes
+#     (bench_rodent.py --profile), then the step rate under each physics setting of $PHYSICS
+#     (substeps through sim_dt, solver and line-search iterations, the body's floor contacts).
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
 # bench/results/ and bench/README.md ("Accelerators").
-# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, all parts "1 2 3 4 5 6 7 8")
+# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, all parts "1 2 3 4 5 6 7 8 9")
 # On a bare TPU machine: source bench/tpu_setup.sh first (it installs what is needed and sets
 # PYTHONPATH and ORIG_PYTHONPATH), then: bash bench/device_check.sh python3 "6"
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${1:-../.venv/bin/python}
-PARTS=" ${2:-1 2 3 4 5 6 7 8} "
+PARTS=" ${2:-1 2 3 4 5 6 7 8 9} "
 CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
+PHYSICS=${PHYSICS:-"sim_dt=0.004|iterations=2 ls_iterations=2|iterations=1 ls_iterations=1|body_contacts=false"}
 ROWS="${OUT:-/tmp}/device_check.jsonl"
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 rows() { grep --line-buffered '^{' | tee -a "$ROWS"; }
@@ -66,4 +70,10 @@ part 8 && for config in $CONFIGS; do
   timeout 150 "$PY" bench_intention.py --${config%:*}-decoder --n-envs ${config#*:} --iterations 8 --skip 3 --no-check \
     --precision bfloat16 2>/dev/null | rows || echo "{\"failed\": \"ours bfloat16 $config\"}"
 done
+part 9 && { timeout 300 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --profile 3 --label device_check \
+  --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo '{"failed": "rodent profile"}'; }
+part 9 && { IFS='|' read -ra settings <<< "$PHYSICS"; for setting in "${settings[@]}"; do
+  timeout 240 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --label device_check --set $setting \
+    --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo "{\"failed\": \"rodent $setting\"}"
+done; }
 :

@@ -70,26 +70,28 @@ PARTS = (  # (part, name-scope pattern), most specific first; an op matches the 
 _CONTAINERS = ("while", "conditional", "call")  # ops that contain others: their time is their children's
 
 
-def part_of(op_name: str) -> str:
-    """The part of the iteration an operation with HLO ``op_name`` metadata
-    belongs to: its path keeps only the library's scope names (JAX puts
-    ``while/body``, ``closed_call`` and transforms between them), with
-    ``transpose`` where the backward pass starts."""
+OTHER = "other (metrics, health, loop)"
+
+
+def part_of(op_name: str, parts=PARTS) -> str:
+    """The part (of ``parts``, ``(name, scope pattern)`` pairs) an operation
+    with HLO ``op_name`` metadata belongs to: its path keeps only the scope
+    names the patterns use (JAX puts ``while/body``, ``closed_call`` and
+    transforms between them), with ``transpose`` where the backward pass
+    starts."""
+    scopes = {name for _, pattern in parts for name in pattern.split("/")} - {"transpose"}
     kept = []
     for component in op_name.split("/"):
         if "transpose(" in component and "transpose" not in kept:
             kept.append("transpose")
         name = component.replace("transpose(", "").replace("jvp(", "").replace(")", "")
-        if name in _SCOPES:
+        if name in scopes:
             kept.append(name)
     path = "/".join(kept)
-    for part, pattern in PARTS:
+    for part, pattern in parts:
         if path == pattern or path.startswith(pattern + "/"):
             return part
-    return "other (metrics, health, loop)"
-
-
-_SCOPES = {name for _, pattern in PARTS for name in pattern.split("/")} - {"transpose"}
+    return OTHER
 
 
 _INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([a-z][\w\-]*)\((.*)$")
@@ -243,7 +245,7 @@ def device_events(trace_file: str, module_prefix: str = "jit_run") -> tuple[list
 
 
 def breakdown(ops: list[tuple], op_names: dict[str, str], flops_of: dict[str, float], bytes_of: dict[str, float],
-              iterations: int) -> dict:
+              iterations: int, parts_of=PARTS) -> dict:
     """Per part and per operation: self time (an operation's time less that
     of the operations nested in it: a loop's own time is its control flow
     and the gaps between its steps), GFLOP and count, per iteration. An
@@ -258,12 +260,12 @@ def breakdown(ops: list[tuple], op_names: dict[str, str], flops_of: dict[str, fl
     for i, (name, start, duration) in enumerate(order):
         while stack and stack[-1][0] <= start:
             stack.pop()
-        part = part_of(op_names[name]) if name in op_names else None
+        part = part_of(op_names[name], parts_of) if name in op_names else None
         if stack:
             self_ns[stack[-1][2]] -= duration
-            if part is None or part.startswith("other"):
-                part = stack[-1][1] if not stack[-1][1].startswith("other") or part is None else part
-        part = part or "other (metrics, health, loop)"
+            if part is None or part == OTHER:
+                part = stack[-1][1] if stack[-1][1] != OTHER or part is None else part
+        part = part or OTHER
         part_of_event.append(part)
         stack.append([start + duration, part, i])
     for (name, _, _), part, ns in zip(order, part_of_event, self_ns):
@@ -297,17 +299,20 @@ def summary(table: dict, modules: list[float], iterations: int, top: int) -> dic
     }
 
 
-def analyze(trace_file: str, hlo_text: str, iterations: int, top: int = 12) -> tuple[dict, dict]:
-    """The summary fields and the per-operation table of a trace and its program's HLO."""
+def analyze(trace_file: str, hlo_text: str, iterations: int, top: int = 12, parts=PARTS,
+            module_prefix: str = "jit_run") -> tuple[dict, dict]:
+    """The summary fields and the per-operation table of a trace and its
+    program's HLO (``parts``: how to name them; ``module_prefix``: the
+    program's name in the trace)."""
     op_names, flops_of, bytes_of = read_hlo(hlo_text)
-    ops, modules = device_events(trace_file)
-    table = breakdown(ops, op_names, flops_of, bytes_of, iterations)
+    ops, modules = device_events(trace_file, module_prefix)
+    table = breakdown(ops, op_names, flops_of, bytes_of, iterations, parts)
     return summary(table, modules, iterations, top), table["by_op"]
 
 
-def dumped_hlo(dump: str) -> str:
-    """The text of the largest optimized module XLA dumped (the training program)."""
-    files = [f for f in glob.glob(os.path.join(dump, "*after_optimizations*.txt")) if "buffer" not in f]
+def dumped_hlo(dump: str, name: str = "") -> str:
+    """The text of the largest optimized module XLA dumped (whose file name holds ``name``)."""
+    files = [f for f in glob.glob(os.path.join(dump, f"*{name}*after_optimizations*.txt")) if "buffer" not in f]
     return open(max(files, key=os.path.getsize)).read() if files else ""
 
 

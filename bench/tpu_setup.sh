@@ -8,8 +8,14 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl-tpu tyro==1.0.17                  # the one dependency the machine's index lacks
 #   python3 -m pip download --no-deps -d .whl-orig nnx-ppo==0.3.0   # the original, for the side-by-side runs
-# and carry both folders (the device tool's `carry`). For the rodent (part 5 of device_check.sh) also
-# download playground, mujoco-mjx, dm-control and their own missing needs into .whl-tpu.
+# and carry both folders (the device tool's `carry`). For the rodent (device_check.sh parts 5 and 9), also
+#   echo /.whl-rodent/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: (the same platform flags) -d .whl-rodent \
+#     mujoco==4.0.1 mujoco-core==4.0.1 mujoco-studio==4.0.1 mujoco-mjx==3.17.0 playground==0.2.0 brax==0.14.2 \
+#     jaxopt==0.8.5
+#   cp .venv/lib/python3.11/site-packages/dm_control/locomotion/walkers/assets/rodent.xml .whl-rodent/
+# (dm-control's wheel is 56 MB, over what a call carries; the rodent reads only its rodent.xml) and carry
+# .whl-rodent too (34 MB; MuJoCo Warp, which Playground lists, is optional and left out).
 #
 # On the machine:   source bench/tpu_setup.sh      (sets PYTHONPATH; the original goes to /tmp/orig-site)
 # Then this checkout's package:   python3 bench/...;   the original:   ORIGINAL=1 python3 bench/peers/...
@@ -25,6 +31,15 @@ _pip --no-deps --only-binary=:all: --index-url file:///opt/pypi/simple --target 
   nest-asyncio docstring-parser typeguard tensorboardx tqdm packaging jaxtyping wadler-lindig \
   || return 1 2>/dev/null || exit 1
 _pip --no-deps --no-index --target "$SITE" .whl-tpu/*.whl || return 1 2>/dev/null || exit 1
+if ls .whl-rodent/*.whl >/dev/null 2>&1; then
+  _pip --no-deps --only-binary=:all: --index-url file:///opt/pypi/simple --target "$SITE" \
+    glfw pyopengl trimesh ml-collections lxml pillow cloudpickle xxhash \
+    || return 1 2>/dev/null || exit 1
+  _pip --no-deps --no-index --target "$SITE" .whl-rodent/*.whl || return 1 2>/dev/null || exit 1
+  # dm_control as the rodent finds it: a package folder holding rodent.xml (its code is never imported)
+  mkdir -p "$SITE/dm_control/locomotion/walkers/assets" && touch "$SITE/dm_control/__init__.py" \
+    && cp .whl-rodent/rodent.xml "$SITE/dm_control/locomotion/walkers/assets/"
+fi
 if ls .whl-orig/*.whl >/dev/null 2>&1; then
   _pip --no-deps --no-index --target "$ORIG_SITE" .whl-orig/*.whl || return 1 2>/dev/null || exit 1
 fi
