@@ -33,10 +33,13 @@ import os
 import sys
 import tempfile
 
-_DUMP = tempfile.mkdtemp(prefix="nnx_ppo_hlo_")
-os.environ["XLA_FLAGS"] = " ".join([
-    os.environ.get("XLA_FLAGS", ""), f"--xla_dump_to={_DUMP}", "--xla_dump_hlo_as_text",
-    "--xla_dump_hlo_module_re=.*jit_run.*", "--xla_cpu_enable_xprof_traceme=true"]).strip()
+# Run as a script, XLA dumps the optimized training program (read by dumped_hlo) and, on a CPU, traces each
+# operation; set before JAX is imported. Imported (bench_rodent.py uses the analysis), nothing is set.
+_DUMP = tempfile.mkdtemp(prefix="nnx_ppo_hlo_") if __name__ == "__main__" else None
+if _DUMP is not None:
+    os.environ["XLA_FLAGS"] = " ".join([
+        os.environ.get("XLA_FLAGS", ""), f"--xla_dump_to={_DUMP}", "--xla_dump_hlo_as_text",
+        "--xla_dump_hlo_module_re=.*jit_run.*", "--xla_cpu_enable_xprof_traceme=true"]).strip()
 
 import argparse  # noqa: E402
 import collections  # noqa: E402

@@ -26,7 +26,7 @@ import tempfile  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.profiler import ProfileData  # noqa: E402
+from profile_iteration import device_events  # noqa: E402
 from seed_layouts import PER_CALL, build  # noqa: E402
 
 CONTAINERS = ("ThunkExecutor", "while", "call", "conditional")
@@ -34,16 +34,13 @@ CONTAINERS = ("ThunkExecutor", "while", "call", "conditional")
 
 def op_times(trace_dir: str) -> collections.Counter:
     """Nanoseconds per operation kind, summed over XLA's worker threads
-    (loops and the executor's own spans left out: they contain the rest)."""
+    (loops and the executor's own spans left out: they contain the rest);
+    the trace read by ``profile_iteration.device_events``."""
     path = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[-1]
     totals = collections.Counter()
-    for plane in ProfileData.from_file(path).planes:
-        for line in plane.lines:
-            if not line.name.startswith("tf_XLA"):
-                continue
-            for event in line.events:
-                if not event.name.startswith(CONTAINERS):
-                    totals[re.sub(r"\.\d+$", "", event.name)] += event.duration_ns
+    for name, _, duration in device_events(path, module_prefix="")[0]:
+        if not name.startswith(CONTAINERS):
+            totals[re.sub(r"\.\d+$", "", name)] += duration
     return totals
 
 

@@ -52,10 +52,9 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
     """``n_epochs`` passes of ``n_minibatches`` gradient steps (nested scans).
 
     ``data`` leaves are ``[T, B, ...]`` (a :class:`~nnx_ppo.algorithms.losses.Minibatch`
-    for PPO); each epoch partitions the env axis at random
-    (:func:`~nnx_ppo.algorithms.losses.minibatch_indices`) and each step
-    gathers its minibatch ``[T, B / n_minibatches, ...]`` of whole env
-    sequences (:func:`~nnx_ppo.algorithms.losses.take_minibatch`). ``loss_fn(params,
+    for PPO); each epoch permutes the env axis and splits it into
+    ``[n_minibatches, T, B / n_minibatches, ...]`` whole env sequences
+    (:func:`~nnx_ppo.algorithms.losses.split_minibatches`). ``loss_fn(params,
     network, minibatch) -> (loss, metrics)`` defaults to :func:`ppo_loss`
     with ``config`` (distillation passes its own). Returns the network with
     new ``params``, the optimizer state and the mean metrics (``replay/...``
