@@ -6,7 +6,9 @@
 #   echo /.whl-tpu/ >> .git/info/exclude; echo /.whl-orig/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl-tpu tyro==1.0.17                  # the one dependency the machine's index lacks
+#     -d .whl-tpu tyro==1.0.17 gymnax==1.0.1 gymnasium==1.3.0 farama-notifications==0.0.4 seaborn==0.13.2
+#   (what the machine's index lacks: tyro for the command line; gymnax and what it imports, for
+#   device_check.sh parts 1-3's gymnax tasks)
 #   python3 -m pip download --no-deps -d .whl-orig nnx-ppo==0.3.0   # the original, for the side-by-side runs
 # and carry both folders (the device tool's `carry`). For the rodent (device_check.sh parts 5 and 9), also
 #   echo /.whl-rodent/ >> .git/info/exclude
@@ -30,6 +32,10 @@ _pip --no-deps --only-binary=:all: --index-url file:///opt/pypi/simple --target 
   typing-extensions absl-py etils fsspec importlib-resources zipp aiofiles humanize simplejson protobuf psutil \
   nest-asyncio docstring-parser typeguard tensorboardx tqdm packaging jaxtyping wadler-lindig \
   || return 1 2>/dev/null || exit 1
+# What gymnax imports (matplotlib, seaborn's pandas, gymnasium's cloudpickle); gymnax itself comes as a wheel.
+_pip --no-deps --only-binary=:all: --index-url file:///opt/pypi/simple --target "$SITE" \
+  matplotlib contourpy cycler fonttools kiwisolver pyparsing python-dateutil six pillow pandas pytz tzdata \
+  cloudpickle || echo 'tpu_setup.sh: what gymnax imports did not install from the index (its tasks will not run)'
 _pip --no-deps --no-index --target "$SITE" .whl-tpu/*.whl || return 1 2>/dev/null || exit 1
 if ls .whl-rodent/*.whl >/dev/null 2>&1; then
   _pip --no-deps --only-binary=:all: --index-url file:///opt/pypi/simple --target "$SITE" \

@@ -256,16 +256,45 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
     return 0
 
 
+def _use_run_code(cmd) -> None:
+    """For a command that rebuilds a run (resume, eval, export, distill's
+    teacher): its user files that moved or changed since come from the run's
+    copies (:func:`nnx_ppo.app.runs.use_run_code`)."""
+    from pathlib import Path
+
+    from nnx_ppo.app.runs import use_run_code
+
+    if isinstance(cmd, TrainCommand):
+        run = cmd.resume
+    elif isinstance(cmd, DistillCommand):
+        run = cmd.teacher_run
+    else:
+        run = getattr(cmd, "run_dir", None) if isinstance(cmd, (EvalCommand, ExportCommand)) else None
+    if run is not None:
+        use_run_code(Path(run), bool(getattr(cmd, "current_code", False)))
+
+
+def _check_seed_flags(cmd: TrainCommand, argv: list[str]) -> None:
+    """``--seed`` and ``--seeds`` together: refused (the run would train ``--seeds`` and record ``--seed``)."""
+    if cmd.seeds and any(a == "--seed" or a.startswith("--seed=") for a in argv):
+        raise CliError(f"give either --seed (one run) or --seeds (several seeds in one run), not both "
+                       f"(--seed {cmd.config.seed}, --seeds {' '.join(map(str, cmd.seeds))})")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nnx-ppo`` console script. Returns the exit code
-    (0 ok, 1 failure, 2 bad usage, 130 aborted)."""
+    (0 ok, 1 runtime failure, 2 usage error, 130 interrupted: the table in
+    docs/cli.md, "Errors and exit codes")."""
     argv = list(sys.argv[1:] if argv is None else argv)
     warnings.formatwarning = format_warning
     quiet_library_logs()
     try:
         cmd, saved = _parse(argv)
+        if isinstance(cmd, TrainCommand):
+            _check_seed_flags(cmd, argv)
         if isinstance(cmd, TrainCommand) and cmd.print_config:
             return _print_config(cmd, argv)
+        _use_run_code(cmd)
         if isinstance(cmd, (SweepCommand, TrainCommand, EvalCommand, DistillCommand, ExportCommand)):
             compilation_cache()
         if isinstance(cmd, SweepCommand):

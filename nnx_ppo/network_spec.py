@@ -39,56 +39,16 @@ def is_factory_reference(kind: str) -> bool:
     return isinstance(kind, str) and ":" in kind
 
 
-def _normalized_reference(ref: str) -> str:
-    """``ref`` with a file path made absolute (so the run can be read from elsewhere)."""
-    where, _, name = ref.rpartition(":")
-    if where.endswith(".py"):
-        return f"{os.path.abspath(where)}:{name}"
-    return ref
-
-
 def resolve_factory_reference(ref: str):
     """The function ``ref`` names: ``package.module:function`` (importable, or
-    found from the current directory) or ``path/to/file.py:function``. It is
-    called as ``function(env, rngs)`` and returns the network. A ValueError
-    says in one line what could not be found."""
-    import hashlib
-    import importlib
-    import importlib.util
-    import sys
+    found from the current directory) or ``path/to/file.py:function`` (see
+    :func:`nnx_ppo.user_code.load`). It is called as ``function(env, rngs)``
+    and returns the network. A ValueError says in one line what could not be found."""
+    from nnx_ppo import user_code
 
-    where, _, name = ref.rpartition(":")
-    if not where or not name or not name.isidentifier():
-        raise ValueError(f"network {ref!r}: expected MODULE:FUNCTION or FILE.py:FUNCTION")
-    if where.endswith(".py"):
-        path = os.path.abspath(where)
-        if not os.path.isfile(path):
-            raise ValueError(f"network {ref!r}: no file {path}")
-        # Loaded once per process: every seed's network must hold the same classes.
-        digest = hashlib.sha1(path.encode()).hexdigest()[:10]
-        module_name = f"nnx_ppo_user_network_{digest}_{os.path.splitext(os.path.basename(path))[0]}"
-        module = sys.modules.get(module_name)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
-            try:
-                spec.loader.exec_module(module)
-            except Exception as e:  # the user's file failed to run: say where, in one line
-                del sys.modules[module_name]
-                raise ValueError(f"network {ref!r}: running {path} failed: {type(e).__name__}: {e}") from None
-    else:
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.append(os.getcwd())  # as `python -m` would find it
-        try:
-            module = importlib.import_module(where)
-        except ImportError as e:
-            raise ValueError(f"network {ref!r}: cannot import {where} ({e})") from None
-        except Exception as e:
-            raise ValueError(f"network {ref!r}: importing {where} failed: {type(e).__name__}: {e}") from None
-    function = getattr(module, name, None)
+    function = user_code.load(ref, "network", "function")
     if not callable(function):
-        raise ValueError(f"network {ref!r}: {where} has no function {name!r}")
+        raise ValueError(f"network {ref!r}: {ref.rpartition(':')[0]} has no function {ref.rpartition(':')[2]!r}")
     return function
 
 
@@ -189,7 +149,9 @@ class NetworkSpec:
         if not isinstance(hidden_size, int) or hidden_size <= 0:
             raise ValueError(f"NetworkSpec: hidden_size must be a positive integer, got {hidden_size!r}")
         if is_factory_reference(kind):
-            kind = _normalized_reference(kind)
+            from nnx_ppo.user_code import normalized
+
+            kind = normalized(kind)
         elif kind not in FACTORY_KINDS:
             raise ValueError(f"network must be one of {', '.join(FACTORY_KINDS)}, or your own network function as "
                              f"MODULE:FUNCTION or FILE.py:FUNCTION, got {kind!r}")

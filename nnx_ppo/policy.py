@@ -72,6 +72,29 @@ def _act(network: NetworkFn, carry: Any, obs: Any, done: jax.Array | None) -> tu
     return out.output.actions, (out.next_state, fresh, network.rest)
 
 
+def _shapes(tree: Any) -> str:
+    """The shapes of ``tree``'s leaves for a message: ``(3, 5)``, or ``[(3, 5), (3, 2)]``."""
+    shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(tree)]
+    return str(shapes[0]) if len(shapes) == 1 else str(shapes)
+
+
+def _check_batch(carry: Any, obs: Any, done: Any) -> None:
+    """``obs`` (leaves ``[n, ...]``) and ``done`` (``[n]``) must be batches of
+    the carry's ``n`` envs: a one-line ValueError naming the shapes otherwise."""
+    sizes = {np.shape(x)[0] if np.ndim(x) else None for x in jax.tree.leaves(obs)}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(f"Policy: obs must be a batch whose leaves are [n, ...] with one n, got shapes {_shapes(obs)}")
+    n = sizes.pop()
+    state = carry[0] if isinstance(carry, tuple) and len(carry) == 3 else None
+    held = {np.shape(x)[0] for x in jax.tree.leaves(state) if np.ndim(x)}
+    if len(held) == 1 and n not in held:
+        raise ValueError(f"Policy: obs has a batch of {n} envs (shape {_shapes(obs)}), but the carry holds "
+                         f"{held.pop()} (shape {_shapes(state)}); make the carry with initial_carry({n})")
+    if done is not None and np.shape(done) != (n,):
+        raise ValueError(f"Policy: done must have shape ({n},), one flag per env of obs (shape {_shapes(obs)}), got "
+                         f"shape {tuple(np.shape(done))}")
+
+
 def _initial(network: NetworkFn, n: int) -> tuple[Any, Any, Any]:
     """The policy carry of ``n`` fresh envs."""
     state, network = network.initialize(n)
@@ -116,6 +139,7 @@ class Policy:
         """Act on ``obs`` (leaves ``[n, ...]``) from ``carry``; where ``done``
         (``[n]`` bool; None: nowhere) the carry is reset first. Returns
         ``(action, next carry)``."""
+        _check_batch(carry, obs, done)
         done = None if done is None else jnp.asarray(done, bool)
         return self._step(self._network, carry, obs, done)
 

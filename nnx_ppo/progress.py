@@ -128,7 +128,8 @@ class Progress:
             self._plain_line(env_steps)
 
     def _plain_line(self, env_steps: int) -> None:
-        """``[steps/total] 45%  12,345 steps/s  elapsed 0:40  left 0:49`` (rate-limited)."""
+        """``[steps/total] 45%  12,345 steps/s  elapsed 0:40  left 0:49`` (rate-limited; the
+        rate and what is left once a rate is measured, from the second line on)."""
         now = time.perf_counter()
         if now - self._last_line < self.interval and env_steps < self.total:
             return
@@ -137,9 +138,10 @@ class Progress:
         self._last_line = now
         done = min(env_steps, self.total)
         rate = (done - self._first_step) / (now - self._first_time) if now > self._first_time else 0.0
+        speed = f"  {rate:,.0f} steps/s" if rate > 0 else ""
         left = f"  left {fmt_seconds((self.total - done) / rate)}" if rate > 0 else ""
-        self.write(f"[{done:>{len(str(self.total))}d}/{self.total}] {100 * done / self.total:3.0f}%  "
-                   f"{rate:,.0f} steps/s  elapsed {fmt_seconds(now - self.t_start)}{left}")
+        self.write(f"[{done:>{len(str(self.total))}d}/{self.total}] {100 * done / self.total:3.0f}%"
+                   f"{speed}  elapsed {fmt_seconds(now - self.t_start)}{left}")
 
     def evaluation(self, metrics: dict[str, float], env_steps: int) -> None:
         self.eval_return = metrics.get("eval/episode_return")

@@ -41,7 +41,11 @@ __all__ = [
     "truncate_metrics",
     "check_writable",
     "clear_run",
+    "run_data",
+    "RUN_ENTRIES",
     "RunOutputWarning",
+    "RunDataWarning",
+    "MetricsError",
     "FAILURE_KEY",
     "failure_rows",
     "RunLock",
@@ -257,15 +261,43 @@ def check_writable(run_dir: str | os.PathLike) -> None:
                              "pick another run directory")
 
 
-def clear_run(run_dir: str | os.PathLike) -> None:
-    """Remove what a run that saved no checkpoint left (config.json, metrics,
-    TensorBoard events, the curve), so that it can start again from scratch."""
-    import shutil
+RUN_ENTRIES = (CONFIG_FILE, METRICS_FILE, CURVE_FILE, TB_DIR, CHECKPOINT_DIR, "source", "videos", LOCK_FILE)
+"""What a run directory holds of its own (anything else in it is foreign)."""
+
+
+def run_data(run_dir: str | os.PathLike) -> list[str]:
+    """What of a run's data ``run_dir`` holds, in words, for a message
+    (``["config.json", "13 metrics rows", "tb/", "a best policy"]``); empty
+    when there is nothing a fresh run could lose."""
+    from nnx_ppo.algorithms.checkpointing import held_checkpoints
 
     path = Path(run_dir)
-    for name in (METRICS_FILE, CURVE_FILE, CONFIG_FILE):
-        (path / name).unlink(missing_ok=True)
-    shutil.rmtree(path / TB_DIR, ignore_errors=True)
+    found = [CONFIG_FILE] if (path / CONFIG_FILE).exists() else []
+    metrics = path / METRICS_FILE
+    if metrics.is_file() and metrics.stat().st_size:
+        rows = sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip())
+        found.append(f"{rows} metrics rows")
+    for folder in (TB_DIR, "videos", "source"):
+        if (path / folder).is_dir() and any((path / folder).iterdir()):
+            found.append(f"{folder}/")
+    held = held_checkpoints(path / CHECKPOINT_DIR) if (path / CHECKPOINT_DIR).is_dir() else None
+    return found + ([held] if held is not None else [])
+
+
+def clear_run(run_dir: str | os.PathLike) -> None:
+    """Delete a run's own files and folders (:data:`RUN_ENTRIES`, its lock
+    aside) from ``run_dir``, checkpoints included (what ``--overwrite``
+    asks for); anything else in it stays."""
+    import shutil
+
+    for name in RUN_ENTRIES:
+        entry = Path(run_dir) / name
+        if name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()
 
 
 def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:
@@ -300,20 +332,74 @@ def read_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
 # --------------------------------------------------------------------------- metrics.jsonl
 
 
-def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """All rows of ``metrics.jsonl`` (a half-written last line is skipped)."""
+def read_metrics(run_dir: str | os.PathLike, *, strict: bool = False) -> list[dict[str, Any]]:
+    """All rows of ``metrics.jsonl``. A half-written last line (of a run that
+    was killed) is skipped quietly. Any other line that is not JSON (damaged)
+    is skipped with a :class:`RunDataWarning` naming the file and the line
+    numbers. A JSON line that is no row the logger writes (``env_steps`` not a
+    whole number, ...) is skipped with that warning too, or with ``strict``
+    raises :class:`MetricsError` naming the file and the line."""
     path = Path(run_dir) / METRICS_FILE
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    if not path.is_file():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    rows: list[dict[str, Any]] = []
+    skipped: list[int] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i != last:
+                skipped.append(i + 1)
+            continue
+        problem = _row_problem(row)
+        if problem is None:
+            rows.append(row)
+        elif strict:
+            raise MetricsError(f"{path} line {i + 1}: {problem}; fix or delete that line")
+        else:
+            skipped.append(i + 1)
+    if skipped:
+        _report_skipped(path, skipped)
     return rows
+
+
+def _row_problem(row: Any) -> str | None:
+    """What makes ``row`` (one parsed line of metrics.jsonl) no row the logger writes; None if nothing."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, got {json.dumps(row)[:40]}"
+    if "env_steps" not in row:
+        return "no env_steps (expected a whole number >= 0)"
+    for key, lowest in (("env_steps", 0), ("iteration", 0), ("seed", None)):
+        value = row.get(key, 0)
+        whole = isinstance(value, int) and not isinstance(value, bool) or (isinstance(value, float)
+                                                                          and value.is_integer())
+        if not whole or (lowest is not None and value < lowest):
+            return f"{key} is {json.dumps(value)[:40]}, expected a whole number{'' if lowest is None else ' >= 0'}"
+    if not isinstance(row.get("eval", False), bool):
+        return f"eval is {json.dumps(row['eval'])[:40]}, expected true or false"
+    return None
+
+
+_reported: set[tuple[str, tuple[int, ...]]] = set()  # (file, skipped lines) already warned about
+
+
+def _report_skipped(path: Path, lines: list[int]) -> None:
+    """One :class:`RunDataWarning` per file and set of skipped lines in a process."""
+    key = (str(path.resolve()), tuple(lines))
+    if key in _reported:
+        return
+    _reported.add(key)
+    import warnings
+
+    shown = ", ".join(map(str, lines[:10])) + (f", ... ({len(lines)} lines)" if len(lines) > 10 else "")
+    what = "lines" if len(lines) > 1 else "line"
+    rows = "not readable metrics rows" if len(lines) > 1 else "not a readable metrics row"
+    warnings.warn(f"{path}: skipped {what} {shown} ({rows}: damaged?); the other rows are read", RunDataWarning,
+                  stacklevel=3)
 
 
 def failure_rows(rows: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
@@ -341,3 +427,11 @@ def truncate_metrics(run_dir: str | os.PathLike, max_env_steps: int) -> int:
 
 class RunOutputWarning(UserWarning):
     """Part of a run directory (the learning curve) could not be written; training goes on."""
+
+
+class RunDataWarning(UserWarning):
+    """Lines of a run's ``metrics.jsonl`` could not be read and were skipped; the other rows are read."""
+
+
+class MetricsError(ValueError):
+    """A row of ``metrics.jsonl`` is no row the logger writes (the message names the file and the line)."""

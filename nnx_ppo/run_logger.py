@@ -39,10 +39,12 @@ def _json_float(x: float) -> float | str | None:
 
 
 def seed_curves(rows: list[dict[str, Any]], metric: str = "eval/episode_return",
-                eval_rows: bool = True) -> dict[Any, tuple[list[int], list[float]]]:
+                eval_rows: bool | None = None) -> dict[Any, tuple[list[int], list[float]]]:
     """Per seed (``None`` for a run of one seed), the ``(env_steps, values)``
-    of ``metric`` in the evaluation rows (or, with ``eval_rows=False``, the
-    iteration rows), in step order."""
+    of ``metric`` in step order: from the evaluation rows for an ``eval/...``
+    metric, else from the iteration rows (``eval_rows`` says which instead)."""
+    if eval_rows is None:
+        eval_rows = metric.startswith("eval/")
     curves: dict[Any, tuple[list[int], list[float]]] = {}
     for r in rows:
         if bool(r.get("eval")) == eval_rows and isinstance(r.get(metric), (int, float)):
@@ -55,8 +57,8 @@ def seed_curves(rows: list[dict[str, Any]], metric: str = "eval/episode_return",
 def seed_band(rows: list[dict[str, Any]], metric: str = "eval/episode_return"
               ) -> tuple[list[int], list[float], list[float], list[float]]:
     """``(steps, mean, lowest, highest)`` of ``metric`` over the seeds at each
-    evaluation step: the band is the observed range, so it never leaves what
-    some seed reached."""
+    step (of the rows :func:`seed_curves` reads): the band is the observed
+    range, so it never leaves what some seed reached."""
     by_step: dict[int, list[float]] = {}
     for xs, ys in seed_curves(rows, metric).values():
         for x, y in zip(xs, ys):
@@ -124,6 +126,26 @@ def save_figure(fig: Any, path: str | os.PathLike) -> None:
         plt.close(fig)
 
 
+def _end_last_line(path: Path) -> None:
+    """Before rows are appended to ``path``: a half-written last line (of a
+    run that was killed) is cut off, else the first new row would continue it
+    and be lost with it; a whole row without its newline gets one."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    start = data.rfind(b"\n") + 1
+    try:
+        json.loads(data[start:])
+    except ValueError:  # (UnicodeDecodeError is one)
+        with open(path, "r+b") as f:
+            f.truncate(start)
+        return
+    with open(path, "ab") as f:
+        f.write(b"\n")
+
+
 class RunLogger:
     """Receives ``train_ppo``'s ``log_fn(metrics, env_steps)`` calls and writes
     ``metrics.jsonl``, TensorBoard events, the learning curve and (optionally)
@@ -151,6 +173,7 @@ class RunLogger:
         self.steps_per_iteration = steps_per_iteration
         self.title = title
         self.rows = read_metrics(self.run_dir)  # earlier rows of a resumed run, for the curve
+        _end_last_line(self.run_dir / METRICS_FILE)
         self._file = open(self.run_dir / METRICS_FILE, "a", buffering=1)
         self._tensorboard = tensorboard
         self._tb = None

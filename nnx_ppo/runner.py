@@ -28,7 +28,6 @@ import dataclasses
 import datetime as _dt
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +99,7 @@ class RunSpec:
         """The spec of the run in ``run_dir``, as it trains now (its resumes' changes applied)."""
         saved = rd.read_run_config(run_dir)
         own = {"schema", "env", "env_kwargs", "train_env_kwargs", "network", "config", "created", "command",
-               "resumed", "seeds", "env_rebuildable", "reward_scale"}
+               "resumed", "seeds", "env_rebuildable", "reward_scale", "source"}
         return cls(env=saved["env"], network=saved["network"], config=rd.train_config_from_dict(saved["config"]),
                    env_kwargs=saved.get("env_kwargs", {}), train_env_kwargs=saved.get("train_env_kwargs", {}),
                    seeds=tuple(saved.get("seeds", ())), extra={k: v for k, v in saved.items() if k not in own},
@@ -184,7 +183,17 @@ class Run:
         if not primary:
             return cls(path, spec, resuming=resuming, bar=None, lock=None, writes=False)
         rd.check_writable(path)
-        return cls(path, spec, resuming=resuming, bar=bar, lock=rd.RunLock(path).acquire(), wandb_run=wandb_run)
+        lock = rd.RunLock(path).acquire()
+        held = [] if resuming else rd.run_data(path)
+        if held:
+            lock.release()
+            from nnx_ppo.algorithms.members import check_fresh_checkpoint_dir
+
+            check_fresh_checkpoint_dir(str(path / rd.CHECKPOINT_DIR))  # (checkpoints: its own error, naming them)
+            raise rd.RunDirInUseError(f"run_dir {os.fspath(path)!r} already holds a run's data ({', '.join(held)}); a "
+                                      "fresh run never replaces it: resume it (resume_from=), delete it yourself, "
+                                      "or give another run_dir")
+        return cls(path, spec, resuming=resuming, bar=bar, lock=lock, wandb_run=wandb_run)
 
     def begin(self, record: dict[str, Any]) -> None:
         """Write ``config.json`` (a fresh run; ``record``: what the algorithm
@@ -193,16 +202,15 @@ class Run:
         if self.path is not None and self._writes:
             spec = dataclasses.replace(self.spec, extra={**record, **self.spec.extra})
             if self.resuming and (self.path / rd.CONFIG_FILE).exists():
+                rd.read_metrics(self.path, strict=True)  # a bad row stops the resume here, before it is recorded
                 changes = resume_changes(rd.read_run_config(self.path)["config"], spec.config)
                 content = rd.append_resumed(self.path, changes, list(spec.command))
             else:
-                if (self.path / rd.CONFIG_FILE).exists():  # (the trainer refused a directory with checkpoints)
-                    warnings.warn(f"run_dir {os.fspath(self.path)!r} holds a run without checkpoints (its start "
-                                  "failed, or it ended before saving); starting it again from scratch",
-                                  rd.RunOutputWarning, stacklevel=4)
-                    rd.clear_run(self.path)
                 content = spec.to_dict()
                 self.path.mkdir(parents=True, exist_ok=True)
+                sources = _snapshot_own_code(spec, self.path)
+                if sources:
+                    content["source"] = sources
                 rd.write_run_config(self.path, content)
             self.spec = spec
             self.logger = run_logger.RunLogger(self.path, steps_per_iteration=spec.config.ppo.steps_per_iteration,
@@ -273,6 +281,21 @@ class Run:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+
+
+def _snapshot_own_code(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+    """Copy the files of the user's env and network (``FILE.py:NAME`` or
+    ``MODULE:NAME`` references) into ``run_dir/source/``; what
+    :func:`nnx_ppo.user_code.snapshot` returns, for ``config.json``."""
+    from nnx_ppo import user_code
+    from nnx_ppo.envs.registry import is_own_code
+    from nnx_ppo.network_spec import is_factory_reference
+
+    refs = [spec.env] if spec.env_rebuildable and is_own_code(spec.env) else []
+    kind = spec.network.get("kind")
+    if isinstance(kind, str) and is_factory_reference(kind):
+        refs.append(kind)
+    return user_code.snapshot(refs, run_dir) if refs else {}
 
 
 def open_output(run_dir, *, progress: bool, train_env, eval_env, network_spec, network, config: TrainConfig,

@@ -136,11 +136,12 @@ def test_a_network_object_is_recorded_and_loaded_from_python(cli_run: Path, tmp_
 
 
 def test_an_env_object_and_a_failed_start(tmp_path, capsys):
-    """A directory whose start failed (config.json, no checkpoint) is started
-    again with a warning; an env not made by ``make`` is recorded as not
+    """A directory whose start failed (config.json, no checkpoint) is never
+    taken over: a fresh run refuses it in one line and leaves it as it was;
+    once it is cleared, an env not made by ``make`` is recorded as not
     rebuildable, and the command line says so in one line."""
     from nnx_ppo.envs.tasks import CueMemory
-    from nnx_ppo.run_dir import RunOutputWarning
+    from nnx_ppo.run_dir import RunDirInUseError
 
     run = tmp_path / "run"
     run.mkdir()
@@ -149,8 +150,11 @@ def test_an_env_object_and_a_failed_start(tmp_path, capsys):
     network = make_actor_critic_for_env(env, "mlp", nnx.Rngs(0), actor_hidden_sizes=[8], critic_hidden_sizes=[8])
     config = rd.train_config_from_dict({"ppo": {"n_envs": 8, "rollout_length": 8, "n_minibatches": 2,
                                                 "total_steps": 128}, "eval": {"n_envs": 4, "max_episode_length": 6}})
-    with pytest.warns(RunOutputWarning, match="starting it again from scratch"):
+    with pytest.raises(RunDirInUseError, match=r"already holds a run's data \(config.json\)"):
         train_ppo(env, network, config, run_dir=run)
+    assert (run / "config.json").read_text() == '{"env": "cue_memory", "network": {}}'
+    (run / "config.json").unlink()
+    train_ppo(env, network, config, run_dir=run)
     saved = rd.read_run_config(run)
     assert saved["env_rebuildable"] is False and saved["env"] == "python:CueMemory"
     capsys.readouterr()

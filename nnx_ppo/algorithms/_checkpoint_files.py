@@ -115,7 +115,12 @@ def resolve_latest(directory: str | os.PathLike) -> pathlib.Path:
 
 
 class CheckpointFallbackWarning(UserWarning):
-    """The newest checkpoint could not be read; an older intact one was used."""
+    """The newest checkpoint could not be read; an older intact one was used
+    (``skipped``: the checkpoint that could not be read, ``loaded``: the one used)."""
+
+    def __init__(self, message: str, skipped: pathlib.Path | None = None, loaded: pathlib.Path | None = None):
+        super().__init__(message)
+        self.skipped, self.loaded = skipped, loaded
 
 
 def newest_intact(directory: str | os.PathLike, restore: Any) -> Any:
@@ -136,7 +141,8 @@ def newest_intact(directory: str | os.PathLike, restore: Any) -> Any:
             skipped.append((path, err))
             continue
         for bad, err in skipped:
-            warnings.warn(f"checkpoint {bad.name} in {str(root)!r} cannot be read ({str(err).splitlines()[0]}); "
-                          f"loaded {path.name}, the newest intact one", CheckpointFallbackWarning, stacklevel=3)
+            warnings.warn(CheckpointFallbackWarning(
+                f"checkpoint {bad.name} in {str(root)!r} cannot be read ({str(err).splitlines()[0]}); "
+                f"loaded {path.name}, the newest intact one", skipped=bad, loaded=path), stacklevel=3)
         return result
     raise skipped[0][1]

@@ -9,10 +9,13 @@ with barriers between the steps.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import shutil
+import signal
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -47,14 +50,44 @@ def _finish(root: pathlib.Path, prune: Callable[[], list[pathlib.Path]]) -> None
         shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Ctrl-C (SIGINT) waits until the block has run, then takes effect as it
+    would have (once per Ctrl-C): a save cut short inside orbax leaves its
+    event loop and coroutines half made, each printing a traceback or a warning."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # (only the main thread takes signals; None: a handler Python did not install)
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for frame in caught:
+            if callable(previous):
+                previous(signal.SIGINT, frame)
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
+
+
 def write_checkpoint(root: pathlib.Path, name: str, items: dict[str, dict[str, Any]], files: dict[str, str],
                      step: int, prune: Callable[[], list[pathlib.Path]]) -> pathlib.Path:
     """Write ``root/name/``: each orbax item of ``items`` (item name ->
     arrays), the text ``files`` and the commit marker; replace an existing
-    ``root/name``; then delete what ``prune()`` returns. Returns the path."""
+    ``root/name``; then delete what ``prune()`` returns. Returns the path.
+    In one process a Ctrl-C during the write takes effect once it is done."""
     final = root / name
     if jax.process_count() > 1:
         return _write_multiprocess(root, final, items, files, step, prune)
+    with _ctrl_c_after():
+        return _write_here(root, final, items, files, step, prune)
+
+
+def _write_here(root: pathlib.Path, final: pathlib.Path, items: dict, files: dict[str, str], step: int,
+                prune: Callable[[], list[pathlib.Path]]) -> pathlib.Path:
+    """:func:`write_checkpoint` in a run of one process."""
+    name = final.name
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
     try:

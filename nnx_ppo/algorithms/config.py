@@ -8,16 +8,18 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import math
 import numbers
+import types
 import typing
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from tyro.constructors import PrimitiveConstructorSpec  # tyro is light: no NumPy or JAX
 
-__all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "SEED_BATCHING", "check_seed_batching", "check_seed",
-           "check_seeds", "deferred_checks", "checked", "describe_schedule"]
+__all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "ConfigTypeError", "SEED_BATCHING", "check_seed_batching",
+           "check_seed", "check_seeds", "deferred_checks", "checked", "describe_schedule"]
 
 SeedBatching = Literal["vmap", "map"]  # TrainConfig.seed_batching
 SEED_BATCHING = typing.get_args(SeedBatching)  # its choices, for checks and messages
@@ -125,6 +127,63 @@ def _field(default: Any, *, member: tuple[float, float] | None = None, resume: b
     if member is not None:
         metadata["member"] = member
     return dataclasses.field(default=default, metadata=metadata)
+
+
+class ConfigTypeError(TypeError, ValueError):
+    """A config field given a value of the wrong type (a dict where a
+    PPOConfig goes, a string where a number does); one line naming the
+    field, the type expected and what was given. A ValueError too, like the
+    configs' other checks, so that code catching those catches it."""
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ == "bool")
+
+
+_KINDS: dict[Any, tuple[Callable[[Any], bool], str]] = {
+    int: (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), "an integer"),
+    float: (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a number"),
+    bool: (_is_bool, "True or False"),
+    str: (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def _type_rule(hint: Any) -> tuple[Callable[[Any], bool], str] | None:
+    """``(accepts(value), "what it expects")`` for a field's annotation;
+    None where the field's own check is the type check (a ``Literal``, a
+    number-or-schedule)."""
+    if dataclasses.is_dataclass(hint):
+        return (lambda v: isinstance(v, hint)), f"{'an' if hint.__name__[0] in 'AEIOU' else 'a'} {hint.__name__}"
+    if hint in _KINDS:
+        return _KINDS[hint]
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        rule = _type_rule(rest[0]) if len(rest) == 1 else None
+        if rule is not None:
+            accepts, what = rule
+            return (lambda v: v is None or accepts(v)), f"{what} or None"
+    return None
+
+
+@functools.cache
+def _type_rules(cls: type) -> dict[str, tuple[Callable[[Any], bool], str]]:
+    hints = typing.get_type_hints(cls)
+    rules = {f.name: _type_rule(hints[f.name]) for f in dataclasses.fields(cls)}
+    return {name: rule for name, rule in rules.items() if rule is not None}
+
+
+def _check_types(config: Any) -> None:
+    """Every field of ``config`` must have its annotated type (an int is a
+    number; a bool is not an integer): a :class:`ConfigTypeError` names the first that does not."""
+    owner = type(config).__name__
+    for name, (accepts, what) in _type_rules(type(config)).items():
+        value = getattr(config, name)
+        if not accepts(value):
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            kind = what.split()[-1]
+            hint = f"; build one with {kind}(...)" if isinstance(value, dict) and kind.endswith("Config") else ""
+            raise ConfigTypeError(f"{owner}.{name} must be {what}, got {type(value).__name__} {shown}{hint}")
 
 
 _OPTIONAL = ("value_clip_range", "gradient_clipping", "weight_decay", "replay_tolerance", "target_kl")
@@ -245,6 +304,7 @@ class PPOConfig:
     def __post_init__(self):
         if _checks_deferred.get():
             return
+        _check_types(self)
         for name in ("n_envs", "rollout_length", "total_steps", "n_epochs", "n_minibatches", "shuffle_blocks"):
             _require_positive_int("PPOConfig", name, getattr(self, name))
         _require_positive_int("PPOConfig", "replay_unroll", self.replay_unroll, allow_none=True)
@@ -280,8 +340,13 @@ class PPOConfig:
                     "PPOConfig: learning_rate_decay=True with a learning_rate schedule is ambiguous; "
                     "build the decay into the schedule (e.g. optax.linear_schedule) and leave learning_rate_decay off"
                 )
-        elif (isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, numbers.Real)
-              or not 0 < self.learning_rate < math.inf):  # also rejects NaN
+        elif isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, numbers.Real):
+            raise ConfigTypeError(
+                "PPOConfig.learning_rate must be a positive finite number or a schedule (a callable from the "
+                f"optimizer update count to the learning rate, e.g. from optax), got "
+                f"{type(self.learning_rate).__name__} {self.learning_rate!r}"
+            )
+        elif not 0 < self.learning_rate < math.inf:  # also rejects NaN
             raise ValueError(
                 "PPOConfig.learning_rate must be a positive finite number or a schedule (a callable from the "
                 f"optimizer update count to the learning rate, e.g. from optax), got {self.learning_rate!r}"
@@ -308,6 +373,12 @@ class PPOConfig:
     def n_iterations(self) -> int:
         """Iterations needed to reach ``total_steps``."""
         return -(-self.total_steps // self.steps_per_iteration)
+
+    @property
+    def total_updates(self) -> int:
+        """Optimizer updates of the whole run, ``n_iterations * n_epochs *
+        n_minibatches``: what ``learning_rate_decay`` decays to 0 over."""
+        return self.n_iterations * self.n_epochs * self.n_minibatches
 
     def scan_unroll(self, backend: str) -> int:
         """``replay_unroll`` for a program compiled for ``backend`` (``"cpu"``,
@@ -339,6 +410,7 @@ class EvalConfig:
     def __post_init__(self):
         if _checks_deferred.get():
             return
+        _check_types(self)
         for name in ("every_steps", "n_envs", "max_episode_length"):
             _require_positive_int("EvalConfig", name, getattr(self, name))
 
@@ -386,6 +458,7 @@ class TrainConfig:
     def __post_init__(self):
         if _checks_deferred.get():
             return
+        _check_types(self)
         check_seed(self.seed, "TrainConfig.seed")
         check_seed_batching(self.seed_batching, "TrainConfig.seed_batching")
         _require_positive_int("TrainConfig", "iterations_per_call", self.iterations_per_call)

@@ -12,13 +12,17 @@ from typing import Any
 
 from nnx_ppo.algorithms.config import PPOConfig, Schedule, TrainConfig, describe_schedule
 
-__all__ = ["ScheduleNotSavedError", "config_to_dict", "config_from_dict", "per_member_bounds", "flat_fields",
-           "resume_changes"]
+__all__ = ["ScheduleNotSavedError", "UnknownFieldWarning", "config_to_dict", "config_from_dict", "per_member_bounds",
+           "flat_fields", "resume_changes"]
 
 
 class ScheduleNotSavedError(ValueError):
     """A saved config was trained with a learning-rate schedule, which cannot
     be saved; pass the schedule again to load it."""
+
+
+class UnknownFieldWarning(UserWarning):
+    """A saved config has a field this version's config does not (an older or newer version's); it is ignored."""
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -69,7 +73,8 @@ def config_from_dict(data: dict[str, Any], cls: type = TrainConfig, where: str =
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            warnings.warn(f"{where}: ignoring unknown field {key!r} of {cls.__name__}", stacklevel=2)
+            warnings.warn(f"{where}: ignoring unknown field {key!r} of {cls.__name__}", UnknownFieldWarning,
+                          stacklevel=2)
             continue
         hint = hints.get(key)
         if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):

@@ -22,7 +22,27 @@ from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.losses import ppo_loss, split_minibatches
 from nnx_ppo.algorithms.rollout import count_nonfinite
 
-__all__ = ["make_optimizer", "update_epochs"]
+__all__ = ["make_optimizer", "learning_rate_schedule", "update_epochs"]
+
+
+def learning_rate_schedule(config: PPOConfig) -> Any:
+    """The learning rate :func:`make_optimizer` gives optax: ``config.learning_rate``
+    (a number or a schedule), or with ``learning_rate_decay`` the linear decay
+    from it to 0 over the run's :attr:`~PPOConfig.total_updates`."""
+    if config.learning_rate_decay:
+        return optax.linear_schedule(config.learning_rate, 0.0, config.total_updates)
+    return config.learning_rate
+
+
+def _learning_rate_now(config: PPOConfig, opt_state: Any) -> jax.Array | None:
+    """The rate the next update of ``opt_state`` takes (a schedule is read at
+    its update count); None for an optimizer state without that count."""
+    schedule = learning_rate_schedule(config)
+    if not callable(schedule):
+        return jnp.asarray(schedule, jnp.float32)
+    is_count = lambda x: isinstance(x, optax.ScaleByScheduleState)
+    counts = [s.count for s in jax.tree.leaves(opt_state, is_leaf=is_count) if is_count(s)]
+    return jnp.asarray(schedule(counts[0]), jnp.float32) if counts else None
 
 
 def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
@@ -36,10 +56,7 @@ def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
     (the count is part of the optimizer state: a resumed run continues it,
     and each seed of :func:`~nnx_ppo.algorithms.seeds.train_seeds` has its
     own)."""
-    lr: Any = config.learning_rate
-    if config.learning_rate_decay:
-        updates_per_iteration = config.n_epochs * config.n_minibatches
-        lr = optax.linear_schedule(config.learning_rate, 0.0, config.n_iterations * updates_per_iteration)
+    lr = learning_rate_schedule(config)
     adam = optax.adamw(lr, weight_decay=config.weight_decay) if config.weight_decay else optax.adam(lr)
     if config.gradient_clipping is None:
         return adam
@@ -58,7 +75,8 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
     network, minibatch) -> (loss, metrics)`` defaults to :func:`ppo_loss`
     with ``config`` (distillation passes its own). Returns the network with
     new ``params``, the optimizer state and the mean metrics (``replay/...``
-    metrics: those of the first minibatch, before any update). With
+    metrics: those of the first minibatch, before any update;
+    ``train/learning_rate``: the mean rate of the updates made). With
     ``config.target_kl`` the updates stop early once a minibatch's
     ``policy/approx_kl`` exceeds ``1.5 * target_kl``.
     """
@@ -70,6 +88,9 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
         params, opt_state, stopped = carry
         with jax.named_scope("loss"):
             (_, metrics), grads = grad_fn(params, network, batch)
+        rate = _learning_rate_now(config, opt_state)  # (logged only: the update below computes its own)
+        if rate is not None:
+            metrics["train/learning_rate"] = rate
         with jax.named_scope("optimizer"):
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
@@ -91,6 +112,19 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
     keys = jax.random.split(key, config.n_epochs)
     (params, opt_state, _), metrics = jax.lax.scan(epoch, (network.params, opt_state, jnp.asarray(False)), keys)
     # replay/*: measured on the first minibatch, before any update (must be ~0).
+    rates = metrics.pop("train/learning_rate", None)
+    skipped = metrics.get("optimizer/updates_skipped")
     metrics = {k: v[0, 0] if k.startswith("replay/") else jnp.sum(v) if k.startswith("health/") else jnp.mean(v)
                for k, v in metrics.items()}
+    if rates is not None:
+        metrics["train/learning_rate"] = _mean_rate(rates, skipped)
     return network.with_state(params=params), opt_state, metrics
+
+
+def _mean_rate(rates: jax.Array, skipped: jax.Array | None) -> jax.Array:
+    """The mean learning rate of the updates made (``[n_epochs, n_minibatches]``
+    rates; with ``target_kl``, those not ``skipped``; the first's when none was made)."""
+    if skipped is None:
+        return jnp.mean(rates)
+    made = 1.0 - skipped
+    return jnp.where(jnp.sum(made) > 0, jnp.sum(rates * made) / jnp.maximum(jnp.sum(made), 1.0), rates[0, 0])

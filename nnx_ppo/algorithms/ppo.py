@@ -20,6 +20,7 @@ import optax
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Health, IterationOutput
+from nnx_ppo.algorithms.footprint import check_footprint
 from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
 from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.hyperparameters import with_hyperparameters
@@ -51,6 +52,7 @@ def new_training_state(env, network, config: TrainConfig) -> TrainingState:
     ppo = config.ppo
     env = as_env(env)
     check_network_matches_env(env, network, ppo)
+    check_footprint(env, network, ppo, warn=False)  # (before anything of n_envs' size is allocated)
     key = jax.random.key(config.seed)
     key, reset_key, sync_key = jax.random.split(key, 3)
 

@@ -114,6 +114,51 @@ def _carry_owners(network, batch_size: int) -> dict[str, str]:
     return owners
 
 
+def _batch_dependence(network, env, n_envs: int, seed: int, tolerance: float) -> str | None:
+    """``first_divergence`` for a network whose outputs depend on the other
+    envs of its batch, or None: one step from the initial carry on
+    ``n_envs`` envs, and again with the envs in reverse order; the first
+    module call (inner ones first) whose result for an env differs is named."""
+    if n_envs < 2:
+        return None
+    view = NetworkFn.of(network)
+    obs = jax.vmap(as_env(env).reset)(jax.random.split(jax.random.key(seed), n_envs)).obs
+    carry, _ = view.initialize(n_envs)
+    batched = lambda x: getattr(x, "ndim", 0) and x.shape[0] == n_envs  # noqa: E731
+
+    def step(reverse: bool) -> list[tuple[str, object]]:
+        calls: list[tuple[str, object]] = []
+        module = nnx.merge(view.graphdef, view.params, view.rest)
+
+        def observe(path, owner, call):
+            result = call()
+            calls.append((module_name(path, owner), result))
+            return result
+
+        order = (lambda x: x[::-1] if batched(x) else x) if reverse else (lambda x: x)
+        with observing_calls(module, "__call__", observe):
+            module(jax.tree.map(order, carry), jax.tree.map(order, obs))
+        return calls
+
+    try:
+        forward, backward = step(False), step(True)
+    except Exception:  # noqa: BLE001 -- a best-effort probe; the mismatch itself stands
+        return None
+    for (name, one), (_, other) in zip(forward, backward):
+        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(other)):
+            if not (batched(a) and batched(b)):
+                continue
+            if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+                a, b = jax.random.key_data(a), jax.random.key_data(b)
+            if float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b[::-1], jnp.float32)))) > tolerance:
+                return (f"module {name}: its output for an env depends on the other envs of the batch (the same "
+                        f"{n_envs} envs in reverse order get other outputs), so a minibatch replay cannot "
+                        "reproduce it; it breaks the randomness rule of docs/custom_modules.md: e.g. it draws "
+                        "from one key shared by all envs (draw from each env's own key in its carry), or mixes "
+                        "envs (a reduction over the batch axis)")
+    return None
+
+
 def _get(tree, path):
     for entry in path:
         if isinstance(entry, jax.tree_util.SequenceKey):
@@ -169,5 +214,7 @@ def diagnose_replay(network, env, *, n_envs: int = 8, rollout_length: int = 32, 
         )
         if first is not None:
             divergence = _divergence_text(*first, _carry_owners(network, n_envs).get(first[1]))
+    if divergence is None and max(log_ratio, value_diff) > tolerance:
+        divergence = _batch_dependence(network, env, n_envs, seed, tolerance)
     return ReplayDiagnosis(max_abs_log_ratio=log_ratio, max_value_difference=value_diff,
                            first_divergence=divergence, n_resets=int(np.asarray(traj.reset).sum()))

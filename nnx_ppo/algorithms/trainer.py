@@ -7,10 +7,9 @@ their :class:`Algorithm`: how one seed's :class:`TrainingState` starts and
 what one iteration does. :func:`train` does the rest, in this order:
 
 1. coerce the envs and gather the members: one plain run is one member,
-   a seed batch or a population N (:class:`~nnx_ppo.algorithms.members.Members`); build their networks
-   and states (a batch's stacked on a leading member axis ``[S, ...]``), or resume;
-2. donate and place the state on the devices
-   (:func:`~nnx_ppo.algorithms.sharding.place`);
+   a seed batch or a population N (:class:`~nnx_ppo.algorithms.members.Members`); check that their buffers
+   fit (:mod:`~nnx_ppo.algorithms.footprint`); build their states (a batch's stacked ``[S, ...]``), or resume;
+2. donate and place the state on the devices (:func:`~nnx_ppo.algorithms.sharding.place`);
 3. compile the iteration (:func:`~nnx_ppo.algorithms.program.compile_iterations`)
    and run it in the :class:`~nnx_ppo.algorithms.driver.Driver` loop with
    its hooks: log, evaluate, checkpoint, stop;
@@ -43,6 +42,7 @@ from nnx_ppo.algorithms.driver import (
     IterationOutput,
     rule_breaking_module_error,
 )
+from nnx_ppo.algorithms.footprint import check_footprint
 from nnx_ppo.algorithms.functional import NetworkFn, donatable
 from nnx_ppo.algorithms.hooks import best_policy_hook, checkpoint_hook, evaluation_hook
 from nnx_ppo.algorithms.hyperparameters import member_entry
@@ -203,9 +203,9 @@ def train(
     network, make_network, network_spec = _named_network(network, make_network, env, eval_env, config)
     if seeds is not None:
         seeds = check_seeds(seeds, "train_seeds: seeds")
-    # (the devices are checked before any network is built)
     devices = local_devices(config.n_devices, config.ppo.n_envs, len(seeds) if seeds and config.shard_seeds else None)
     team = gather_members(network, make_network, seeds, members, config)
+    check_footprint(env, team.networks[0], config.ppo, len(team.names) if team.stacked else 1, len(devices))
     record = dict(algorithm.run_record or {})
     metadata = dict(options.get("checkpoint_metadata") or {})
     if team.stacked:
@@ -381,10 +381,17 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
         write_back(team, driver.state, mesh)
     if not team.stacked and driver.failures:
         raise run_failure(driver.failures[0], team.networks[0], env, ppo)
-    final = replicated(result.state, mesh) if team.stacked else result.state
+    return _results(team, result, replicated(result.state, mesh) if team.stacked else result.state,
+                    driver.failures, last_rows, ppo)
+
+
+def _results(team: Members, result, final: TrainingState, failures: dict, last_rows: dict[int, dict[str, float]],
+             ppo: PPOConfig) -> list[TrainResult]:
+    """One :class:`TrainResult` per member (step 5 above): its part of the
+    ``final`` state, its last rows and evaluations, and where it failed."""
     results = []
     for i, net in enumerate(team.networks):
-        failure = driver.failures.get(i)
+        failure = failures.get(i)
         done = result.iterations if failure is None else failure.iteration - 1
         results.append(TrainResult(
             state=team.part(final, i),

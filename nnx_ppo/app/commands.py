@@ -44,6 +44,14 @@ DISTRIBUTED_TIMEOUT = 120.0  # = nnx_ppo.algorithms.distributed.DEFAULT_TIMEOUT 
 DEFAULT_TRAIN_CONFIG = DEFAULT_CONFIG
 
 
+def shell_command(*parts) -> str:
+    """A command line to print for copy-paste, each part shell-quoted
+    (``nnx-ppo eval 'runs/a b'``)."""
+    import shlex
+
+    return shlex.join(str(p) for p in parts)
+
+
 class CliError(Exception):
     """A user-facing error: printed as one line, no traceback."""
 
@@ -94,7 +102,8 @@ class TrainCommand:
     env: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV_SPEC")] = DEFAULT_ENV
     (
         "environment spec for nnx_ppo.envs.make, e.g. cue_memory, gymnax:CartPole-v1, playground:CartpoleBalance "
-        "(see `nnx-ppo envs`)."
+        "(see `nnx-ppo envs`), or your own env class or function as FILE.py:NAME or MODULE:NAME, called with "
+        "--env-kwargs and rebuilt from config.json by every command (docs/environments.md)."
     )
 
     network: Annotated[str, tyro.conf.arg(metavar="{mlp,lstm,gru}|MODULE:FUNCTION|FILE.py:FUNCTION")] = _in(
@@ -151,6 +160,18 @@ class TrainCommand:
     (
         "continue the run in this directory (reads its config.json; flags given here override its training config, "
         "e.g. a larger --ppo.total-steps)."
+    )
+
+    current_code: bool = _in(GROUP_RUN, False)
+    (
+        "with --resume: rebuild the run's env and network from their files as they are now, even where they changed "
+        "since it was trained (by default the run's copies in RUN_DIR/source/ are used then)."
+    )
+
+    overwrite: bool = _in(GROUP_RUN, False)
+    (
+        "start afresh in a --run-dir that holds a run's data (config.json, metrics, tb/, checkpoints, the best "
+        "policy): delete them first. Without it such a directory is refused."
     )
 
     quiet: bool = _in(GROUP_RUN, False)
@@ -236,6 +257,10 @@ class EvalCommand:
 
     run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
     """a run directory written by `nnx-ppo train`."""
+
+    current_code: bool = False
+    """rebuild the run's env and network from their files as they are now, even where they changed since it was
+    trained (by default the run's copies in RUN_DIR/source/ are used then)."""
 
     episodes: int = 16
     """number of evaluation episodes (run in parallel)."""
@@ -328,6 +353,10 @@ class ExportCommand:
     """the directory to write (step.jax, initial_carry.jax, params.npz, policy.json): new or empty, or a previous
     export with --overwrite."""
 
+    current_code: bool = False
+    """rebuild the run's env and network from their files as they are now, even where they changed since it was
+    trained (by default the run's copies in RUN_DIR/source/ are used then)."""
+
     batch_size: Optional[int] = None
     """the number of envs load_exported(DIR).initial_carry() gives by default (default 1). The exported step takes any
     batch size, unless a module of the network needs a fixed one: then this one (default 1)."""
@@ -364,7 +393,7 @@ class PlotCommand:
     """the PNG file to write."""
 
     metric: str = "eval/episode_return"
-    """the evaluation metric to compare."""
+    """the metric to compare: an evaluation metric (eval/...) or a training one (e.g. train/episode_return)."""
 
     threshold: Optional[float] = None
     """also give the first env step (and seconds) at which each run's mean over seeds reached this value."""
@@ -376,6 +405,20 @@ class EnvsCommand:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def check_writable_target(path: str, what: str) -> None:
+    """Before any work: a usage error (exit code 2) in one line, ``"{what}:
+    X is not writable"``, when ``path`` (a file or folder a command writes)
+    cannot be written, as ``train`` checks its run directory."""
+    import os
+    from pathlib import Path
+
+    existing = Path(path).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | (os.X_OK if existing.is_dir() else 0)):
+        raise CliError(f"{what}: {existing} is not writable")
 
 
 def print_error(msg: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import print_error
+from nnx_ppo.app.commands import CliError, print_error
 from nnx_ppo.progress import StopFlag, pretty_path
 from nnx_ppo.runner import Run
 
@@ -29,9 +29,11 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
     """``train(stop)`` into ``run`` (``stop()`` turns True after a Ctrl-C or
     SIGTERM): ``(exit code, its result or None, whether a stop was
     asked)``; ``run`` is closed (its directory released) in every case. A
-    usage error (:class:`~nnx_ppo.app.commands.CliError`) passes through."""
+    usage error (:class:`~nnx_ppo.app.commands.CliError`) passes through, and
+    a bad row of a resumed run's metrics.jsonl becomes one (before training)."""
     from nnx_ppo.algorithms.distributed import await_lost_peer, process_count
     from nnx_ppo.algorithms.driver import NonFiniteError
+    from nnx_ppo.algorithms.footprint import FootprintError
 
     stop = StopFlag(run.write)
     code, result = 0, None
@@ -43,6 +45,9 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
         where = f" is in {pretty_path(run.path / rd.CHECKPOINT_DIR)}" if run.path is not None else " is kept"
         print_error(f"aborted; metrics so far are kept, and the last saved checkpoint (if any){where}")
         code = 130
+    except (rd.MetricsError, FootprintError) as e:  # a bad metrics row of a resumed run, a config too large for
+        run.close()                                   # the memory: refused before training
+        raise CliError(str(e)) from None
     except NonFiniteError as e:
         run.close()
         print_error(str(e))

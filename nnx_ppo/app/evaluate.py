@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, EvalCommand
+from nnx_ppo.app.commands import CliError, EvalCommand, check_writable_target
 from nnx_ppo.app.record import check_record_flags, check_record_paths, print_module_paths, record_to_file
 from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec
 from nnx_ppo.app.sweep_report import failure_text, lineage_text, member_lineage
@@ -29,7 +29,7 @@ def run_eval(cmd: EvalCommand) -> int:
     if cmd.max_episode_length is not None and cmd.max_episode_length <= 0:
         raise CliError(f"--max-episode-length must be positive, got {cmd.max_episode_length}")
     saved = read_run(run_dir, rebuild="evaluate it")
-    env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
+    env, spec, ckpt_dir = run_policy_spec(run_dir, saved, checkpoint_choice(cmd))
     max_len = cmd.max_episode_length or int(saved.get("config", {}).get("eval", {}).get("max_episode_length", 1000))
     if cmd.video is not None:
         check_video_target(cmd.video, env, saved["env"])
@@ -49,22 +49,34 @@ def run_eval(cmd: EvalCommand) -> int:
                            f"got {cmd.member}")
         training_seeds = [cmd.member]
     which = checkpoint_choice(cmd)
-    policy = {None: "the final policy", "best": "the best evaluated policy"}.get(which, f"the policy at step {which}")
-    kind = "stochastic" if cmd.stochastic else "deterministic"
-    print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with {policy} of "
-          f"{pretty_path(run_dir)}")
     rows = rd.read_metrics(run_dir)
     failures, lineage = rd.failure_rows(rows), member_lineage(rows)
+    loaded = {}  # training seed -> (network, step, the step it fell back from or None); loaded before any line
+    for training_seed in training_seeds:
+        try:
+            loaded[training_seed] = _load(ckpt_dir, spec.build(env), training_seed, which)
+        except CliError:
+            if failures.get(training_seed) is None or which != "best":
+                raise
+            loaded[training_seed] = (None, None, None)
+    steps = sorted({step for _, step, _ in loaded.values() if step is not None})
+    per_line = which == "best" and len(steps) > 1  # the seeds' best policies were saved at different steps
+    policy = {None: "the final policy", "best": "the best evaluated policy"}.get(which, f"the policy at step {which}")
+    where = f", saved at step {steps[0]:,}" if len(steps) == 1 and not isinstance(which, int) else ""
+    skipped = sorted({s for _, _, s in loaded.values() if s is not None})
+    if skipped:
+        where += f" (the newest checkpoint, step {skipped[-1]:,}, cannot be read: fell back to the newest intact one)"
+    kind = "stochastic" if cmd.stochastic else "deterministic"
+    print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with {policy} of "
+          f"{pretty_path(run_dir)}{where}")
     first = None
     for training_seed in training_seeds:
+        network, step, _ = loaded[training_seed]
         failure = failures.get(training_seed)
         mark = "" if failure is None else f"  {failure_text(failure)}"
         indent = "  " if training_seed is None else f"  {_label(training_seed, members, lineage.get(training_seed))}: "
-        try:
-            network = load_run_network(ckpt_dir, spec.build(env), seed=training_seed, step=which)
-        except CliError:
-            if failure is None or which != "best":
-                raise
+        mark = (f"  (saved at step {step:,})" if per_line and step is not None else "") + mark
+        if network is None:
             print(f"{indent}no best policy (it failed before an evaluation saved one){mark}")
             continue
         first = first or network
@@ -79,6 +91,34 @@ def run_eval(cmd: EvalCommand) -> int:
     if cmd.record_activations:
         record_to_file(cmd, env, first, max_len)
     return 0
+
+
+def _load(ckpt_dir: Path, network, training_seed: int | None, which: int | str | None):
+    """``(network, the env step of the checkpoint loaded, the step of a newer
+    one it fell back from, or None)``; a fallback's warning is still shown."""
+    import warnings
+
+    from nnx_ppo.algorithms.checkpointing import CheckpointFallbackWarning, find_checkpoint
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CheckpointFallbackWarning)
+        try:
+            network = load_run_network(ckpt_dir, network, seed=training_seed, step=which)
+        finally:
+            shown = list(caught)
+    for w in shown:  # shown as without the catch (once, for the seeds of one checkpoint)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source,
+                               registry=globals().setdefault("__warningregistry__", {}))
+    fallbacks = [w.message for w in shown if isinstance(w.message, CheckpointFallbackWarning)]
+    if fallbacks and fallbacks[-1].loaded is not None:
+        return network, _step(fallbacks[-1].loaded), _step(fallbacks[0].skipped)
+    path = find_checkpoint(ckpt_dir.resolve(), which, training_seed if which == "best" else None)
+    return network, _step(path), None
+
+
+def _step(checkpoint: Path) -> int:
+    """The env step of a checkpoint (its folder ``step_<N>``)."""
+    return int(Path(checkpoint).name.removeprefix("step_"))
 
 
 def _label(index: int, members: list[dict] | None, lineage: list[dict] | None = None) -> str:
@@ -112,6 +152,7 @@ def check_video_target(path: str, env, spec: str, flag: str = "--video") -> None
     if not can_render(env):
         raise CliError(f"environment {spec!r} cannot render, so no video can be recorded "
                        "(only MuJoCo Playground envs, 'playground:...', can render)")
+    check_writable_target(path, f"{flag} {path}")
     check_video_writer(path)
 
 

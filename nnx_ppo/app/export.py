@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
-from nnx_ppo.app.commands import CliError, ExportCommand
+from nnx_ppo.app.commands import CliError, ExportCommand, check_writable_target
 from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec
 from nnx_ppo.progress import pretty_path
 
@@ -12,15 +13,17 @@ from nnx_ppo.progress import pretty_path
 def check_out_directory(cmd: ExportCommand) -> list[str]:
     """The files of a previous export in ``--out`` that this export replaces
     (with ``--overwrite``); a usage error in one line when ``--out`` holds
-    anything else, or a previous export without ``--overwrite``."""
+    anything else, a previous export without ``--overwrite``, or cannot be written."""
     from nnx_ppo.exported import ExportDirInUseError, check_export_directory
 
     try:
-        return check_export_directory(cmd.out, cmd.overwrite, flag="--overwrite")
+        replaced = check_export_directory(cmd.out, cmd.overwrite, flag="--overwrite")
     except ExportDirInUseError as e:
         raise CliError(f"--out {e}") from None
     except OSError as e:  # e.g. a directory that cannot be listed
-        raise CliError(f"cannot export to {cmd.out}: {e}", code=1) from None
+        raise CliError(f"cannot export to {cmd.out}: {e}") from None
+    check_writable_target(cmd.out, f"cannot export to {cmd.out}")
+    return replaced
 
 
 def summary(what: str, run_dir: Path, seed: int | None, out: Path, info: dict, cmd: ExportCommand,
@@ -46,7 +49,7 @@ def run_export(cmd: ExportCommand) -> int:
         raise CliError(f"--batch-size must be positive, got {cmd.batch_size}")
     which = checkpoint_choice(cmd)
     saved = read_run(run_dir, rebuild="export it")
-    env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
+    env, spec, ckpt_dir = run_policy_spec(run_dir, saved, checkpoint_choice(cmd))
     seeds = [int(s) for s in saved.get("seeds", [])]
     if cmd.seed is not None and cmd.seed not in seeds:
         raise CliError(f"--seed {cmd.seed}: this run trained " +
@@ -63,9 +66,10 @@ def run_export(cmd: ExportCommand) -> int:
         out = policy.export(cmd.out, platforms=cmd.platforms or None, batch_size=cmd.batch_size,
                             overwrite=cmd.overwrite)
         info = export_info(out)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # a target found read-only only now is still the usage error it is above
+        denied = isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
         raise CliError(f"cannot export to {cmd.out}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-                       code=1) from None
+                       code=2 if denied else 1) from None
     what = {None: "final policy", "best": "best evaluated policy"}.get(which, f"policy at step {which}")
     print(summary(what, run_dir, seed, out, info, cmd, replaced))
     return 0

@@ -1,11 +1,13 @@
 """``nnx-ppo plot``: runs side by side, a curve each and a table.
 
-Every run is drawn as the mean of its seeds' evaluation curves with the
-min-max band over seeds, labelled by the run directory's name. The table
-gives per run: the number of seeds, the final and best values (means over
-seeds), the interquartile mean of the final values over seeds, and, with a
-threshold, the first env step (and the seconds of training) at which the
-seeds' mean reached it. Plain Python and matplotlib: no JAX.
+Every run is drawn as the mean of its seeds' curves of the metric (an
+``eval/...`` metric from the evaluation rows, any other from the rows written
+during training) with the min-max band over seeds, labelled by the run
+directory's name. The table gives per run: the number of seeds, the final and
+best values (means over seeds), the interquartile mean of the final values
+over seeds, and, with a threshold, the first env step (and the seconds of
+training) at which the seeds' mean reached it. Plain Python and matplotlib:
+no JAX.
 """
 
 from __future__ import annotations
@@ -107,7 +109,9 @@ def run_plot(cmd: PlotCommand) -> int:
         read_run(Path(run))
         rows = rd.read_metrics(run)
         if not run_logger.seed_curves(rows, cmd.metric):
-            raise CliError(f"{run} has no evaluation rows with {cmd.metric!r} (is evaluation on?)")
+            if cmd.metric.startswith("eval/"):
+                raise CliError(f"{run} has no evaluation rows with {cmd.metric!r} (is evaluation on?)")
+            raise CliError(f"{run} has no training rows with {cmd.metric!r} (metrics.jsonl names the metrics)")
         runs.append((Path(run).resolve().name, rows))
     names = [name for name, _ in runs]
     if len(set(names)) != len(names):  # the same directory name in two places: tell them apart

@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo.app.commands import DEFAULT_ENV, DEFAULT_ENV_KWARGS, PROG, CliError, print_warning
+from nnx_ppo.app.commands import DEFAULT_ENV, DEFAULT_ENV_KWARGS, PROG, CliError, print_warning, shell_command
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, resolve_factory_reference
 
 __all__ = ["has_checkpoint", "lock_run_dir", "fresh_run_dir", "run_policy_spec", "read_run", "checkpoint_choice",
-           "load_run_network", "parse_env_kwargs", "make_env", "build_network",
+           "load_run_network", "parse_env_kwargs", "make_env", "build_network", "use_run_code",
            "network_spec_of"]
 
 
@@ -36,40 +36,74 @@ def lock_run_dir(run_dir: Path):
         raise CliError(str(e)) from None
 
 
-def fresh_run_dir(run_dir: Path) -> Path:
-    """``run_dir`` for a run that starts from scratch: refused (naming
-    ``PROG resume``) when it holds a run with checkpoints, or
-    another run's checkpoints; a run that saved no checkpoint is cleared.
-    The caller holds the directory's lock (:func:`lock_run_dir`)."""
+def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> Path:
+    """``run_dir`` for a run that starts from scratch. One that holds files
+    no run writes is refused; one that holds any run data (config.json,
+    metrics, tb/, checkpoints, a best policy) is refused naming what it
+    holds and what to do (resume a run with a training checkpoint;
+    ``--overwrite`` deletes the data first). The caller holds the
+    directory's lock (:func:`lock_run_dir`)."""
     from nnx_ppo import run_dir as rd
-    from nnx_ppo.algorithms.checkpointing import held_checkpoints
+    from nnx_ppo.algorithms.checkpointing import latest_checkpoint
     from nnx_ppo.progress import pretty_path
 
-    held = held_checkpoints(run_dir / rd.CHECKPOINT_DIR)
-    if held is not None and (run_dir / rd.CONFIG_FILE).exists():
-        raise CliError(f"{run_dir} already holds a run; continue it with {PROG} resume {run_dir} or pick another "
-                       "--run-dir")
-    if held is not None:
-        raise CliError(f"{run_dir / rd.CHECKPOINT_DIR} already holds {held} (of another run, without its "
-                       "config.json); a new run would prune them. Pick another --run-dir, or move them away")
     try:
         rd.check_writable(run_dir)
     except ValueError as e:
         raise CliError(str(e)) from None
-    if (run_dir / rd.CONFIG_FILE).exists():  # a start that failed, or a run stopped before its first checkpoint
-        print_warning(f"{pretty_path(run_dir)} holds a run that saved no checkpoint; starting it again from scratch")
+    if not run_dir.is_dir():
+        return run_dir
+    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in rd.RUN_ENTRIES)
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (" ..." if len(foreign) > 4 else "")
+        raise CliError(f"{run_dir} holds files that no run writes ({shown}); pick another --run-dir (an empty or new "
+                       "directory)")
+    data = rd.run_data(run_dir)
+    if not data:
+        return run_dir
+    if (run_dir / rd.CONFIG_FILE).exists() and not overwrite:
+        try:
+            rd.read_run_config(run_dir)
+        except (FileNotFoundError, ValueError):
+            raise CliError(f"{run_dir} holds a config.json that is no nnx-ppo run's ({', '.join(data)}); pick another "
+                           "--run-dir, or --overwrite to delete them") from None
+    if overwrite:
+        print_warning(f"--overwrite: deleting what {pretty_path(run_dir)} held ({', '.join(data)})")
         rd.clear_run(run_dir)
-    return run_dir
+        return run_dir
+    ckpt = run_dir / rd.CHECKPOINT_DIR
+    resumable = ckpt.is_dir() and latest_checkpoint(ckpt) is not None
+    if resumable and not (run_dir / rd.CONFIG_FILE).exists():
+        raise CliError(f"{ckpt} already holds {data[-1]} (of another run, without its config.json); a new run would "
+                       "prune them: move them away, pick another --run-dir, or --overwrite (deletes them)")
+    if resumable:
+        advice = f"continue it with {shell_command(PROG, 'resume', run_dir)}"
+    elif any("best policy" in d for d in data):
+        advice = (f"it cannot be resumed (only its best policy is left, no training checkpoint); evaluate or export "
+                  f"that with {shell_command(PROG, 'eval', run_dir)} --best")
+    else:
+        advice = "it saved no training checkpoint, so it cannot be resumed"
+    raise CliError(f"{run_dir} already holds a run ({', '.join(data)}): {advice}; or start afresh with --overwrite "
+                   "(deletes it), or pick another --run-dir")
 
 
-def run_policy_spec(run_dir: Path, saved: dict[str, Any]) -> tuple[Any, NetworkSpec, Path]:
+def run_policy_spec(run_dir: Path, saved: dict[str, Any], step: int | str | None = None
+                    ) -> tuple[Any, NetworkSpec, Path]:
     """The env, network spec and checkpoint directory of a ``train`` run
-    (whose ``config.json`` is ``saved``); a named error when it has no checkpoint."""
+    (whose ``config.json`` is ``saved``), for the checkpoint ``step`` will
+    pick (``"best"``: the best policy is enough); a named error when there is
+    none, saying what there is instead."""
     from nnx_ppo import run_dir as rd
+    from nnx_ppo.algorithms.checkpointing import held_checkpoints
 
     ckpt_dir = run_dir / rd.CHECKPOINT_DIR
     if not has_checkpoint(ckpt_dir):
-        raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
+        only_best = ckpt_dir.is_dir() and held_checkpoints(ckpt_dir) == "a best policy"
+        if only_best and step != "best":
+            raise CliError(f"{run_dir} has no training checkpoint left, only its best policy "
+                           f"({rd.CHECKPOINT_DIR}/best): give --best")
+        if not only_best:
+            raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
     env = make_env(saved["env"], saved.get("env_kwargs", {}))
     try:
         spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}),
@@ -87,8 +121,10 @@ def run_policy_spec(run_dir: Path, saved: dict[str, Any]) -> tuple[Any, NetworkS
 def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
     """The run's config.json for a command; a one-line usage error if it is
     missing or broken, or (with ``rebuild``, what the command would do) if
-    it was trained from Python on an env or network the command line cannot rebuild."""
+    it was trained from Python on an env or network the command line cannot
+    rebuild, or on an env name only the training script registered."""
     from nnx_ppo import run_dir as rd
+    from nnx_ppo.envs.registry import is_known
     from nnx_ppo.runner import PYTHON_NETWORK
 
     try:
@@ -102,7 +138,28 @@ def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
         raise CliError(f"{run_dir} was trained from Python on {what}, which the command line cannot rebuild to "
                        f"{rebuild}; do it from Python (load_policy(run, network=...)), or name the env and network "
                        "when training (train_ppo('ENV', 'FILE.py:FUNCTION', config, run_dir=...))")
+    if rebuild and isinstance(saved.get("env"), str) and not is_known(saved["env"]):
+        raise CliError(f"{run_dir} was trained on the env {saved['env']!r}, which the script that trained it "
+                       f"registered (nnx_ppo.envs.register) and {PROG} does not know; to {rebuild}, run the command "
+                       f"through that script (nnx_ppo.cli.main()), or train with the env named by its file "
+                       f"({PROG} train path/to/file.py:CLASS)")
     return saved
+
+
+def use_run_code(run_dir: Path, current_code: bool = False) -> None:
+    """Before a command rebuilds the run in ``run_dir``: the files of the
+    user's env and network that moved or changed since it was trained are
+    said in one line each, and loaded from the run's copies (``source/``)
+    from now on, or as they are now with ``current_code`` (``--current-code``)."""
+    from nnx_ppo import run_dir as rd
+    from nnx_ppo.user_code import use_run_copies
+
+    try:
+        recorded = rd.read_run_config(run_dir).get("source") or {}
+    except (FileNotFoundError, ValueError):
+        return  # (the command itself says what is wrong with the run)
+    for note in use_run_copies(run_dir, recorded, current_code):
+        print_warning(note)
 
 
 def checkpoint_choice(cmd) -> int | str | None:

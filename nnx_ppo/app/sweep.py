@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import PROG, CliError, SweepCommand, check_distinct_seeds, print_error
+from nnx_ppo.app.commands import PROG, CliError, SweepCommand, check_distinct_seeds, print_error, shell_command
 from nnx_ppo.app.ending import train_into
 from nnx_ppo.app.runs import build_network, make_env, network_spec_of, parse_env_kwargs
 from nnx_ppo.app.sweep_report import TABLE_FILE, format_table, sweep_summary, write_outputs
@@ -34,8 +34,10 @@ def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
     """``("ppo.learning-rate=1e-3,3e-4", ...)`` as ``{"learning_rate": [1e-3, 3e-4], ...}``
     (PPOConfig field names, in the order given). A CliError names a bad entry
     and what is expected."""
+    from nnx_ppo.algorithms.config import PPOConfig
     from nnx_ppo.algorithms.hyperparameters import PER_MEMBER
 
+    known = {f.name for f in dataclasses.fields(PPOConfig)}
     allowed = ", ".join("ppo." + f.replace("_", "-") for f in PER_MEMBER)
     grid: dict[str, list[float]] = {}
     for entry in entries:
@@ -43,6 +45,8 @@ def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
         field = name.strip().removeprefix("--").removeprefix("ppo.").replace("-", "_")
         if not sep or not values.strip() or not name.strip().removeprefix("--").startswith("ppo."):
             raise CliError(f"--grid: expected FIELD=V1,V2,... such as ppo.learning-rate=1e-3,3e-4, got {entry!r}")
+        if field not in known:
+            raise CliError(f"--grid: unknown field {name.strip()}{_did_you_mean(field)}; sweepable: {allowed}")
         if field not in PER_MEMBER:
             raise CliError(f"--grid: {name.strip()} cannot differ between the members of one program (it changes "
                            f"array shapes or the program); sweepable: {allowed}")
@@ -55,6 +59,16 @@ def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
         if len(set(grid[field])) != len(grid[field]):
             raise CliError(f"--grid: {name.strip()} repeats a value: {values}")
     return grid
+
+
+def _did_you_mean(field: str) -> str:
+    """`` (did you mean ppo.learning-rate?)`` for a misspelt PPOConfig field; ``""`` when none is close."""
+    import difflib
+
+    from nnx_ppo.algorithms.config import PPOConfig
+
+    close = difflib.get_close_matches(field, [f.name for f in dataclasses.fields(PPOConfig)], n=1, cutoff=0.6)
+    return f" (did you mean ppo.{close[0].replace('_', '-')}?)" if close else ""
 
 
 def grid_configs(base, grid: dict[str, list[float]]) -> tuple[list, list[dict[str, float]]]:
@@ -91,6 +105,9 @@ def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None =
         raise CliError("sweep runs in one process (its members can share several devices: --shard-seeds)")
     if cmd.pbt_every < 0:
         raise CliError(f"--pbt-every must be >= 0, got {cmd.pbt_every}")
+    from nnx_ppo.user_code import normalized, short_name
+
+    cmd = dataclasses.replace(cmd, env=normalized(cmd.env))  # a FILE.py:NAME env recorded by its absolute path
     env_kwargs = parse_env_kwargs(cmd.env_kwargs, cmd.env)
     train_env_kwargs = parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
     if cmd.resume is not None:
@@ -108,7 +125,7 @@ def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None =
     from nnx_ppo.app.train import _run_directory
 
     if cmd.resume is None and not cmd.run_dir:
-        cmd = dataclasses.replace(cmd, run_dir=str(rd.default_run_dir(f"{cmd.env}-sweep")))
+        cmd = dataclasses.replace(cmd, run_dir=str(rd.default_run_dir(f"{short_name(cmd.env)}-sweep")))
     run_dir = _run_directory(cmd, saved, "sweep")
     try:
         return _sweep(cmd, argv, run_dir, configs, seeds, env_kwargs, train_env_kwargs, saved)
@@ -163,9 +180,9 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
         summary = sweep_summary(run_dir, threshold)
         plots = write_outputs(run_dir, summary)
         print(format_table(summary))
-        print(f"{time.perf_counter() - t0:.0f} s; table: {pretty_path(run_dir / TABLE_FILE)}; plots: "
-              + ", ".join(p.name for p in plots))
+        shown = f"; plots: {', '.join(p.name for p in plots)}" if plots else ""
+        print(f"{time.perf_counter() - t0:.0f} s; table: {pretty_path(run_dir / TABLE_FILE)}{shown}")
     if stopped:
-        print(f"stopped early; continue with: {PROG} resume {pretty_path(run_dir)}")
+        print(f"stopped early; continue with: {shell_command(PROG, 'resume', pretty_path(run_dir))}")
     print(f"run directory: {pretty_path(run_dir)}", flush=True)
     return code

@@ -14,6 +14,7 @@ from typing import Any
 
 from nnx_ppo import run_dir as rd
 from nnx_ppo import run_logger
+from nnx_ppo.app.commands import PROG, shell_command
 from nnx_ppo.app.plot import _fmt, interquartile_mean
 
 __all__ = ["sweep_summary", "format_table", "write_outputs", "member_lineage", "lineage_text", "failure_text",
@@ -278,7 +279,7 @@ def write_outputs(run_dir: Path, summary: dict[str, Any]) -> list[Path]:
     failed = [m["member"] for m in summary["members"] if m["failure"]]
     note = "" if not failed else (f"\nMembers {failed} failed: a failed member has no final return, counts for "
                                   "none of its config's statistics, and ranks last.\n")
-    usage = f"`nnx-ppo eval {run_dir.name} --member K`, `load_policy(run, member=K)`."
+    usage = f"`{shell_command(PROG, 'eval', run_dir.name)} --member K`, `load_policy(run, member=K)`."
     if pbt:
         intro = (f"Population-based training every {pbt['every_iterations']} iterations: members take over the "
                  "states of better ones and perturb their hyperparameters, so they are ranked one by one, by "

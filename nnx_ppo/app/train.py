@@ -17,6 +17,7 @@ from nnx_ppo.app.commands import (
     TrainCommand,
     check_distinct_seeds,
     print_error,
+    shell_command,
 )
 from nnx_ppo.app.ending import train_into
 from nnx_ppo.app.evaluate import check_video_target
@@ -45,6 +46,10 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
     from nnx_ppo.app.commands import SweepCommand
 
     saved = read_run(Path(run_dir), rebuild="resume it")
+    try:
+        rd.read_metrics(run_dir, strict=True)  # a bad row refused before anything is built
+    except rd.MetricsError as e:
+        raise CliError(str(e)) from None
     try:
         net = saved["network"]
         hidden_size = int(net.get("hidden_size") or DEFAULT_HIDDEN_SIZE)
@@ -105,19 +110,44 @@ def resume_changes(cmd: TrainCommand, saved: dict[str, Any], env_kwargs: dict, t
         raise CliError(str(e)) from None
     for name, (before, after) in changes.items():
         print(f"resuming with --{name.replace('_', '-')} {after} (was {before})", flush=True)
+    if changes and cmd.resume is not None:
+        _print_decay_change(cmd, saved)
     return changes
+
+
+def _print_decay_change(cmd: TrainCommand, saved: dict[str, Any]) -> None:
+    """With ``--ppo.learning-rate-decay``: one line when resuming stretches or
+    shrinks the decay (its end moves; the rate jumps), with the rate before
+    and after at the update the run continues from."""
+    from nnx_ppo.algorithms import checkpointing
+
+    before, after = rd.train_config_from_dict(saved["config"], learning_rate=1.0).ppo, cmd.config.ppo
+    latest = checkpointing.latest_checkpoint(Path(cmd.resume) / rd.CHECKPOINT_DIR)
+    if not after.learning_rate_decay or latest is None or before.total_updates == after.total_updates:
+        return
+    step = int(latest.name.removeprefix("step_"))
+    update = step // before.steps_per_iteration * before.n_epochs * before.n_minibatches
+    old, new = (max(0.0, 1.0 - update / ppo.total_updates) for ppo in (before, after))
+    rates = (f"{old * after.learning_rate:.3g} to {new * after.learning_rate:.3g}" if "members" not in saved
+             else f"{old:.1%} to {new:.1%} of each member's learning rate")
+    end, was = (ppo.n_iterations * ppo.steps_per_iteration for ppo in (after, before))
+    print(f"resuming changes the learning-rate decay: it now reaches 0 at {end:,} env steps ({after.total_updates:,} "
+          f"updates; was {was:,}, {before.total_updates:,}), so at step {step:,} (update {update:,}) the rate goes "
+          f"from {rates}", flush=True)
 
 
 def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, command: str = "train") -> Path:
     """The run directory, locked (the caller releases
     ``rd.RunLock(run_dir)``); for ``--resume``, after checking that there is
     a checkpoint to resume from."""
+    from nnx_ppo.user_code import short_name
+
     check_distinct_seeds(cmd.seeds)
     if cmd.resume is None:
-        run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(cmd.env)
+        run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(short_name(cmd.env))
         lock = lock_run_dir(run_dir)
         try:
-            return fresh_run_dir(run_dir)
+            return fresh_run_dir(run_dir, cmd.overwrite)
         except BaseException:
             lock.release()
             raise
@@ -126,8 +156,14 @@ def _run_directory(cmd: TrainCommand, saved: dict[str, Any] | None, command: str
         raise CliError("give either --run-dir or --resume, not both")
     run_dir = Path(cmd.resume)
     if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
+        from nnx_ppo.algorithms.checkpointing import held_checkpoints
+
+        again = f"{shell_command(PROG, command, '...', '--run-dir', run_dir)} --overwrite"
+        if held_checkpoints(run_dir / rd.CHECKPOINT_DIR) == "a best policy":
+            raise CliError(f"{run_dir} has no training checkpoint to resume from, only its best policy (which holds "
+                           f"no optimizer state): evaluate or export it with --best, or start it again: {again}")
         raise CliError(f"{run_dir} has no checkpoints to resume from (it stopped before its first one); start it "
-                       f"again: {PROG} {command} ... --run-dir {run_dir}")
+                       f"again: {again}")
     lock = lock_run_dir(run_dir)
     try:
         rd.check_writable(run_dir)
@@ -158,7 +194,7 @@ def _already_trained(cmd: TrainCommand, run_dir: Path) -> bool:
     if done < wanted:
         return False
     print(f"{pretty_path(run_dir)} already trained {done:,} env steps (--ppo.total-steps {wanted:,}); nothing to "
-          f"do. Train longer with: {PROG} resume {pretty_path(run_dir)} --ppo.total-steps N")
+          f"do. Train longer with: {shell_command(PROG, 'resume', pretty_path(run_dir), '--ppo.total-steps', 'N')}")
     return True
 
 
@@ -219,7 +255,7 @@ def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int 
 
     if stopped:
         print(f"stopped early at {result.total_steps:,} env steps; continue with: "
-              f"{PROG} resume {pretty_path(run_dir)}")
+              f"{shell_command(PROG, 'resume', pretty_path(run_dir))}")
     line = f"trained {result.total_steps:,} env steps{' per seed' if n_seeds > 1 else ''} in {fmt_seconds(elapsed)} " \
            f"(compile {result.compile_seconds:.1f} s)"
     if result.eval_history and n_seeds == 1:
@@ -233,8 +269,9 @@ def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int 
     print(line)
     best = _best_policies(run_dir)
     if best:
-        print("best eval return " + ", ".join(best) + f" (kept: {PROG} eval {pretty_path(run_dir)} --best)")
-    print(f"evaluate with: {PROG} eval {pretty_path(run_dir)}")
+        kept = shell_command(PROG, "eval", pretty_path(run_dir), "--best")
+        print("best eval return " + ", ".join(best) + f" (kept: {kept})")
+    print(f"evaluate with: {shell_command(PROG, 'eval', pretty_path(run_dir))}")
 
 
 def _best_policies(run_dir: Path) -> list[str]:
@@ -274,7 +311,9 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
 
     The run directory is locked from the first check to the last line."""
     from nnx_ppo.algorithms.distributed import is_primary, process_count
+    from nnx_ppo.user_code import normalized
 
+    cmd = dataclasses.replace(cmd, env=normalized(cmd.env))  # a FILE.py:NAME env recorded by its absolute path
     env_kwargs = parse_env_kwargs(cmd.env_kwargs, cmd.env)
     train_env_kwargs = parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
     primary = is_primary()  # in a run of several processes only process 0 writes the run directory and logs
@@ -358,7 +397,7 @@ def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
         failed = [s for s, r in zip(cmd.seeds, results) if r.failure is not None]
         if failed:
             print_error(f"seeds {failed} failed (the others trained on); the run directory is kept and "
-                        f"resumable: {PROG} resume {pretty_path(run.path)}")
+                        f"resumable: {shell_command(PROG, 'resume', pretty_path(run.path))}")
         return (1 if failed else 0), results[0]
     on_evaluation = video_recorder(cmd, env, run) if cmd.video_every else None
     if distill is not None:

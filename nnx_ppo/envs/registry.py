@@ -1,17 +1,22 @@
 """``make(spec)`` and ``list_envs()``: build environments from string specs.
 
-A spec is a plain name (a built-in task, or one added with :func:`register`)
-or ``PREFIX:NAME``, where ``PREFIX`` names an env source: ``gymnax``,
-``playground``, ``brax``, or one added with :func:`register_source`. This
-module imports JAX only when it builds an env, so listing what there is
-(``list_envs``, ``nnx-ppo envs``) stays cheap.
+A spec is a plain name (a built-in task, or one added with :func:`register`),
+``PREFIX:NAME``, where ``PREFIX`` names an env source (``gymnax``,
+``playground``, ``brax``, one added with :func:`register_source`, or one an
+installed package declares under the entry-point group
+``nnx_ppo.env_sources``), or the user's own env class or function as
+``path/to/file.py:NAME`` or ``package.module:NAME``. This module imports JAX
+only when it builds an env, so listing what there is (``list_envs``,
+``nnx-ppo envs``) stays cheap.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +26,12 @@ if TYPE_CHECKING:
     from nnx_ppo.envs.types import RLEnv
 
 __all__ = ["make", "spec_of", "list_envs", "register", "register_source", "unregister_source", "list_sources",
-           "EnvSource"]
+           "EnvSource", "ENTRY_POINT_GROUP", "is_own_code", "is_known"]
+
+ENTRY_POINT_GROUP = "nnx_ppo.env_sources"
+"""The entry-point group an installed package declares env sources under:
+each entry point's name is the prefix, its object an :class:`EnvSource` or a
+factory ``factory(NAME, **kwargs)`` (described by its docstring's first line)."""
 
 
 def _lazy(module: str, attr: str, *args: Any, **defaults: Any) -> Callable[..., RLEnv]:
@@ -144,14 +154,66 @@ def unregister_source(prefix: str) -> EnvSource:
         raise KeyError(f"no env source {prefix!r}; registered: {', '.join(_SOURCES)}") from None
 
 
+_ENTRY_POINTS_READ = False
+
+
+def _read_entry_points() -> None:
+    """Register the env sources installed packages declare under
+    :data:`ENTRY_POINT_GROUP` (once per process; a prefix registered already
+    wins). One that fails to load is skipped with a one-line warning."""
+    global _ENTRY_POINTS_READ
+    if _ENTRY_POINTS_READ:
+        return
+    _ENTRY_POINTS_READ = True
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        if point.name in _SOURCES:
+            continue
+        try:
+            found = point.load()
+            if isinstance(found, EnvSource):
+                _add_source(point.name, found.factory, found.description, found.examples or None, False)
+            else:
+                summary = ((getattr(found, "__doc__", None) or "").strip().splitlines() or [""])[0]
+                _add_source(point.name, found, summary, getattr(found, "examples", None), False)
+        except Exception as e:  # noqa: BLE001 -- a broken plug-in must not break every command
+            dist = getattr(point, "dist", None)
+            by = f" of the package {dist.name}" if dist is not None else ""
+            warnings.warn(f"env source {point.name!r} ({point.value}){by} could not be loaded: "
+                          f"{type(e).__name__}: {e}", stacklevel=2)
+
+
 def list_sources() -> list[EnvSource]:
-    """The registered env sources, built-in ones first, in registration order."""
+    """The env sources: built-in ones first, then those registered or
+    declared by installed packages (entry points), in registration order."""
+    _read_entry_points()
     return list(_SOURCES.values())
 
 
 def list_envs() -> list[str]:
     """Built-in names, plus example specs of every env source (gymnax, playground, brax, registered ones)."""
-    return sorted(_BUILTINS) + [spec for source in _SOURCES.values() for spec in source.examples]
+    return sorted(_BUILTINS) + [spec for source in list_sources() for spec in source.examples]
+
+
+def is_own_code(spec: str) -> bool:
+    """Whether ``spec`` names the user's own env (``FILE.py:NAME`` or
+    ``MODULE:NAME``, a prefix that is no env source) rather than a built-in
+    task or a source's env."""
+    prefix, sep, _ = spec.partition(":")
+    if not sep:
+        return False
+    if prefix not in _SOURCES:
+        _read_entry_points()
+    return prefix not in _SOURCES
+
+
+def is_known(spec: str) -> bool:
+    """Whether this process can tell what ``spec`` is without building it:
+    a built-in or registered name, a source's ``PREFIX:NAME``, or a reference
+    to code (which :func:`make` then loads). False for a plain name that
+    only the script that registered it knows."""
+    return ":" in spec or spec in _BUILTINS
 
 
 def _missing(extra: str, package: str, err: ImportError) -> ImportError:
@@ -186,8 +248,14 @@ def make(spec: str, **kwargs) -> RLEnv:
       ``"jax"`` (MJX); ``impl="warp"`` selects MuJoCo Warp (see docs/environments.md).
     * ``"brax:NAME"``: kwargs go to ``brax.envs.get_environment``, plus
       ``episode_length`` (default 1000), ``random_initial_steps`` and ``random_reset_steps``.
-    * ``"PREFIX:NAME"`` of a source added with :func:`register_source`: kwargs
+    * ``"PREFIX:NAME"`` of a source added with :func:`register_source` or
+      declared by an installed package (:data:`ENTRY_POINT_GROUP`): kwargs
       go to its factory, except ``random_initial_steps`` and ``random_reset_steps``.
+    * ``"path/to/file.py:NAME"`` or ``"package.module:NAME"`` (a prefix that
+      is no source): your own env class or function ``NAME``, called with the
+      kwargs except ``episode_length`` (wraps in ``TimeLimit``),
+      ``random_initial_steps`` and ``random_reset_steps``; it returns an
+      :class:`~nnx_ppo.envs.types.RLEnv` (or an env :func:`as_env` adapts).
 
     For every spec, ``reset_pool=N`` draws resets from a pool of N initial
     states computed once (:class:`~nnx_ppo.envs.wrappers.ResetPool`, under
@@ -200,8 +268,10 @@ def make(spec: str, **kwargs) -> RLEnv:
     """
     if not isinstance(spec, str):
         raise TypeError(f"make expects a string spec, got {spec!r}")
+    from nnx_ppo.user_code import normalized
+
     env = _make(spec, dict(kwargs))
-    _remember_spec(env, spec, kwargs)
+    _remember_spec(env, normalized(spec), kwargs)
     return env
 
 
@@ -267,21 +337,63 @@ def _make_env(spec: str, kwargs: dict[str, Any]) -> RLEnv:
 
     if not sep:
         if spec not in _BUILTINS:
-            raise ValueError(f"Unknown environment {spec!r}. Available: {', '.join(list_envs())}")
+            raise ValueError(f"Unknown environment {spec!r}{_did_you_mean(spec, list_envs())}. "
+                             f"Available: {', '.join(list_envs())}")
         ctor, default_len = _BUILTINS[spec]
         episode_length = kwargs.pop("episode_length", default_len)
         return _time_limit(ctor(**kwargs), episode_length, random_initial_steps, random_reset_steps)
 
+    if prefix not in _SOURCES:
+        _read_entry_points()
     source = _SOURCES.get(prefix)
+    if source is None and name:
+        return _make_own(spec, kwargs, reset_options)
     if source is None or not name:
         raise ValueError(
-            f"Unknown environment spec {spec!r}: expected a built-in name or one of the prefixes "
-            f"{', '.join(p + ':' for p in _SOURCES)}. Available: {', '.join(list_envs())}"
+            f"Unknown environment spec {spec!r}: expected a built-in name, one of the prefixes "
+            f"{', '.join(p + ':' for p in _SOURCES)}, or your own env as FILE.py:NAME or MODULE:NAME. "
+            f"Available: {', '.join(list_envs())}"
         )
     if source._takes_reset_options:
         return source.factory(name, random_initial_steps=random_initial_steps,
                               random_reset_steps=random_reset_steps, **kwargs)
     return _with_reset_options(source.factory(name, **kwargs), reset_options)
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _make_own(spec: str, kwargs: dict[str, Any], reset_options: dict[str, Any]) -> RLEnv:
+    """The user's env ``FILE.py:NAME`` or ``MODULE:NAME`` (see :func:`make`).
+    A ValueError says in one line what could not be found; a prefix that
+    is neither a source nor importable is told apart from a typo of one."""
+    from nnx_ppo import user_code
+
+    try:
+        ctor = user_code.load(spec, "env", "class or function")
+    except ValueError as e:
+        prefix = spec.partition(":")[0]
+        if user_code.is_file_reference(spec) or "." in prefix:
+            raise
+        name = spec.partition(":")[2]
+        match = difflib.get_close_matches(prefix, list(_SOURCES), n=1, cutoff=0.6)
+        close = f" (did you mean '{match[0]}:{name}'?)" if match else ""
+        why = f" ({str(e).partition(': ')[2]})" if name.isidentifier() else ""
+        raise ValueError(f"Unknown environment spec {spec!r}{close}: {prefix!r} is neither an env source "
+                         f"({', '.join(p + ':' for p in _SOURCES)}) nor a module of your own{why}") from None
+    if not callable(ctor):
+        raise ValueError(f"env {spec!r} names {type(ctor).__name__} {ctor!r}, not an env class or function")
+    episode_length = kwargs.pop("episode_length", None)
+    env = ctor(**kwargs)
+    if episode_length is not None:
+        from nnx_ppo.envs.types import RLEnv
+
+        env = env if isinstance(env, RLEnv) else as_env(env)
+        return _time_limit(env, episode_length, bool(reset_options.get("random_initial_steps", False)),
+                           int(reset_options.get("random_reset_steps", 0)))
+    return _with_reset_options(env, reset_options)
 
 
 def _with_reset_options(env, reset_options: dict[str, Any]) -> RLEnv:

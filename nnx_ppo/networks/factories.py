@@ -153,20 +153,26 @@ _DEFAULT_OPTIONS: ActorCriticOptions = {
 
 
 def _prepare(
-    factory: str, obs_size: Any, rngs: nnx.Rngs | None, options: dict[str, Any]
+    factory: str, obs_size: Any, rngs: nnx.Rngs | None, options: dict[str, Any], own: Sequence[str] = ()
 ) -> tuple[ActorCriticOptions, nnx.Rngs, list[StatefulModule], int]:
     """What both actor-critic factories start from.
 
     Returns ``(options, rngs, front, flat)``: the options completed with their
     defaults, ``rngs`` (``nnx.Rngs(0)`` when ``None``), the observation front
     layers and the flat observation size (see :func:`_obs_front`). Raises a
-    ``TypeError`` naming ``factory`` for an option it does not know.
+    ``TypeError`` naming ``factory`` for an option it does not know, listing
+    every keyword it takes: ``own`` (its own sizes and settings) and the shared options.
     """
     unknown = sorted(set(options) - set(_DEFAULT_OPTIONS))
     if unknown:
+        import difflib
+
+        valid = sorted({*own, *_DEFAULT_OPTIONS})
+        close = difflib.get_close_matches(unknown[0], valid, n=1)
         raise TypeError(
-            f"{factory}() got an unexpected keyword argument {unknown[0]!r}; "
-            f"its shared options are {sorted(_DEFAULT_OPTIONS)} (see ActorCriticOptions)"
+            f"{factory}() got an unexpected keyword argument {unknown[0]!r}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f"; its keyword arguments are {', '.join(valid)} (see its docstring and ActorCriticOptions)"
         )
     resolved: ActorCriticOptions = {**_DEFAULT_OPTIONS, **options}
     front, flat = _obs_front(obs_size, resolved["normalize_obs"])
@@ -225,7 +231,8 @@ def make_mlp_actor_critic(
 
     Returns ``Sequential([Normalizer?, Flattener?, PPOAdapter(action=..., value=...)])``.
     """
-    options, rngs, front, flat = _prepare("make_mlp_actor_critic", obs_size, rngs, options)
+    options, rngs, front, flat = _prepare("make_mlp_actor_critic", obs_size, rngs, options,
+                                          own=("actor_hidden_sizes", "critic_hidden_sizes"))
     activation = options["activation"]
     actor = make_mlp([flat, *actor_hidden_sizes], rngs, activation) if actor_hidden_sizes else None
     critic = make_mlp([flat, *critic_hidden_sizes], rngs, activation) if critic_hidden_sizes else None
@@ -270,7 +277,8 @@ def make_recurrent_actor_critic(
     """
     if core not in ("lstm", "gru"):
         raise ValueError(f"make_recurrent_actor_critic: core must be 'lstm' or 'gru', got {core!r}")
-    options, rngs, front, flat = _prepare("make_recurrent_actor_critic", obs_size, rngs, options)
+    own = ("hidden_size", "encoder_sizes", "shared_trunk", "forget_bias" if core == "lstm" else "update_bias")
+    options, rngs, front, flat = _prepare("make_recurrent_actor_critic", obs_size, rngs, options, own=own)
     if core == "gru" and forget_bias != 1.0:
         raise ValueError(f"make_recurrent_actor_critic: forget_bias is an LSTM's; the GRU core has none "
                          f"(got forget_bias={forget_bias}; a GRU's is update_bias)")

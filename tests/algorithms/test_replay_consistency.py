@@ -183,3 +183,31 @@ def test_trainer_logs_the_replay_measurement():
     assert len(rows) == 4
     for row in rows:
         assert row["replay/max_error"] <= 1e-5, row
+
+
+class SharedKeyNoise(GaussianNoise):
+    """Breaks the randomness rule the other way: keys per env in its carry,
+    but the noise of the whole batch drawn from the first env's key, so an
+    env's noise depends on the batch it is stepped in."""
+
+    def _transform(self, x, sample_keys):
+        return x + jax.random.normal(sample_keys[0], x.shape), {}
+
+
+def test_noise_shared_by_the_batch_is_named_by_trainer_and_checker():
+    """Every carry matches, yet a minibatch replay cannot reproduce the
+    rollout: the trainer's error and the checker's report both name the
+    module and the cause (its output depends on the other envs)."""
+    def net():
+        rngs = nnx.Rngs(0)
+        return Sequential([
+            Dense(3, 8, rngs), SharedKeyNoise(1.0, rngs),
+            PPOAdapter(action=Sequential([Dense(8, 4, rngs), NormalTanhSampler(rngs)]), value=Dense(8, 1, rngs)),
+        ])
+
+    said = r"module layers/1 \(SharedKeyNoise\): its output for an env depends on the other envs of the batch"
+    report = check_replay_consistency(net(), Target(max_steps=5), n_envs=8, rollout_length=8, n_minibatches=4)
+    assert not report.passed
+    assert report.first_divergence is not None and __import__("re").search(said, report.first_divergence)
+    with pytest.raises(ReplayMismatchError, match=f"First divergence: {said}"):
+        train_ppo(Target(max_steps=5), net(), _TINY)

@@ -42,14 +42,26 @@ def test_the_check_sees_an_upward_import(tmp_path):
     assert "nnx_ppo.run_dir" in _imports(module)
 
 
-def test_modules_and_app_functions_stay_small():
-    """No module of the package is over 400 lines, and no function of the
-    command-line layer (cli.py, app/) over 60 (docs/architecture.md)."""
-    too_long = [f"{p.relative_to(ROOT)}: {n} lines" for p in sorted(ROOT.rglob("*.py"))
-                if (n := len(p.read_text().splitlines())) > 400]
-    for path in [ROOT / "cli.py", *sorted((ROOT / "app").glob("*.py"))]:
+def _code_lines(node: ast.AST) -> int:
+    """A function's lines, its docstring not counted."""
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0] if node.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def test_no_function_is_over_80_lines():
+    """No function of the package is over 80 lines, its docstring not
+    counted (docs/architecture.md); a module is as long as its concept."""
+    too_long = []
+    for path in sorted(ROOT.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
-                too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: "
-                                f"{node.end_lineno - node.lineno + 1} lines")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (n := _code_lines(node)) > 80:
+                too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
     assert not too_long, "\n".join(too_long)
+
+
+def test_the_length_check_skips_the_docstring():
+    node = ast.parse('def f():\n    """Doc\n    string."""\n    return 1\n').body[0]
+    assert _code_lines(node) == 2

@@ -1,4 +1,4 @@
-"""A run directory through its life: a failed start can be run again, a
+"""A run directory through its life: a failed start is refused, then run again with --overwrite, a
 finished run resumed without more steps changes nothing, eval and
 --record-activations check their flags before any work, W&B without a key
 logs offline, and a resumed run evaluates where an uninterrupted one does."""
@@ -21,16 +21,20 @@ TINY = ["--network", "mlp", "--hidden-size", "8", "--ppo.n-envs", "8", "--ppo.n-
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory):
     """A run directory left by a start that failed (config.json and a
-    metrics row, no checkpoint), trained into again."""
+    metrics row, no checkpoint): refused without --overwrite (nothing
+    touched), trained into again with it."""
     run = tmp_path_factory.mktemp("restart") / "run"
     run.mkdir()
     (run / "config.json").write_text('{"env": "cue_memory", "network": {}}')
     (run / "metrics.jsonl").write_text('{"env_steps": 999, "train/episode_return": 5.0}\n')
-    return run, cli.main(["train", *TINY, "--run-dir", str(run)])
+    refused = cli.main(["train", *TINY, "--run-dir", str(run)])
+    untouched = (run / "metrics.jsonl").read_text() == '{"env_steps": 999, "train/episode_return": 5.0}\n'
+    return run, (refused, untouched, cli.main(["train", *TINY, "--run-dir", str(run), "--overwrite"]))
 
 
 def test_a_failed_start_can_be_run_again(restarted, capsys):
-    run, code = restarted
+    run, (refused, untouched, code) = restarted
+    assert refused == 2 and untouched
     assert code == 0
     assert [r["env_steps"] for r in rd.read_metrics(run) if not r.get("eval")] == [128, 256]
 
