@@ -64,11 +64,14 @@ def _load_file(path: Path, ref: str, what: str):
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+        sys.path.insert(0, str(path.parent))  # its sibling modules import as when it runs as a script
         try:
             spec.loader.exec_module(module)
         except Exception as e:  # the user's file failed to run: say where, in one line
             del sys.modules[module_name]
             raise ValueError(f"{what} {ref!r}: running {path} failed: {type(e).__name__}: {e}") from None
+        finally:
+            sys.path.remove(str(path.parent))
     return module
 
 

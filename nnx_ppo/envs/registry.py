@@ -382,7 +382,8 @@ def _make_own(spec: str, kwargs: dict[str, Any], reset_options: dict[str, Any]) 
         close = f" (did you mean '{match[0]}:{name}'?)" if match else ""
         why = f" ({str(e).partition(': ')[2]})" if name.isidentifier() else ""
         raise ValueError(f"Unknown environment spec {spec!r}{close}: {prefix!r} is neither an env source "
-                         f"({', '.join(p + ':' for p in _SOURCES)}) nor a module of your own{why}") from None
+                         f"({', '.join(p + ':' for p in _SOURCES)}) nor a module of your own{why}; install the "
+                         "package that provides it, or name your env as FILE.py:NAME") from None
     if not callable(ctor):
         raise ValueError(f"env {spec!r} names {type(ctor).__name__} {ctor!r}, not an env class or function")
     episode_length = kwargs.pop("episode_length", None)

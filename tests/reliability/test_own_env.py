@@ -94,6 +94,9 @@ def test_every_command_works_on_the_run_with_plain_nnx_ppo(own_run: Path, tmp_pa
     out = capsys.readouterr().out
     assert "4 deterministic episodes" in out and "length  mean 3.0" in out  # length 2: the choice at step 3
     assert cli.main(["eval", str(run), "--list-modules"]) == 0
+    assert cli.main(["eval", str(run), "--episodes", "2", "--record-activations", "layers/0",
+                     "--out", str(tmp_path / "acts.npz")]) == 0
+    assert (tmp_path / "acts.npz").is_file()
     assert cli.main(["export", str(run), "--out", str(tmp_path / "exported")]) == 0
     assert (tmp_path / "exported" / "step.jax").is_file()
     assert cli.main(["plot", str(run), "--out", str(tmp_path / "curve.png")]) == 0
@@ -157,6 +160,19 @@ def test_an_env_only_a_script_registered_is_refused_in_one_line(own_run: Path, t
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "which the script that trained it registered" in err, err
         assert "path/to/file.py:CLASS" in err
+
+
+def test_an_env_file_imports_its_sibling_modules(tmp_path, monkeypatch):
+    """A file env that imports a helper next to it, loaded from another working directory."""
+    from nnx_ppo import envs
+
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "maze_parts.py").write_text(TMAZE)
+    (tmp_path / "lab" / "my_env.py").write_text("from maze_parts import TMaze\n\n\ndef long_maze():\n"
+                                                "    return TMaze(length=5)\n")
+    monkeypatch.chdir(tmp_path)
+    assert envs.make(f"{tmp_path / 'lab' / 'my_env.py'}:long_maze").length == 5
+    assert str(tmp_path / "lab") not in __import__("sys").path
 
 
 def test_env_spec_errors_are_one_line_with_a_suggestion(tmp_path, capsys):
