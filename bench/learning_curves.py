@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -261,25 +260,6 @@ def cmd_run(args) -> None:
 # ----------------------------------------------------------------------------- statistics
 
 
-def iqm(values) -> float:
-    """Interquartile mean: the mean of the middle half (25% trimmed each side)."""
-    import numpy as np
-
-    x = np.sort(np.asarray(values, float))
-    cut = int(math.floor(0.25 * len(x)))
-    return float(np.mean(x[cut: len(x) - cut]))
-
-
-def bootstrap_interval(values, statistic, n_resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of ``statistic`` over resampled seeds."""
-    import numpy as np
-
-    x = np.asarray(values, float)
-    rng = np.random.default_rng(seed)
-    stats = [statistic(x[rng.integers(0, len(x), len(x))]) for _ in range(n_resamples)]
-    return float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
-
-
 def area_under_curve(evals, total_steps: int) -> float:
     """Mean evaluation return over training: the trapezoid area under the
     (steps, return) curve divided by the steps it spans."""
@@ -315,6 +295,8 @@ def summarize(rows: list[dict], task: dict) -> dict:
     """Statistics over the seeds of one (task, label)."""
     import numpy as np
 
+    from nnx_ppo.app.plot import bootstrap_interval, interquartile_mean
+
     finals = [r["evals"][-1][1] for r in rows]
     aucs = [area_under_curve(r["evals"], task["total"]) for r in rows]
     hits = [first_success(r["evals"], task["threshold"]) for r in rows]
@@ -323,11 +305,11 @@ def summarize(rows: list[dict], task: dict) -> dict:
     return {
         "seeds": len(rows),
         "final_median": float(np.median(finals)),
-        "final_iqm": iqm(finals),
-        "final_iqm_ci": bootstrap_interval(finals, iqm),
+        "final_iqm": interquartile_mean(finals),
+        "final_iqm_ci": bootstrap_interval(finals, interquartile_mean),
         "final_min": float(np.min(finals)),
         "auc_median": float(np.median(aucs)),
-        "auc_iqm": iqm(aucs),
+        "auc_iqm": interquartile_mean(aucs),
         "reached": f"{len(walls)}/{len(rows)}",
         "seconds_to_threshold_median": float(np.median(walls)) if len(walls) * 2 > len(rows) else None,
         "seconds_to_threshold": sorted(walls),
@@ -388,6 +370,8 @@ def plot_task(task_name: str, task: dict, by_label: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+
+    from nnx_ppo.app.plot import bootstrap_interval
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, group in by_label.items():

@@ -24,6 +24,7 @@ from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.functional import NetworkFn, donatable
 from nnx_ppo.algorithms.ppo import PPO, new_training_state
 from nnx_ppo.algorithms.program import compile_iterations
+from nnx_ppo.app.plot import bootstrap_interval
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env
 
@@ -59,12 +60,11 @@ def main() -> None:
             jax.block_until_ready(states[name])
             seconds[name].append(time.perf_counter() - t0)
     ratios = np.array(seconds["with"]) / np.array(seconds["without"])
-    rng = np.random.default_rng(0)
-    boot = [np.median(rng.choice(ratios, len(ratios))) for _ in range(2000)]
+    ci95 = bootstrap_interval(ratios, np.median)
     print(json.dumps({"env": env_name, "arch": arch, "n_envs": n_envs, "rollout": rollout_length, "calls": calls,
                       "with_s": float(np.median(seconds["with"])), "without_s": float(np.median(seconds["without"])),
                       "ratio_median": float(np.median(ratios)),
-                      "ratio_ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]}))
+                      "ratio_ci95": list(ci95)}))
 
 
 if __name__ == "__main__":

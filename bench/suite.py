@@ -54,7 +54,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import math
 import re
 import shlex
 import shutil
@@ -476,33 +475,11 @@ def cmd_random(args) -> int:
 # ----------------------------------------------------------------------------- statistics
 
 
-def iqm(values) -> float:
-    """Interquartile mean: the mean of the middle 50% (25% trimmed on each side)."""
-    import numpy as np
-
-    x = np.sort(np.asarray(values, float))
-    cut = int(math.floor(0.25 * len(x)))
-    return float(np.mean(x[cut: len(x) - cut]))
-
-
 def median(values) -> float:
     """The median (numpy's)."""
     import numpy as np
 
     return float(np.median(np.asarray(values, float)))
-
-
-def stratified_bootstrap(groups: list, statistic, n_resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of ``statistic`` over the pooled
-    runs, resampling the runs of each group (a task and network) with
-    replacement within the group, as rliable does for aggregate scores."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    arrays = [np.asarray(g, float) for g in groups if len(g)]
-    stats = [statistic(np.concatenate([g[rng.integers(0, len(g), len(g))] for g in arrays]))
-             for _ in range(n_resamples)]
-    return float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
 
 
 def _score(row: dict) -> float:
@@ -512,6 +489,10 @@ def _score(row: dict) -> float:
 
 def summarize(rows: list[dict]) -> dict:
     """Aggregate statistics of one label's rows (all tasks and networks)."""
+    import numpy as np
+
+    from nnx_ppo.app.plot import bootstrap_interval, interquartile_mean
+
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["task"], r["network"]), []).append(r)
@@ -520,8 +501,8 @@ def summarize(rows: list[dict]) -> dict:
     pairs_solved = sum(2 * sum(r["solved"] for r in g) > len(g) for g in groups.values())
     return {"runs": len(rows), "pairs": len(groups), "pairs_solved": pairs_solved,
             "runs_solved": sum(r["solved"] for r in rows), "failed": sum("failed" in r for r in rows),
-            "median": median(flat), "median_ci": stratified_bootstrap(scores, median),
-            "iqm": iqm(flat), "iqm_ci": stratified_bootstrap(scores, iqm)}
+            "median": median(flat), "median_ci": bootstrap_interval(scores, np.median, groups=True),
+            "iqm": interquartile_mean(flat), "iqm_ci": bootstrap_interval(scores, interquartile_mean, groups=True)}
 
 
 # ----------------------------------------------------------------------------- report
@@ -537,6 +518,8 @@ def _task_order() -> dict[tuple[str, str], int]:
 
 def report_markdown(rows: list[dict], labels: list[str], plot: Path | None) -> str:
     """The results section: aggregate table per label, then one table of every (task, network)."""
+    from nnx_ppo.app.plot import interquartile_mean
+
     lines = []
     lines.append("| label | runs | (task, network) solved | runs solved | median normalized [95% CI] | "
                  "IQM normalized [95% CI] | failed |")
@@ -571,7 +554,7 @@ def report_markdown(rows: list[dict], labels: list[str], plot: Path | None) -> s
             ok = [r for r in group if "failed" not in r]
             mean = _fmt(median([r["eval_mean"] for r in ok]), 3) if ok else "failed"
             cells.append(f"{mean} | {sum(r['solved'] for r in group)} / {len(group)} | "
-                         f"{_fmt(iqm([_score(r) for r in group]))}")
+                         f"{_fmt(interquartile_mean([_score(r) for r in group]))}")
         if any_rows:
             lines.append(f"| {task_name} | {network} | {TASK_BY_NAME[task_name].threshold:g} | "
                          + " | ".join(cells) + " |")

@@ -311,9 +311,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_eval(cmd)
         if isinstance(cmd, DistillCommand):
-            from nnx_ppo.app.distill import run_distill
+            from nnx_ppo.app.distill import student_run
+            from nnx_ppo.app.train import run_train
 
-            return run_distill(cmd, argv)
+            student, setup = student_run(cmd)
+            return run_train(student, argv, None, distill=setup)
         if isinstance(cmd, PlotCommand):
             from nnx_ppo.app.plot import run_plot
 

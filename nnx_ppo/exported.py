@@ -122,8 +122,6 @@ class ExportedPolicy:
         if not self.any_batch_size and n != self.batch_size:
             raise ValueError(f"ExportedPolicy.initial_carry: this policy was exported for batches of {self.batch_size} "
                              f"envs only, got n={n}")
-        if len(self.init_fn.in_avals) == len(self.params):  # format 1: the carry of its one batch size
-            return self.init_fn.call(self.params)
         return self.init_fn.call(self.params, np.zeros((n,), bool))
 
     def step(self, carry: list, obs: Any, done: Any = None) -> tuple[Any, list]:
@@ -194,6 +192,13 @@ def load_exported(path: str | os.PathLike) -> ExportedPolicy:
     if not (root / STEP_FILE).is_file():
         raise FileNotFoundError(f"load_exported: {os.fspath(root)!r} holds no exported policy ({STEP_FILE} missing)")
     info = export_info(root)
+    if info["format"] != FORMAT:
+        version = str(info["format"]).rsplit(" ", 1)[-1]
+        earlier = version.isdigit() and int(version) < int(FORMAT.rsplit(" ", 1)[-1])
+        raise ExportedPolicyError(
+            f"load_exported: {os.fspath(root / INFO_FILE)} says {info['format']!r}: "
+            + ("it was written by an earlier, unreleased version of nnx-ppo and cannot be read; " if earlier else "")
+            + f"this version reads {FORMAT!r} (export the policy again with this version)")
 
     def deserialize(file: pathlib.Path) -> Any:
         return jax.export.deserialize(bytearray(file.read_bytes()))

@@ -20,7 +20,7 @@ after every ended step.
 
 :meth:`Policy.export` writes the step as a serialized :mod:`jax.export`
 artifact that runs with JAX alone (no nnx_ppo, no Flax), for any batch size:
-see :func:`load_exported`.
+see :func:`~nnx_ppo.exported.load_exported`.
 """
 
 from __future__ import annotations
@@ -38,19 +38,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
-from nnx_ppo.exported import (  # noqa: F401 (importable here as before)
+from nnx_ppo.exported import (
     ANY,
     FORMAT,
     INFO_FILE,
     INIT_FILE,
     PARAMS_FILE,
     STEP_FILE,
-    ExportedPolicy,
     ExportWarning,
     check_export_directory,
-    export_info,
     first_line,
-    load_exported,
 )
 from nnx_ppo.networks.replay import select_where
 
@@ -166,13 +163,13 @@ class Policy:
         directory ``path`` (created): :data:`EXPORT_FILES`.
 
         The artifact is the parameters and the step compiled together: it
-        needs JAX only (:func:`load_exported`). Its batch dimension is
+        needs JAX only (:func:`~nnx_ppo.exported.load_exported`). Its batch dimension is
         symbolic, so one artifact serves any number of envs. The shapes of an
         observation come from the policy's env (see :meth:`observation_spec`)
         or from ``obs``, an example observation batch (arrays or
         ``jax.ShapeDtypeStruct``, ``[n, ...]``). ``batch_size`` (default:
         ``obs``'s ``n``, else 1) is the number of envs
-        :meth:`ExportedPolicy.initial_carry` gives by default; a network that
+        :meth:`~nnx_ppo.exported.ExportedPolicy.initial_carry` gives by default; a network that
         a module keeps from being exported for any batch size (one that needs
         the batch size as a number) is exported for that batch size alone,
         with an :class:`ExportWarning`. ``platforms`` (default: the current
@@ -182,7 +179,7 @@ class Policy:
 
         ``path`` must be new or empty; with ``overwrite=True`` it may hold a
         previous export, whose files are replaced. Anything else in it is an
-        :class:`ExportDirInUseError` (see :func:`check_export_directory`).
+        :class:`~nnx_ppo.exported.ExportDirInUseError` (see :func:`check_export_directory`).
         """
         out = pathlib.Path(path)
         check_export_directory(out, overwrite)

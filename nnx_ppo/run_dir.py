@@ -128,17 +128,11 @@ def append_resumed(run_dir: str | os.PathLike, changes: dict[str, list], command
 
 def _with_resume_changes(content: dict[str, Any]) -> dict[str, Any]:
     """``content`` with the config changes its resumes recorded applied to
-    ``config`` (what the run trains with now). A run written before the
-    schema was recorded may hold a top-level ``reward_scale`` (the command
-    line then scaled the training env's rewards): it becomes the config's
-    ``ppo.reward_scale``, the one reward scale there is now."""
+    ``config`` (what the run trains with now)."""
     changes = [e.get("changes", {}) for e in content.get("resumed", []) if isinstance(e, dict)]
-    legacy_scale = content.get("reward_scale", 1.0)
-    if not any(changes) and legacy_scale == 1.0 or not isinstance(content.get("config"), dict):
+    if not any(changes) or not isinstance(content.get("config"), dict):
         return content
     config = json.loads(json.dumps(content["config"]))
-    if legacy_scale != 1.0 and isinstance(config.get("ppo"), dict):
-        config["ppo"]["reward_scale"] = config["ppo"].get("reward_scale", 1.0) * legacy_scale
     for change in changes:
         for name, (_, after) in change.items():
             *parents, leaf = name.split(".")
@@ -153,83 +147,79 @@ class RunDirInUseError(ValueError):
     """Another process is training into the run directory (its pid is in the message)."""
 
 
-_held_locks: dict[str, list] = {}  # resolved run directory -> [file descriptor, depth, whether it created it]
+_held_locks: dict[str, tuple[Any, bool]] = {}  # resolved run directory -> (its filelock.FileLock, created it?)
+
+
+def _write_pid(fd: int) -> None:
+    """``on_acquired`` of the lock: the holder's pid, alone, in the lock file
+    it has just locked (a module function, so that every lock has the same hook)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
 
 
 class RunLock:
-    """The exclusive right of one process to write a run directory: an
-    ``fcntl.flock`` on ``RUN_DIR/.lock``, which holds the holder's pid and is
-    removed when the lock is released. A second run into a locked directory
-    raises :class:`RunDirInUseError` naming that pid. The kernel drops the
-    lock of a process that dies; the file with its pid stays, and the next
-    run takes the lock over with a warning. Re-entrant within a process (the CLI and the trainer it calls
-    both take it). Use as a context manager, or ``acquire``/``release``."""
+    """The exclusive right of one process to write a run directory: a
+    :class:`filelock.FileLock` (an ``flock`` on ``RUN_DIR/.lock``), the file
+    holding the holder's pid and removed when the lock is released. A second
+    run into a locked directory raises :class:`RunDirInUseError` naming that
+    pid. The kernel drops the lock of a process that dies; the file with its
+    pid stays, and the next run takes the lock over with a warning.
+    Re-entrant within a process (the CLI and the trainer it calls both take
+    it). Use as a context manager, or ``acquire``/``release``."""
 
     def __init__(self, run_dir: str | os.PathLike):
         self.run_dir = Path(run_dir)
 
     def acquire(self) -> "RunLock":
+        import filelock
+
         key = str(self.run_dir.resolve())
         if key in _held_locks:
-            _held_locks[key][1] += 1
+            _held_locks[key][0].acquire()  # filelock counts the re-entries
             return self
         created = not self.run_dir.exists()
+        # timeout=0: one try, refused at once; no soft (marker file) fallback where
+        # flock is missing: that fails as an unwritable directory, as before.
+        lock = filelock.FileLock(Path(key) / LOCK_FILE, timeout=0, thread_local=False, fallback_to_soft=False,
+                                 on_acquired=_write_pid)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            fd = self._lock_file()
+            previous = self._holder()  # read before locking: the lock file of a killed run still names it
+            lock.acquire()
+        except filelock.Timeout:  # (a TimeoutError, so an OSError: caught first)
+            raise RunDirInUseError(f"{os.fspath(self.run_dir)} is in use by another run (pid "
+                                   f"{self._holder() or 'unknown'}); wait for it to end, or pick another run "
+                                   "directory") from None
         except OSError as e:
             raise ValueError(f"cannot write the run directory {os.fspath(self.run_dir)}: "
                              f"{e.strerror or e}") from None
-        previous = os.read(fd, 64).decode(errors="replace").strip()
         if previous and previous != str(os.getpid()):
             import warnings
 
             warnings.warn(f"{os.fspath(self.run_dir)} was locked by pid {previous}, which ended without releasing "
                           "it (killed?); taking it over", RunOutputWarning, stacklevel=2)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        _held_locks[key] = [fd, 1, created]
+        _held_locks[key] = (lock, created)
         return self
 
-    def _lock_file(self) -> int:
-        """The locked lock file's descriptor. A clean release removes the
-        file, so a lock taken on a file that was removed meanwhile is taken
-        again on the new one."""
-        import fcntl
-
-        path = self.run_dir / LOCK_FILE
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
-                raise RunDirInUseError(f"{os.fspath(self.run_dir)} is in use by another run (pid {holder}); wait "
-                                       "for it to end, or pick another run directory") from None
-            try:
-                if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                    return fd
-            except FileNotFoundError:
-                pass
-            os.close(fd)
+    def _holder(self) -> str:
+        """The pid in the lock file ("" when there is none)."""
+        try:
+            return (self.run_dir / LOCK_FILE).read_text(errors="replace")[:64].strip()
+        except (FileNotFoundError, IsADirectoryError):
+            return ""
 
     def release(self) -> None:
-        import fcntl
-
         key = str(self.run_dir.resolve())
         held = _held_locks.get(key)
         if held is None:
             return
-        held[1] -= 1
-        if held[1] == 0:
+        lock, created = held
+        if lock.lock_counter == 1:
             del _held_locks[key]
-            fd, _, created = held
             (self.run_dir / LOCK_FILE).unlink(missing_ok=True)  # released cleanly: no lock file
             if created and not any(self.run_dir.iterdir()):
                 self.run_dir.rmdir()  # a run that wrote nothing leaves no directory
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        lock.release()
 
     def __enter__(self) -> "RunLock":
         return self.acquire()

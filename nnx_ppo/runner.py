@@ -99,7 +99,7 @@ class RunSpec:
         """The spec of the run in ``run_dir``, as it trains now (its resumes' changes applied)."""
         saved = rd.read_run_config(run_dir)
         own = {"schema", "env", "env_kwargs", "train_env_kwargs", "network", "config", "created", "command",
-               "resumed", "seeds", "env_rebuildable", "reward_scale", "source"}
+               "resumed", "seeds", "env_rebuildable", "source"}
         return cls(env=saved["env"], network=saved["network"], config=rd.train_config_from_dict(saved["config"]),
                    env_kwargs=saved.get("env_kwargs", {}), train_env_kwargs=saved.get("train_env_kwargs", {}),
                    seeds=tuple(saved.get("seeds", ())), extra={k: v for k, v in saved.items() if k not in own},

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-import re
 from typing import Any
 
 import jax
@@ -36,11 +35,15 @@ __all__ = [
 ]
 
 LAYOUT_FILE = "layout.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The layout this version writes and reads. Format 1 was written by earlier,
+unreleased versions of nnx-ppo (other variable paths, no ``return_stats``):
+such a checkpoint is refused in one line, not mapped."""
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint exists but cannot be read (corrupt, truncated or not a checkpoint)."""
+    """A checkpoint exists but cannot be read (corrupt, truncated, not a checkpoint, or
+    written by an earlier, unreleased version of nnx-ppo)."""
 
 
 def checkpointer():
@@ -134,68 +137,10 @@ def _hint(section: str) -> str:
     return ""
 
 
-_RENAMED = (
-    (re.compile(r"/(kernel|bias)$"), r"/linear/\1"),  # Dense holds an nnx.Linear (as the original's does)
-    (re.compile(r"/rngs/"), "/rng/"),                  # the samplers' nnx.Rngs is .rng (the original's name)
-    (re.compile(r"/count$"), "/counter"),              # the Normalizer's statistics: the original's names
-    (re.compile(r"^(rollout/.*)/h$"), r"\1/0"),         # an LSTM carry: {"h", "c"} before, (h, c) now
-    (re.compile(r"^(rollout/.*)/c$"), r"\1/1"),
-)
-"""Variables that an earlier version of this library stored under another
-path: ``(pattern, replacement)`` of the old path."""
-
-_REGROUPED = (
-    (re.compile(r"^(.*)/m2/(\d+)$"), "M2"),
-    (re.compile(r"^(.*)/mean/(\d+)$"), "mean"),
-)
-"""Variables that an earlier version stored one leaf per entry of a list
-(``<module>/m2/<i>``: the Normalizer's statistics, one variable per leaf of
-its shape) and that are now the leaves of one variable (``<module>/M2``,
-or ``<module>/M2/value/<key>`` for a pytree): ``(pattern of the old path,
-new variable name)``; the ``i``-th old leaf is the ``i``-th new one."""
-
-
-def _renamed(saved: list[dict], expected: list[dict]) -> list[dict]:
-    """``saved`` with each path that the template lacks, but has under its
-    new name (:data:`_RENAMED`, :data:`_REGROUPED`), given that name: a
-    checkpoint written before a rename still loads (by path, whatever the
-    order of its leaves)."""
-    expected_paths = [e["path"] for e in expected]
-    known = set(expected_paths)
-    out = []
-    for entry in saved:
-        path = entry["path"]
-        if path not in known:
-            new = _new_path(path, expected_paths)
-            if new is not None:
-                entry = {**entry, "path": new}
-        out.append(entry)
-    return out
-
-
-def _new_path(path: str, expected_paths: list[str]) -> str | None:
-    """The template's path for the old ``path``, or None."""
-    for pattern, replacement in _RENAMED:
-        new = pattern.sub(replacement, path)
-        if new in expected_paths:
-            return new
-    for pattern, name in _REGROUPED:
-        match = pattern.match(path)
-        if match:
-            group = f"{match.group(1)}/{name}"
-            leaves = [p for p in expected_paths if p == group or p.startswith(group + "/value/")]
-            index = int(match.group(2))
-            if index < len(leaves):
-                return leaves[index]
-    return None
-
-
 def check_layout_matches(path: pathlib.Path, section: str, saved: list[dict], expected: list[dict]) -> list[int]:
     """Raise ValueError naming the first leaf whose path, shape, dtype or key
     impl differ; else return, for each expected leaf, its index among the
-    saved ones (the same unless a checkpoint written before a rename stores
-    its leaves in another order)."""
-    saved = _renamed(saved, expected)
+    saved ones."""
     saved_by_path = {e["path"]: e for e in saved}
     expected_paths = {e["path"] for e in expected}
     where = f"checkpoint {str(path)!r} does not match the template's {_what(section)}"
@@ -245,9 +190,15 @@ def read_layout(path: pathlib.Path) -> dict[str, list[dict]]:
     layout = read_json(path / LAYOUT_FILE)
     if not isinstance(layout, dict) or not isinstance(layout.get("sections"), dict):
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {LAYOUT_FILE} has no sections")
-    if layout.get("format") != FORMAT_VERSION:
+    version = layout.get("format")
+    if isinstance(version, int) and not isinstance(version, bool) and version < FORMAT_VERSION:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} has format {layout.get('format')!r}; this version reads format {FORMAT_VERSION}"
+            f"checkpoint {str(path)!r} was written by an earlier, unreleased version of nnx-ppo (layout format "
+            f"{version}) and cannot be read; this version reads format {FORMAT_VERSION}"
+        )
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has format {version!r}; this version reads format {FORMAT_VERSION}"
         )
     return layout["sections"]
 

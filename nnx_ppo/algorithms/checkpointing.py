@@ -20,6 +20,10 @@ Typed PRNG keys (RNG streams, keys in env states and network carries, the
 training key) are stored as their raw key data and re-wrapped with the saved
 key implementation on restore.
 
+``layout.json`` records its format (``FORMAT_VERSION``); a checkpoint written
+by an earlier, unreleased version of nnx-ppo (format 1) is refused with a
+one-line :class:`CheckpointError` saying so.
+
 Restoring needs a *template* with the same structure, e.g. a fresh
 :func:`nnx_ppo.algorithms.ppo.new_training_state` for the same env, network
 and config; the saved paths and shapes are compared with the template's first
@@ -88,8 +92,6 @@ _METADATA_FILE = "metadata.json"
 # Which TrainingState fields go into which orbax item.
 _NETWORK_FIELDS = ("params", "rest")
 _TRAINING_FIELDS = ("opt_state", "rollout", "key", "iteration", "return_stats", "member")
-# Fields added after format 1: a checkpoint written before them restores them from the template.
-_LATER_FIELDS = ("return_stats", "member")
 
 
 def _training_fields(state: Any) -> tuple[str, ...]:
@@ -198,15 +200,15 @@ def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
       FileNotFoundError: ``directory`` is missing or holds no complete checkpoint.
       ValueError: the template does not match (another architecture, number of
         envs, ...); the message names the first differing variable and both shapes.
-      CheckpointError: the checkpoint is corrupt; the message names its path.
+      CheckpointError: the checkpoint is corrupt, or was written by an earlier,
+        unreleased version of nnx-ppo; the message (one line) names its path.
     """
 
     def restore(path: pathlib.Path) -> Any:
         layout = read_layout(path)
         values = {}
         values.update(restore_sections(path, "network", sections_of(template, _NETWORK_FIELDS), layout))
-        training = [f for f in _training_fields(template) if f in layout or f not in _LATER_FIELDS]
-        values.update(restore_sections(path, "training", sections_of(template, tuple(training)), layout))
+        values.update(restore_sections(path, "training", sections_of(template, _training_fields(template)), layout))
         return dataclasses.replace(template, **values)
 
     return newest_intact(directory, restore)

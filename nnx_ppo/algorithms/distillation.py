@@ -41,7 +41,7 @@ from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.rollout import Trajectory, collect_rollout, sum_leaves
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, train
-from nnx_ppo.envs.coercion import as_env
+from nnx_ppo.envs.registry import as_env
 from nnx_ppo.networks.adapter import extras_for_actions
 from nnx_ppo.networks.feedforward import compute_precision
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModuleOutput

@@ -1,8 +1,9 @@
 """PPO: its training state, its iteration and :func:`train_ppo`.
 
-Reading order: :func:`new_training_state` (what an iteration starts from),
-:func:`train_iteration` (rollout -> advantages -> epochs of minibatch replay
-and updates -> statistics; pure, traced once), then :func:`train_ppo`, which
+Reading order: :func:`~nnx_ppo.algorithms.state.new_training_state` (what
+an iteration starts from, defined with the state), :func:`train_iteration`
+(rollout -> advantages -> epochs of minibatch replay and updates ->
+statistics; pure, traced once), then :func:`train_ppo`, which
 hands both to the one trainer (:func:`nnx_ppo.algorithms.trainer.train`:
 compiled program, driver loop, evaluation, checkpoints, resume, devices).
 """
@@ -10,7 +11,6 @@ compiled program, driver loop, evaluation, checkpoints, resume, devices).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Unpack
 
@@ -20,89 +20,23 @@ import optax
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import Health, IterationOutput
-from nnx_ppo.algorithms.footprint import check_footprint
-from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
+from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.gae import trajectory_gae
 from nnx_ppo.algorithms.hyperparameters import with_hyperparameters
 from nnx_ppo.algorithms.losses import Minibatch
-from nnx_ppo.algorithms.network_checks import check_network_matches_env
 from nnx_ppo.algorithms.optimization import make_optimizer, update_epochs
 from nnx_ppo.algorithms.program import compile_iterations
 from nnx_ppo.algorithms.reward_scaling import (
     ReturnStatistics,
-    initial_return_statistics,
     scale_rewards,
     update_return_statistics,
 )
-from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout, sum_leaves
-from nnx_ppo.algorithms.state import TrainingState, TrainResult
+from nnx_ppo.algorithms.rollout import collect_rollout, sum_leaves
+from nnx_ppo.algorithms.state import TrainingState, TrainResult, new_training_state
 from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, train
-from nnx_ppo.envs.coercion import as_env
 from nnx_ppo.networks.feedforward import compute_precision
 
 __all__ = ["PPO", "new_training_state", "train_iteration", "make_train_fn", "train_ppo"]
-
-
-def new_training_state(env, network, config: TrainConfig) -> TrainingState:
-    """Initial training state: resets ``config.ppo.n_envs`` envs (and
-    de-synchronizes their time limits where the env asks for it, see
-    :meth:`nnx_ppo.envs.TimeLimit.desynchronize`), initializes the network
-    carry and the optimizer. Works on copies: ``network`` is not modified,
-    and training never donates its arrays."""
-    ppo = config.ppo
-    env = as_env(env)
-    check_network_matches_env(env, network, ppo)
-    check_footprint(env, network, ppo, warn=False)  # (before anything of n_envs' size is allocated)
-    key = jax.random.key(config.seed)
-    key, reset_key, sync_key = jax.random.split(key, 3)
-
-    def initial_envs(reset_key, sync_key):
-        states = jax.vmap(env.reset)(jax.random.split(reset_key, ppo.n_envs))
-        if hasattr(env, "desynchronize"):
-            states = jax.vmap(env.desynchronize)(states, jax.random.split(sync_key, ppo.n_envs))
-        return states
-
-    env_state = jax.jit(initial_envs)(reset_key, sync_key)
-    net = copy_tree(NetworkFn.of(network))
-    carry, net, opt_state, return_stats = _fresh_state(net, ppo)
-    rollout = RolloutState(
-        env_state=env_state,
-        carry=carry,
-        episode_return=jnp.zeros((ppo.n_envs,), jnp.float32),
-        episode_length=jnp.zeros((ppo.n_envs,), jnp.int32),
-        fresh=jnp.ones((ppo.n_envs,), bool),
-    )
-    return TrainingState(
-        params=net.params,
-        rest=net.rest,
-        opt_state=opt_state,
-        rollout=rollout,
-        key=key,
-        iteration=jnp.zeros((), jnp.int32),
-        return_stats=return_stats,
-    )
-
-
-def _fresh_state(net: NetworkFn, ppo: PPOConfig):
-    """The network's initial carry ``[n_envs, ...]`` (it may draw from the
-    network's Rngs: the view returned has them advanced), the optimizer's
-    and the return statistics' initial states, in one compiled call
-    (instead of a compile per array shape), compiled once per network
-    structure and config where both can be hashed."""
-    try:
-        fresh = _fresh_program(net.graphdef, ppo)
-    except TypeError:  # a graphdef or config that cannot be hashed: compiled for this call
-        fresh = _fresh_program.__wrapped__(net.graphdef, ppo)
-    return fresh(net.params, net.rest)
-
-
-@functools.lru_cache(maxsize=16)
-def _fresh_program(graphdef, ppo: PPOConfig):
-    def fresh(params, rest):
-        carry, net = NetworkFn(graphdef, params, rest).initialize(ppo.n_envs)
-        return carry, net, make_optimizer(ppo).init(net.params), initial_return_statistics(ppo.n_envs)
-
-    return jax.jit(fresh)
 
 
 def _explained_variance(values, returns):

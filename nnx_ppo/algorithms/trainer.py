@@ -62,7 +62,7 @@ from nnx_ppo.algorithms.outputs import RunOutput, run_layer
 from nnx_ppo.algorithms.program import compile_iterations
 from nnx_ppo.algorithms.sharding import local_devices, place, replicated
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
-from nnx_ppo.envs.coercion import as_env
+from nnx_ppo.envs.registry import as_env
 
 __all__ = ["Algorithm", "TrainOptions", "train"]
 

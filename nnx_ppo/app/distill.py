@@ -51,10 +51,12 @@ def resumed_distillation(saved: dict) -> DistillSetup:
     return DistillSetup(teacher=teacher, config=config, teacher_run=str(teacher_run))
 
 
-def run_distill(cmd: DistillCommand, argv: list[str]) -> int:
-    """``nnx-ppo distill``: returns the exit code (as ``nnx-ppo train``)."""
+def student_run(cmd: DistillCommand) -> tuple[TrainCommand, DistillSetup]:
+    """``nnx-ppo distill``: the student's training command and its
+    distillation setup, which ``nnx-ppo train``'s runner trains
+    (:func:`nnx_ppo.app.train.run_train`, with ``distill=``)."""
     from nnx_ppo.algorithms.distillation import DistillationConfig
-    from nnx_ppo.app.train import run_train
+    from nnx_ppo.user_code import short_name
 
     teacher_run = Path(cmd.teacher_run)
     saved = read_run(teacher_run, rebuild="use it as a teacher")
@@ -81,8 +83,7 @@ def run_distill(cmd: DistillCommand, argv: list[str]) -> int:
         train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
         config=dataclasses.replace(config, ppo=ppo, seed=cmd.seed),
         no_preset=True,
-        run_dir=cmd.run_dir or str(rd.default_run_dir(f"{saved['env']}-distill")),
+        run_dir=cmd.run_dir or str(rd.default_run_dir(f"{short_name(saved['env'])}-distill")),
         quiet=cmd.quiet,
     )
-    return run_train(student_cmd, argv, None,
-                     distill=DistillSetup(teacher=teacher, config=distillation, teacher_run=str(teacher_run.resolve())))
+    return student_cmd, DistillSetup(teacher=teacher, config=distillation, teacher_run=str(teacher_run.resolve()))

@@ -6,8 +6,10 @@ during training) with the min-max band over seeds, labelled by the run
 directory's name. The table gives per run: the number of seeds, the final and
 best values (means over seeds), the interquartile mean of the final values
 over seeds, and, with a threshold, the first env step (and the seconds of
-training) at which the seeds' mean reached it. Plain Python and matplotlib:
-no JAX.
+training) at which the seeds' mean reached it. The statistics
+(:func:`interquartile_mean`, :func:`bootstrap_interval`) are scipy's, and
+the sweep report and bench/ use them too. Plain Python, NumPy, SciPy and
+matplotlib: no JAX.
 """
 
 from __future__ import annotations
@@ -22,21 +24,53 @@ from nnx_ppo.app.commands import CliError, PlotCommand
 from nnx_ppo.app.runs import read_run
 from nnx_ppo.progress import pretty_path
 
-__all__ = ["run_plot", "summarize_run", "interquartile_mean"]
+__all__ = ["run_plot", "summarize_run", "interquartile_mean", "bootstrap_interval"]
 
 
-def interquartile_mean(values: list[float]) -> float:
-    """The mean of the middle half of ``values`` (a quarter cut from each end,
-    with fractional weights at the cuts, so any count works)."""
-    xs = sorted(values)
-    n = len(xs)
-    if n == 0:
-        return math.nan
-    lo, hi = n / 4, 3 * n / 4
-    total = 0.0
-    for i, x in enumerate(xs):  # the part of [i, i + 1) inside [lo, hi)
-        total += x * max(0.0, min(i + 1, hi) - max(i, lo))
-    return total / (hi - lo)
+def interquartile_mean(values: Any, axis: int | None = None) -> Any:
+    """The mean of the middle half of ``values``: ``scipy.stats.trim_mean(values,
+    0.25)``, a quarter of them (rounded down) cut from each end (nan for no
+    values). Along ``axis`` when given (an array then, for
+    :func:`bootstrap_interval`), else of all of them (a float)."""
+    import numpy as np
+    from scipy.stats import trim_mean
+
+    x = np.asarray(values, float)
+    if axis is not None:
+        return trim_mean(x, 0.25, axis=axis)
+    return float(trim_mean(x, 0.25, axis=None)) if x.size else math.nan
+
+
+def bootstrap_interval(values: Any, statistic: Any = interquartile_mean, n_resamples: int = 2000, seed: int = 0, *,
+                       groups: bool = False) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of ``statistic`` of ``values``
+    (``scipy.stats.bootstrap``, ``method="percentile"``): the values resampled
+    with replacement. ``statistic(x, axis=...)`` reduces along ``axis`` like
+    numpy's (``np.mean``, ``np.median``, :func:`interquartile_mean`).
+
+    With ``groups``, ``values`` is a list of groups (e.g. a task's seeds), each
+    resampled within itself and the statistic taken over them pooled (the
+    stratified bootstrap rliable uses for aggregate scores); a group of one
+    value stays as it is. Fewer than two values to resample: ``(s, s)`` for
+    ``s`` the statistic of the values (nan for none)."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    samples = [np.asarray(g, float).ravel() for g in values] if groups else [np.asarray(values, float).ravel()]
+    samples = [g for g in samples if g.size]
+    moving = [g for g in samples if g.size > 1]  # (scipy resamples only samples of two or more)
+    fixed = np.concatenate([g for g in samples if g.size == 1] or [np.empty(0)])
+    if not moving:
+        point = float(statistic(fixed, axis=-1)) if fixed.size else math.nan
+        return point, point
+
+    def pooled(*resampled: Any, axis: int = -1) -> Any:
+        batch = resampled[0].shape[:-1]
+        return statistic(np.concatenate([*resampled, np.broadcast_to(fixed, (*batch, fixed.size))], axis=-1), axis=-1)
+
+    result = bootstrap(moving, pooled, n_resamples=n_resamples, method="percentile", confidence_level=0.95,
+                       vectorized=True, axis=-1, rng=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def _elapsed_at(rows: list[dict[str, Any]], step: int) -> float | None:

@@ -15,7 +15,7 @@ from typing import Any
 from nnx_ppo import run_dir as rd
 from nnx_ppo import run_logger
 from nnx_ppo.app.commands import PROG, shell_command
-from nnx_ppo.app.plot import _fmt, interquartile_mean
+from nnx_ppo.app.plot import _fmt, bootstrap_interval, interquartile_mean
 
 __all__ = ["sweep_summary", "format_table", "write_outputs", "member_lineage", "lineage_text", "failure_text",
            "SUMMARY_FILE", "TABLE_FILE"]
@@ -23,18 +23,6 @@ __all__ = ["sweep_summary", "format_table", "write_outputs", "member_lineage", "
 SUMMARY_FILE = "sweep.json"
 TABLE_FILE = "sweep.md"
 _METRIC = "eval/episode_return"
-
-
-def _bootstrap_interval(values: list[float], n_resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the interquartile mean of ``values``."""
-    import numpy as np
-
-    if len(values) < 2:
-        return (values[0], values[0]) if values else (math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    samples = rng.choice(np.asarray(values), size=(n_resamples, len(values)), replace=True)
-    iqms = [interquartile_mean(list(s)) for s in samples]
-    return float(np.percentile(iqms, 2.5)), float(np.percentile(iqms, 97.5))
 
 
 def _elapsed(rows: list[dict[str, Any]]) -> dict[int, float]:
@@ -173,7 +161,7 @@ def sweep_summary(run_dir: Path, threshold: float | None = None) -> dict[str, An
         entry: dict[str, Any] = {"config": c, "members": indices, "failed": failed,
                                  **{f: members[indices[0]]["hyperparameters"][f] for f in fields},
                                  "final": _mean(finals), "best": _mean([max(ys) for _, ys in member_curves]),
-                                 "iqm_final": interquartile_mean(finals), "iqm_interval": _bootstrap_interval(finals),
+                                 "iqm_final": interquartile_mean(finals), "iqm_interval": bootstrap_interval(finals),
                                  "auc": math.nan, "steps_to_threshold": None, "seconds_to_threshold": None}
         if member_curves:
             common = sorted(set.intersection(*(set(s) for s, _ in member_curves)))

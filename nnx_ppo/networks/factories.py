@@ -19,7 +19,6 @@ from nnx_ppo.envs.spaces import is_space
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Parallel, Sequential
 from nnx_ppo.networks.feedforward import Dense
-from nnx_ppo.networks.modular import make_modular_actor_critic  # noqa: F401 (runs that name it here still load)
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.recurrent import GRU, LSTM
 from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalTanhSampler

@@ -14,14 +14,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
-if TYPE_CHECKING:
-    from nnx_ppo.networks.types import StatefulModule
 
 # The helpers module writers use (SequenceOutput, select_where, flatten_time,
 # unflatten_time, straight_through, replay_in_time, replay_flat, scan_unroll)
@@ -105,7 +102,7 @@ def straight_through(stored: Any, recomputed: Any) -> Any:
     return jax.tree.map(leaf, stored, recomputed)
 
 
-def replay_in_time(module: "StatefulModule", carry, xs, rollout_extras, reset, stored_carry) -> SequenceOutput:
+def replay_in_time(module: nnx.Module, carry, xs, rollout_extras, reset, stored_carry) -> SequenceOutput:
     """Reference replay: scan ``module`` over time, one step at a time.
 
     Before step ``t`` the carry of envs with ``reset[t]`` is replaced by the
@@ -154,7 +151,7 @@ def _variable_values(module: nnx.Module) -> dict[tuple, Any]:
     return {path: variable.get_value() for path, variable in nnx.to_flat_state(nnx.state(module))}
 
 
-def has_fast_replay(module: "StatefulModule", *classes: type) -> bool:
+def has_fast_replay(module: nnx.Module, *classes: type) -> bool:
     """Whether ``module``'s forward pass is the one a fast ``replay_sequence``
     written for ``classes`` replays: ``type(module).__call__`` is one of
     theirs. A subclass that overrides ``__call__`` gets ``False`` and must be
@@ -163,7 +160,7 @@ def has_fast_replay(module: "StatefulModule", *classes: type) -> bool:
     return any(type(module).__call__ is cls.__call__ for cls in classes)
 
 
-def replay_flat(module: "StatefulModule", carry, xs, rollout_extras, reset, stored_carry) -> SequenceOutput:
+def replay_flat(module: nnx.Module, carry, xs, rollout_extras, reset, stored_carry) -> SequenceOutput:
     """Replay of a module without carry leaves: one call on the flattened
     ``[T * M]`` batch instead of a scan over time."""
     T, M = reset.shape

@@ -48,34 +48,18 @@ def categorical_choices():
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-def _sampling_rng(owner: str, rng: nnx.Rngs | None, legacy: dict) -> nnx.Rngs:
-    """``rng``; an earlier version of this library called the argument
-    ``rngs``, which is still accepted as a keyword."""
-    unexpected = sorted(set(legacy) - {"rngs"})
-    if unexpected:
-        raise TypeError(f"{owner}.__init__() got an unexpected keyword argument {unexpected[0]!r}")
-    if "rngs" in legacy:
-        if rng is not None:
-            raise TypeError(f"{owner}.__init__() got both rng and rngs; pass rng")
-        rng = legacy["rngs"]
-    if rng is None:
-        raise TypeError(f"{owner}.__init__() missing required argument: 'rng'")
-    return rng
-
-
 class ActionSampler(StatefulModule):
     """Base class of samplers. Subclasses implement ``distribution_size`` and
     ``_sample_and_score``; the carry is ``()``."""
 
     deterministic: bool = False
 
-    def __init__(self, rng: nnx.Rngs | None = None, entropy_weight: float = 0.0, **legacy: nnx.Rngs):
+    def __init__(self, rng: nnx.Rngs, entropy_weight: float = 0.0):
         """Args:
           rng: the ``nnx.Rngs`` whose ``action`` stream the rollout samples
             from (kept as ``self.rng``).
           entropy_weight: weight of the entropy bonus, ``>= 0``.
         """
-        rng = _sampling_rng(type(self).__name__, rng, legacy)
         if entropy_weight < 0:
             raise ValueError(f"{type(self).__name__}: entropy_weight must be >= 0, got {entropy_weight}")
         self.rng = rng
@@ -133,13 +117,12 @@ class NormalSampler(ActionSampler):
 
     def __init__(
         self,
-        rng: nnx.Rngs | None = None,
+        rng: nnx.Rngs,
         entropy_weight: float = 0.0,
         min_std: float = 1e-3,
         std_scale: float = 1.0,
-        **legacy: nnx.Rngs,
     ):
-        super().__init__(_sampling_rng(type(self).__name__, rng, legacy), entropy_weight)
+        super().__init__(rng, entropy_weight)
         if not min_std >= 0 or not std_scale > 0:
             raise ValueError(
                 f"{type(self).__name__}: min_std must be >= 0 and std_scale > 0, got "

@@ -79,7 +79,7 @@ def activation_metrics(output: Any) -> dict[str, Any]:
     leaves = jax.tree_util.tree_leaves_with_path(output)
     if len(leaves) == 1 and not leaves[0][0]:
         return {ACTIVATION_KEY: output}
-    return {"/".join([ACTIVATION_KEY, *(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)]): leaf
+    return {f"{ACTIVATION_KEY}/{jax.tree_util.keystr(path, simple=True, separator='/')}": leaf
             for path, leaf in leaves}
 
 

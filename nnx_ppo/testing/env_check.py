@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nnx_ppo.envs import spaces as _spaces
-from nnx_ppo.envs.coercion import as_env
+from nnx_ppo.envs.registry import as_env
 from nnx_ppo.envs.types import EnvState
 from nnx_ppo.envs.validation import (
     check_scalar_per_env,

@@ -18,20 +18,13 @@ from nnx_ppo.algorithms.checkpointing import (
     load_metadata,
     restore_network,
     restore_training_state,
-    save_policy,
     save_training_state,
 )
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
-from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.factories import make_mlp_actor_critic
-from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.noise import GaussianNoise
-from nnx_ppo.networks.normalizer import Normalizer, NormalizerStatistics
-from nnx_ppo.networks.recurrent import LSTM
-from nnx_ppo.networks.sampling_layers import NormalTanhSampler
-from nnx_ppo.networks.types import StatefulModule
 from tests.algorithms.toy_envs import Target
 
 N_ENVS, T = 4, 4
@@ -429,80 +422,23 @@ def test_best_evaluated_policy_is_kept(tmp_path):
         checkpointing.find_checkpoint(tmp_path, 5)
 
 
-def test_a_checkpoint_from_before_the_renames_still_loads(tmp_path):
-    """Dense's parameters moved under ``linear/`` and the samplers' RNG from
-    ``rngs/`` to ``rng/`` (the original's names): a checkpoint written with
-    the old paths (here: this one's layout.json rewritten to them) restores
-    into today's network and training state, values intact."""
+def test_a_checkpoint_of_an_earlier_unreleased_version_is_refused_in_one_line(tmp_path):
+    """Format 1 (earlier, unreleased versions: other variable paths, no
+    ``return_stats``) is not mapped: restoring it fails in one line that
+    says so, whether from the run directory or the checkpoint itself."""
     import json
 
     net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
-    state = new_training_state(Target(), net, _config(1))
-    save_training_state(tmp_path, state, _config(1), step=16)
-    layout_file = latest_checkpoint(tmp_path) / "layout.json"
-    layout = json.loads(layout_file.read_text())
-    old = json.dumps(layout).replace("/linear/kernel", "/kernel").replace("/linear/bias", "/bias")
-    old = old.replace("/rng/", "/rngs/")
-    assert old != json.dumps(layout) and "/rngs/" in old
-    layout_file.write_text(old)
-    restored = restore_training_state(tmp_path, new_training_state(Target(), net, _config(1)))
-    _assert_trees_equal(restored.params, state.params)
-    _assert_trees_equal(restored.opt_state, state.opt_state)
-    fresh = restore_network(tmp_path, make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(5)))
-    _assert_trees_equal(nnx.state(fresh, nnx.Param), nnx.state(net, nnx.Param))
-
-
-class _NormalizerAsBefore(StatefulModule):
-    """The variables of the Normalizer as an earlier version of this library
-    stored them: ``count``, and one variable per leaf of the shape in the
-    lists ``m2`` and ``mean`` (now the original's ``counter``, ``M2``, ``mean``)."""
-
-    def __init__(self, count, mean, m2):
-        self.count = NormalizerStatistics(jnp.asarray(count, jnp.float32))
-        self.m2 = nnx.List([NormalizerStatistics(jnp.asarray(v, jnp.float32)) for v in m2])
-        self.mean = nnx.List([NormalizerStatistics(jnp.asarray(v, jnp.float32)) for v in mean])
-
-
-def test_normalizer_statistics_saved_before_the_rename_still_load(tmp_path):
-    """``count``/``mean/i``/``m2/i`` restore into ``counter``/``mean``/``M2``
-    (their leaves stored in another order), for an array and a dict shape."""
-    shape = {"goal": 2, "joints": 3}
-    old = Sequential([_NormalizerAsBefore(6.0, [jnp.arange(3.0)], [jnp.full(3, 2.0)]),
-                      _NormalizerAsBefore(4.0, [jnp.ones(2), jnp.zeros(3)], [jnp.full(2, 3.0), jnp.full(3, 5.0)])])
-    _, params, rest = nnx.split(old, nnx.Param, ...)
-    save_policy(tmp_path, params, rest, _config(1), step=1)
-    new = restore_network(tmp_path, Sequential([Normalizer(3), Normalizer(shape)]))
-    first, second = new.layers
-    assert float(first.counter[...]) == 6.0 and float(second.counter[...]) == 4.0
-    np.testing.assert_array_equal(first.mean.get_value(), jnp.arange(3.0))
-    np.testing.assert_array_equal(first.M2.get_value(), jnp.full(3, 2.0))
-    np.testing.assert_array_equal(second.mean.get_value()["goal"], jnp.ones(2))
-    np.testing.assert_array_equal(second.M2.get_value()["joints"], jnp.full(3, 5.0))
-
-
-class _LSTMWithDictCarry(LSTM):
-    """The LSTM as an earlier version of this library stepped it: carry ``{"h", "c"}``."""
-
-    carry_as_tuple = False
-
-    def step(self, state, zx):
-        (h, c), out = LSTM.step(self, (state["h"], state["c"]), zx)
-        return {"h": h, "c": c}, out
-
-
-def _lstm_net(cls):
-    rngs = nnx.Rngs(0)
-    return Sequential([cls(3, 4, rngs), PPOAdapter(action=Sequential([Dense(4, 4, rngs), NormalTanhSampler(rngs)]),
-                                                   value=Dense(4, 1, rngs))])
-
-
-def test_a_run_saved_with_the_lstm_dict_carry_resumes_with_the_tuple_carry(tmp_path):
-    old = new_training_state(Target(), _lstm_net(_LSTMWithDictCarry), _config(1))
-    old = dataclasses.replace(old, rollout=dataclasses.replace(old.rollout, carry=jax.tree.map(
-        lambda x: x + 1.0, old.rollout.carry)))  # not zeros, to see the values arrive
-    save_training_state(tmp_path, old, _config(1), step=16)
-    new = restore_training_state(tmp_path, new_training_state(Target(), _lstm_net(LSTM), _config(1)))
-    h, c = new.rollout.carry[0]
-    np.testing.assert_array_equal(h, old.rollout.carry[0]["h"])
-    np.testing.assert_array_equal(c, old.rollout.carry[0]["c"])
-    _assert_trees_equal(new.params, old.params)
+    save_training_state(tmp_path, new_training_state(Target(), net, _config(1)), _config(1), step=16)
+    path = latest_checkpoint(tmp_path)
+    layout = json.loads((path / "layout.json").read_text())
+    assert layout["format"] == 2
+    (path / "layout.json").write_text(json.dumps({**layout, "format": 1}))
+    for where in (tmp_path, path):
+        with pytest.raises(CheckpointError) as caught:
+            restore_training_state(where, new_training_state(Target(), net, _config(1)))
+        message = str(caught.value)
+        assert "\n" not in message and str(path) in message
+        assert "was written by an earlier, unreleased version of nnx-ppo" in message and "cannot be read" in message
+    with pytest.raises(CheckpointError, match="earlier, unreleased version of nnx-ppo"):
+        restore_network(path, make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(5)))

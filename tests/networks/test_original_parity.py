@@ -52,19 +52,6 @@ def test_samplers_take_rng_and_keep_it_as_rng(cls):
     assert out.output["log_likelihood"].shape == (3,)
 
 
-def test_sampler_rng_argument_spellings():
-    """``rngs=`` (this library's earlier spelling) is still accepted; both,
-    neither, or another keyword are TypeErrors."""
-    rngs = nnx.Rngs(0)
-    assert NormalTanhSampler(rngs=rngs).rng is rngs
-    with pytest.raises(TypeError, match="both rng and rngs"):
-        NormalSampler(rngs, rngs=rngs)
-    with pytest.raises(TypeError, match="missing required argument: 'rng'"):
-        CategoricalSampler()
-    with pytest.raises(TypeError, match="unexpected keyword argument 'rnggs'"):
-        NormalTanhSampler(rnggs=rngs)
-
-
 def test_every_rng_argument_is_named_as_in_the_original():
     """The original calls the argument ``rngs`` where it only initializes
     parameters and ``rng`` where the module samples from it."""

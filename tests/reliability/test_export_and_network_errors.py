@@ -143,6 +143,23 @@ def test_a_truncated_export_file_is_named_in_one_line(name, what, exported, tmp_
         load_exported(damaged)
 
 
+def test_an_export_of_an_earlier_unreleased_version_is_refused_in_one_line(exported, tmp_path):
+    """Format 1 (an earlier, unreleased version: one batch size, an
+    initial_carry without ``done``) is not read: one line says so."""
+    import json
+
+    from nnx_ppo.exported import ExportedPolicyError, load_exported
+
+    old = Path(shutil.copytree(exported, tmp_path / "policy"))
+    info = json.loads((old / "policy.json").read_text())
+    (old / "policy.json").write_text(json.dumps({**info, "format": "nnx-ppo exported policy 1"}))
+    with pytest.raises(ExportedPolicyError) as caught:
+        load_exported(old)
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1 and str(old / "policy.json") in message, message
+    assert "written by an earlier, unreleased version of nnx-ppo and cannot be read" in message, message
+
+
 # ----------------------------------------------------------------------------- 3. an export directory in use
 
 

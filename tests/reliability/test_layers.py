@@ -65,3 +65,76 @@ def test_no_function_is_over_80_lines():
 def test_the_length_check_skips_the_docstring():
     node = ast.parse('def f():\n    """Doc\n    string."""\n    return 1\n').body[0]
     assert _code_lines(node) == 2
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """``{module: the package modules it imports}``, imports inside functions
+    and under ``TYPE_CHECKING`` included; ``from P import m`` of a submodule
+    ``m`` points at ``P.m``, not at the package ``P``."""
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("nnx_ppo", *path.relative_to(ROOT).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    """No two modules of the package import each other, directly or through
+    others, counting imports inside functions (docs/architecture.md)."""
+    assert not _cycles(_module_graph()), _cycles(_module_graph())
+
+
+def test_the_cycle_check_sees_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

@@ -103,16 +103,6 @@ def test_reward_scale_is_one_thing_and_returns_are_in_env_units(train_run):
         cli.main(["train", "--reward-scale", "10", "--print-config"])
 
 
-def test_an_old_runs_reward_scale_becomes_the_configs(tmp_path):
-    """A run written before (top-level ``reward_scale``: the env was scaled)
-    reads back with that scale in ``ppo.reward_scale``, so it resumes alike."""
-    content = RunSpec(env="cue_memory", network={"kind": "mlp"}, config=cli.TrainCommand().config,
-                      command=("nnx-ppo", "train")).to_dict()
-    content["reward_scale"] = 0.1
-    (tmp_path / rd.CONFIG_FILE).write_text(json.dumps(content))
-    assert rd.read_run_config(tmp_path)["config"]["ppo"]["reward_scale"] == pytest.approx(0.1)
-
-
 _HOLDER = textwrap.dedent("""
     import sys, time
     from nnx_ppo.run_dir import RunLock
