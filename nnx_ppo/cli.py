@@ -16,8 +16,10 @@ Every :class:`~nnx_ppo.algorithms.config.TrainConfig` field is a flag
 documentation as help. See docs/cli.md. The commands live in
 :mod:`nnx_ppo.app` (``commands``, ``train``, ``sweep``, ``evaluate``,
 ``distill``, ``export``, ``plot``, ``listing``; ``process`` sets up the
-process a command runs in); this module parses the command line and
-dispatches. It imports no JAX:
+process a command runs in); this module parses the command line,
+dispatches, and shows the help: tyro's text without docstring markup
+(:func:`clean_help`) and ``train --help``'s flags in titled sections
+(:func:`group_options`, :data:`TRAIN_FLAG_GROUPS`). It imports no JAX:
 ``--help`` and ``envs`` stay quick, and the commands that train or
 evaluate import it when they run.
 """
@@ -56,7 +58,6 @@ from nnx_ppo.app.commands import (
     flag_groups,
     print_error,
 )
-from nnx_ppo.app.help_text import TRAIN_FLAG_GROUPS, clean_help, group_options
 from nnx_ppo.app.listing import env_spec_forms, run_envs
 from nnx_ppo.app.process import compilation_cache, format_warning, join_processes, quiet_library_logs
 from nnx_ppo.app.runs import parse_env_kwargs
@@ -77,7 +78,69 @@ __all__ = [
     "DEFAULT_NETWORK",
     "DEFAULT_HIDDEN_SIZE",
     "DEFAULT_TRAIN_CONFIG",
+    "clean_help",
+    "group_options",
+    "TRAIN_FLAG_GROUPS",
 ]
+
+
+# ----------------------------------------------------------------------------- help
+
+_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|obj):`(~?)([\w.]+)`")
+
+
+def _plain(text: str) -> str:
+    """Sphinx roles and double backquotes of docstrings as plain text."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return text.replace("``", "")
+
+
+def clean_help(text: str) -> str:
+    """``text`` (tyro's help) without docstring markup; in a boxed line the
+    right border stays where it was."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        plain = _plain(line)
+        body, end = plain.rstrip("\n"), plain[len(plain.rstrip("\n")):]
+        if plain != line and body.endswith("│"):
+            body = body[:-1] + " " * (len(line.rstrip("\n")) - len(body)) + "│"
+        lines.append(body + end)
+    return "".join(lines)
+
+
+TRAIN_FLAG_GROUPS = flag_groups(TrainCommand)
+"""How ``train --help`` splits tyro's one box of top-level flags (the
+training and evaluation hyperparameters keep their own ``ppo`` and ``eval``
+boxes): each field declares its section (``group`` in its metadata)."""
+
+
+def group_options(text: str, groups: dict[str, tuple[str, ...]]) -> str:
+    """Split the ``options`` section of tyro's help into titled sections, one
+    per group, in the order given; a flag in no group stays under ``options``."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines[:-1]) if line.strip() == "options"
+                  and set(lines[i + 1].strip()) == {"-"}), None)
+    if start is None:
+        return text
+    end = next((i for i in range(start + 2, len(lines)) if not lines[i].strip()), len(lines))
+    entries: list[list[str]] = []
+    for line in lines[start + 2:end]:
+        if line.startswith("  -") or not entries:
+            entries.append([line])
+        else:
+            entries[-1].append(line)
+    group_of = {flag: title for title, flags in groups.items() for flag in flags}
+    sections: dict[str, list[str]] = {"options": [], **{title: [] for title in groups}}
+    for entry in entries:
+        flag = entry[0].split()[0].rstrip(",")
+        sections[group_of.get(flag, "options")].extend(entry)
+    header, rule = lines[start], lines[start + 1]
+    width = len(header.rstrip("\n"))
+    out = []
+    for title, body in sections.items():
+        if body:
+            out += [f" {title}".ljust(width) + "\n", rule, *body, " " * width + "\n"]
+    return "".join(lines[:start] + out[:-1] + lines[end:])
 
 
 # ----------------------------------------------------------------------------- main

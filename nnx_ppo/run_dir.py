@@ -22,8 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo.algorithms.config import TrainConfig
-from nnx_ppo.algorithms.config_io import config_from_dict, config_to_dict
+from nnx_ppo.algorithms.config import TrainConfig, config_from_dict, config_to_dict
 from nnx_ppo.algorithms.outputs import FAILURE_KEY  # (the key of a failure row of metrics.jsonl)
 
 __all__ = [
@@ -84,7 +83,7 @@ def default_run_dir(env_spec: str, root: str | os.PathLike = "runs") -> Path:
 
 def train_config_to_dict(config: TrainConfig) -> dict[str, Any]:
     """The config as JSON-ready data (a learning-rate schedule becomes its
-    description, see :func:`nnx_ppo.algorithms.config_io.config_to_dict`)."""
+    description, see :func:`nnx_ppo.algorithms.config.config_to_dict`)."""
     return config_to_dict(config)
 
 
@@ -117,7 +116,7 @@ def make_run_envs(env: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[s
 def append_resumed(run_dir: str | os.PathLike, changes: dict[str, list], command: list[str]) -> dict[str, Any]:
     """Record a resume in the run's ``config.json``: ``{"at", "command",
     "changes"}`` appended to its ``resumed`` list (``changes``: ``{"ppo.total_steps":
-    [before, after]}``, see :func:`~nnx_ppo.algorithms.config_io.resume_changes`);
+    [before, after]}``, see :func:`~nnx_ppo.algorithms.config.resume_changes`);
     nothing else in the file changes. Returns the file's new content."""
     content = _read_json(Path(run_dir) / CONFIG_FILE)
     entry = {"at": _dt.datetime.now().isoformat(timespec="seconds"), "command": list(command), "changes": changes}

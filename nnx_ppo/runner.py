@@ -11,7 +11,7 @@ RunSpec (:func:`open_output`) and open the same Run. The Run:
   is refused naming the holder's pid);
 - writes ``config.json`` (the RunSpec's :meth:`~RunSpec.to_dict`) once,
   atomically, when training begins, or for a resume appends the changes
-  :func:`~nnx_ppo.algorithms.config_io.resume_changes` allows to its
+  :func:`~nnx_ppo.algorithms.config.resume_changes` allows to its
   ``resumed`` list (and refuses the others in one line);
 - logs every row (:class:`~nnx_ppo.run_logger.RunLogger`: ``metrics.jsonl``,
   TensorBoard, the learning curve; config.json written again if it
@@ -33,8 +33,7 @@ from typing import Any
 
 from nnx_ppo import run_dir as rd
 from nnx_ppo import run_logger
-from nnx_ppo.algorithms.config import TrainConfig
-from nnx_ppo.algorithms.config_io import resume_changes
+from nnx_ppo.algorithms.config import TrainConfig, resume_changes
 
 __all__ = ["RunSpec", "Run", "open_output", "named_network", "checkpoints_of", "NAMED_NETWORK_WIDTH",
            "PYTHON_NETWORK"]

@@ -129,7 +129,7 @@ def test_sweep_refuses_a_train_run_and_a_missing_grid(tmp_path, capsys):
 
 def test_resume_keeps_the_network_kwargs(tmp_path):
     """A run trained with --network-kwargs resumes with them (they are not among the sized kwargs)."""
-    from nnx_ppo.algorithms.config_io import config_to_dict
+    from nnx_ppo.algorithms.config import config_to_dict
     from nnx_ppo.app.train import resume_defaults
 
     run = tmp_path / "run"

@@ -53,24 +53,11 @@ def checkpointer():
     return ocp.Checkpointer(ocp.StandardCheckpointHandler())
 
 
-def _entry_name(entry: Any) -> str:
-    if isinstance(entry, jax.tree_util.DictKey):
-        return str(entry.key)
-    if isinstance(entry, jax.tree_util.SequenceKey):
-        return str(entry.idx)
-    if isinstance(entry, jax.tree_util.GetAttrKey):
-        return entry.name
-    if isinstance(entry, jax.tree_util.FlattenedIndexKey):
-        return str(entry.key)
-    return str(entry)
-
-
 def _path_name(prefix: str, path: tuple) -> str:
     """``params/layers/0/kernel``: a readable name of a leaf (no trailing ``.value``)."""
-    names = [_entry_name(e) for e in path]
-    if names and names[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
-        names = names[:-1]
-    return "/".join([prefix, *names])
+    if path and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "value":
+        path = path[:-1]
+    return "/".join([prefix, jax.tree_util.keystr(path, simple=True, separator="/")]) if path else prefix
 
 
 def _is_key(leaf: Any) -> bool:

@@ -27,8 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
-from nnx_ppo.algorithms.config_io import per_member_bounds
+from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, per_member_bounds
 
 __all__ = ["PER_MEMBER", "PopulationConfigError", "MemberState", "check_population", "hyperparameters_of",
            "initial_member_state", "with_hyperparameters", "member_entry"]

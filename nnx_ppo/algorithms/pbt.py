@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from nnx_ppo.algorithms.config_io import per_member_bounds
+from nnx_ppo.algorithms.config import per_member_bounds
 from nnx_ppo.algorithms.driver import IterationOutput
 from nnx_ppo.algorithms.hyperparameters import PER_MEMBER
 from nnx_ppo.algorithms.state import TrainingState

@@ -8,8 +8,7 @@ from typing import Annotated, Any, Optional
 
 import tyro
 
-from nnx_ppo.algorithms.config import GROUP_DEVICES, GROUP_ENV, GROUP_RUN, TrainConfig
-from nnx_ppo.algorithms.config_io import per_member_bounds
+from nnx_ppo.algorithms.config import GROUP_DEVICES, GROUP_ENV, GROUP_RUN, TrainConfig, per_member_bounds
 from nnx_ppo.presets import DEFAULT_CONFIG, get_preset
 
 PROG = "nnx-ppo"
@@ -75,7 +74,7 @@ def flag_groups(command: type) -> dict[str, tuple[str, ...]]:
     """``{section title: (flag, ...)}`` of ``command``'s help, from the
     ``group`` each field declares (the command's own fields, and those of
     its TrainConfig)."""
-    from nnx_ppo.algorithms.config_io import flat_fields
+    from nnx_ppo.algorithms.config import flat_fields
 
     groups: dict[str, list[str]] = {}
     fields = [(f.name, f) for f in dataclasses.fields(command)]

@@ -1,4 +1,8 @@
-"""``nnx-ppo train``: build the envs and the network, write the run directory, train."""
+"""``nnx-ppo train``: build the envs and the network, write the run directory, train.
+
+And what a training run of the command line sends elsewhere: Weights & Biases
+(``--wandb``, offline when W&B cannot be reached) and videos of the policy
+(``--video-every``)."""
 
 from __future__ import annotations
 
@@ -17,11 +21,11 @@ from nnx_ppo.app.commands import (
     TrainCommand,
     check_distinct_seeds,
     print_error,
+    print_warning,
     shell_command,
 )
 from nnx_ppo.app.ending import train_into
-from nnx_ppo.app.evaluate import check_video_target
-from nnx_ppo.app.integrations import import_wandb, video_recorder, wandb_init
+from nnx_ppo.app.evaluate import check_video_target, render_episode, video_fps, write_video
 from nnx_ppo.app.runs import (
     build_network,
     fresh_run_dir,
@@ -36,6 +40,8 @@ from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwar
 from nnx_ppo.presets import NETWORK_DEFAULTS, find_preset
 from nnx_ppo.progress import fmt_seconds, pretty_path
 from nnx_ppo.runner import Run, RunSpec
+
+__all__ = ["run_train", "resume_defaults", "resume_changes", "import_wandb", "wandb_init", "video_recorder"]
 
 
 def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
@@ -89,7 +95,7 @@ def resume_changes(cmd: TrainCommand, saved: dict[str, Any], env_kwargs: dict, t
     [before, after]}``), printed; a change of anything that makes the run
     (the env, the network, the seeds, a config field not declared resumable)
     is a one-line CliError naming the flag."""
-    from nnx_ppo.algorithms.config_io import resume_changes as config_changes
+    from nnx_ppo.algorithms.config import resume_changes as config_changes
 
     network = saved["network"]
     kwargs = parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs")
@@ -407,3 +413,74 @@ def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
                                      on_evaluation=on_evaluation, **options)
     state = new_training_state(train_env, network, config)
     return 0, train_ppo(train_env, network, config, state=state, on_evaluation=on_evaluation, **options)
+
+
+# What a training run sends elsewhere: W&B (--wandb) and videos (--video-every).
+
+
+def import_wandb(cmd: TrainCommand):
+    if not cmd.wandb:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise CliError("--wandb needs Weights & Biases: pip install wandb  (or pip install 'nnx_ppo[wandb]')") from None
+    return wandb
+
+
+def _wandb_has_key() -> bool:
+    """Whether W&B can log in without asking: a key in WANDB_API_KEY or in ~/.netrc (where `wandb login` puts it)."""
+    import netrc
+    import os
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_init(wandb, **kwargs):
+    """``wandb.init``, falling back to offline mode (with a warning, never a
+    traceback or a hang) without an API key, or when W&B cannot be reached
+    within 30 s; ``wandb sync`` uploads an offline run later."""
+    import os
+
+    if not os.environ.get("WANDB_MODE") and not _wandb_has_key():
+        print_warning("--wandb: no W&B API key (WANDB_API_KEY or `wandb login`); logging offline into the run "
+                      "directory, upload it later with `wandb sync`")
+        return wandb.init(mode="offline", **kwargs)
+    try:
+        return wandb.init(settings=wandb.Settings(init_timeout=30), **kwargs)
+    except Exception as err:  # no network, a bad key, the service down: W&B raises its own errors
+        print_warning(f"--wandb: W&B could not be reached ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+                      "logging offline into the run directory, upload it later with `wandb sync`")
+    try:
+        wandb.teardown()  # the failed attempt holds the run id in W&B's service
+        return wandb.init(mode="offline", **kwargs)
+    except Exception as err:
+        print_warning(f"--wandb: offline logging failed too ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+                      "training without W&B")
+        return None
+
+
+def video_recorder(cmd: TrainCommand, env, run: Run):
+    """``on_evaluation`` for ``--video-every N``: every N-th evaluation, one
+    deterministic episode to ``<run>/videos/step_<env steps>.mp4``, TensorBoard and W&B."""
+    count = [0]
+    max_len = cmd.config.eval.max_episode_length
+    fps = video_fps(env, None)
+
+    def record(policy, env_steps: int) -> None:
+        count[0] += 1
+        if count[0] % cmd.video_every:
+            return
+        path = run.path / "videos" / f"step_{env_steps:010d}.mp4"
+        frames = render_episode(env, policy, max_len, seed=cmd.config.seed)
+        write_video(str(path), frames, fps)
+        if run.logger is not None:
+            run.logger.log_video(path, frames, fps, env_steps)
+        run.write(f"video: {pretty_path(path)} ({len(frames)} frames)")
+
+    return record

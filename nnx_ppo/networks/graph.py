@@ -21,37 +21,182 @@ projection ``src -> dst`` with ``delay=k`` feeds ``dst`` with ``src``'s output
 from ``k`` steps earlier (zeros for the first ``k`` steps after
 ``initialize_state``/``reset_state``) passed through its ``transform``. The
 graph outputs ``{output_to or name: [B, size]}`` for its output populations.
+
+The module holds the declarations' records (:class:`Population`,
+:class:`Connection`), their argument checks and the order of the
+populations, then the graph itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks._graph_wiring import (
-    HIDDEN,
-    INPUT,
-    OUTPUT,
-    Connection,
-    ConnectionInfo,
-    Population,
-    PopulationInfo,
-    check_activation,
-    check_connection,
-    check_name,
-    check_size,
-    topological_order,
-)
 from nnx_ppo.networks.containers import child_extras, prefix_metrics
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, activation_metrics
 
-__all__ = ["PopulationGraph", "PopulationInfo", "ConnectionInfo"]
+__all__ = ["PopulationGraph", "PopulationInfo", "ConnectionInfo", "Population", "Connection"]
+
+_INPUT, _HIDDEN, _OUTPUT = "input", "population", "output"
+
+
+class Population(NamedTuple):
+    """A declared population: its name, kind, size, activation and I/O key."""
+
+    name: str
+    kind: str  # _INPUT, _HIDDEN or _OUTPUT
+    size: int
+    activation: Callable[[jax.Array], jax.Array] | None
+    io_key: str | None  # input_from / output_to as given (None: use the name)
+
+
+class Connection(NamedTuple):
+    """A declared projection ``src -> dst`` with its name and delay."""
+
+    name: str
+    src: str
+    dst: str
+    delay: int
+
+
+def _check_name(kind: str, name: Any) -> str:
+    """``name`` if it is a non-empty str (else a TypeError naming the ``kind``)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"PopulationGraph: {kind} name must be a non-empty str, got {name!r}")
+    return name
+
+
+def _check_size(name: str, size: Any) -> int:
+    """``size`` if it is a positive int (else a ValueError naming the population)."""
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ValueError(f"PopulationGraph: size of population {name!r} must be a positive int, got {size!r}")
+    return size
+
+
+def _check_activation(name: str, activation: Any) -> Any:
+    """``activation`` if it is callable or None (else a TypeError naming the population)."""
+    if activation is not None and not callable(activation):
+        raise TypeError(
+            f"PopulationGraph: activation of population {name!r} must be callable or None, "
+            f"got {type(activation).__name__}"
+        )
+    return activation
+
+
+def _topological_sort(names: list[str], edges: list[tuple[str, str]]) -> tuple[str, ...]:
+    """Kahn's algorithm on the delay-0 ``(src, dst)`` edges, the earliest of
+    ``names`` first; a ValueError names a cycle."""
+    remaining = list(names)
+    order: list[str] = []
+    while remaining:
+        ready = next((n for n in remaining
+                      if not any(dst == n and src in remaining for src, dst in edges)), None)
+        if ready is None:
+            raise ValueError(
+                "PopulationGraph: delay-0 connections form a cycle "
+                f"{' -> '.join(_find_cycle(remaining, edges))}; "
+                "give at least one connection on it delay >= 1"
+            )
+        order.append(ready)
+        remaining.remove(ready)
+    return tuple(order)
+
+
+def _find_cycle(remaining: list[str], edges: list[tuple[str, str]]) -> list[str]:
+    # Every remaining population has a delay-0 predecessor among the remaining
+    # ones, so walking backwards must revisit a population.
+    path = [remaining[0]]
+    while True:
+        pred = next(src for src, dst in edges if dst == path[-1] and src in remaining)
+        if pred in path:
+            cycle = path[path.index(pred):] + [pred]
+            return cycle[::-1]
+        path.append(pred)
+
+
+class PopulationInfo(NamedTuple):
+    """A population as ``PopulationGraph.populations`` shows it.
+
+    Attributes:
+      name: the population's name.
+      kind: ``"input"``, ``"population"`` (hidden) or ``"output"``.
+      size: the number of units.
+      activation: applied once to the summed input (``None``: identity).
+      input_from: the key of ``x`` an input population reads (its name
+        unless ``input_from=`` was given); ``None`` for other populations.
+      output_to: the output key of an output population (its name unless
+        ``output_to=`` was given); ``None`` for other populations.
+      max_outgoing_delay: the longest delay of its outgoing connections
+        (0: it has no delay buffer).
+    """
+
+    name: str
+    kind: str
+    size: int
+    activation: Callable[[jax.Array], jax.Array] | None
+    input_from: str | None
+    output_to: str | None
+    max_outgoing_delay: int
+
+
+class ConnectionInfo(NamedTuple):
+    """A connection as ``PopulationGraph.connections`` shows it.
+
+    Attributes:
+      name: the connection's name (``"src->dst"`` unless ``name=`` was given).
+      src: the source population.
+      dst: the target population.
+      delay: steps between ``src``'s output and its arrival at ``dst``.
+      transform: the module applied to ``src``'s output; ``None`` until
+        ``finalize()`` builds the default ``Dense``.
+    """
+
+    name: str
+    src: str
+    dst: str
+    delay: int
+    transform: Any
+
+
+def _check_connection(populations: tuple[Population, ...], connections: tuple[Connection, ...], src: Any, dst: Any,
+                      delay: Any, transform: Any, name: Any) -> str:
+    """The name of a connection ``src -> dst`` checked against the
+    ``populations`` and ``connections`` declared so far (see
+    :meth:`~nnx_ppo.networks.graph.PopulationGraph.connect` for what is refused)."""
+    _check_name("source population", src)
+    _check_name("target population", dst)
+    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+        raise ValueError(f"PopulationGraph: delay of connection {src!r} -> {dst!r} must be an int >= 0, "
+                         f"got {delay!r}")
+    if transform is not None and not isinstance(transform, StatefulModule):
+        raise TypeError(f"PopulationGraph: transform of connection {src!r} -> {dst!r} must be a "
+                        f"StatefulModule, got {type(transform).__name__}")
+    name = f"{src}->{dst}" if name is None else _check_name("connection", name)
+    by_name = {p.name: p for p in populations}
+    for role, pname in (("source", src), ("target", dst)):
+        if pname not in by_name:
+            raise ValueError(f"PopulationGraph: connection {name!r} has unknown {role} population "
+                             f"{pname!r}; known populations: {list(by_name)} (add populations before "
+                             "connecting them)")
+    if any(c.name == name for c in connections):
+        raise ValueError(f"PopulationGraph: duplicate connection name {name!r}; pass name=... to "
+                         "connect() to connect the same pair twice")
+    if transform is not None:
+        src_size, dst_size = by_name[src].size, by_name[dst].size
+        in_f, out_f = getattr(transform, "in_features", None), getattr(transform, "out_features", None)
+        if isinstance(in_f, int) and in_f != src_size:
+            raise ValueError(f"PopulationGraph: connection {name!r}: transform has in_features={in_f}, "
+                             f"expected {src_size} (size of source population {src!r})")
+        if isinstance(out_f, int) and out_f != dst_size:
+            raise ValueError(f"PopulationGraph: connection {name!r}: transform has out_features={out_f}, "
+                             f"expected {dst_size} (size of target population {dst!r})")
+    return name
 
 
 def _has_leaves(tree: Any) -> bool:
@@ -119,35 +264,35 @@ class PopulationGraph(StatefulModule):
 
     def _add(self, kind: str, name: str, size: int, activation: Any, io_key: Any) -> None:
         self._check_building(f"add population {name!r}")
-        name = check_name("population", name)
+        name = _check_name("population", name)
         if io_key is not None:
-            check_name("input_from/output_to", io_key)
+            _check_name("input_from/output_to", io_key)
         if any(p.name == name for p in self._populations):
             raise ValueError(f"PopulationGraph: duplicate population name {name!r}")
-        if kind == OUTPUT:
+        if kind == _OUTPUT:
             key = io_key or name
             for p in self._populations:
-                if p.kind == OUTPUT and (p.io_key or p.name) == key:
+                if p.kind == _OUTPUT and (p.io_key or p.name) == key:
                     raise ValueError(f"PopulationGraph: output populations {p.name!r} and {name!r} "
                                      f"both write output key {key!r}")
-        pop = Population(name, kind, check_size(name, size), check_activation(name, activation), io_key)
+        pop = Population(name, kind, _check_size(name, size), _check_activation(name, activation), io_key)
         self._populations = self._populations + (pop,)
 
     def add_input(self, name: str, size: int, *, input_from: str | None = None,
                   activation: Callable[[jax.Array], jax.Array] | None = None) -> None:
         """A population that also receives ``x[input_from or name]`` (``[B, size]``)."""
-        self._add(INPUT, name, size, activation, input_from)
+        self._add(_INPUT, name, size, activation, input_from)
 
     def add_population(self, name: str, size: int, *,
                        activation: Callable[[jax.Array], jax.Array] | None = None) -> None:
         """A hidden population: the sum of its inputs, through ``activation``
         if given (none by default, as in the original)."""
-        self._add(HIDDEN, name, size, activation, None)
+        self._add(_HIDDEN, name, size, activation, None)
 
     def add_output(self, name: str, size: int, *, output_to: str | None = None,
                    activation: Callable[[jax.Array], jax.Array] | None = None) -> None:
         """A population whose activity is returned under ``output_to or name``."""
-        self._add(OUTPUT, name, size, activation, output_to)
+        self._add(_OUTPUT, name, size, activation, output_to)
 
     def connect(self, src: str, dst: str, *, delay: int = 0, transform: StatefulModule | None = None,
                 name: str | None = None, reciprocal: bool = False) -> str:
@@ -181,7 +326,7 @@ class PopulationGraph(StatefulModule):
             self.connect(dst, src, delay=delay)
             return first
         self._check_building(f"connect {src!r} -> {dst!r}")
-        name = check_connection(self._populations, self._connections, src, dst, delay, transform, name)
+        name = _check_connection(self._populations, self._connections, src, dst, delay, transform, name)
         self._connections = self._connections + (Connection(name, src, dst, delay),)
         self._pending_transforms.append(transform)
         return name
@@ -221,8 +366,8 @@ class PopulationGraph(StatefulModule):
 
     def _topological_order(self) -> tuple[str, ...]:
         """The populations in an order that respects the delay-0 connections."""
-        return topological_order([p.name for p in self._populations],
-                                 [(c.src, c.dst) for c in self._connections if c.delay == 0])
+        return _topological_sort([p.name for p in self._populations],
+                                  [(c.src, c.dst) for c in self._connections if c.delay == 0])
 
     # --------------------------------------------------------------- running
 
@@ -251,8 +396,8 @@ class PopulationGraph(StatefulModule):
         return MappingProxyType({
             p.name: PopulationInfo(
                 name=p.name, kind=p.kind, size=p.size, activation=p.activation,
-                input_from=(p.io_key or p.name) if p.kind == INPUT else None,
-                output_to=(p.io_key or p.name) if p.kind == OUTPUT else None,
+                input_from=(p.io_key or p.name) if p.kind == _INPUT else None,
+                output_to=(p.io_key or p.name) if p.kind == _OUTPUT else None,
                 max_outgoing_delay=delays.get(p.name, 0),
             )
             for p in self._populations
@@ -276,7 +421,7 @@ class PopulationGraph(StatefulModule):
 
     def _read_inputs(self, x: Any) -> tuple[dict[str, jax.Array], int]:
         """``({input population: [B, size]}, B)``."""
-        inputs = [p for p in self._populations if p.kind == INPUT]
+        inputs = [p for p in self._populations if p.kind == _INPUT]
         if not inputs:
             leaves = jax.tree.leaves(x)
             if not leaves or jnp.ndim(leaves[0]) < 1:
@@ -387,7 +532,7 @@ class PopulationGraph(StatefulModule):
                                   axis=1)
             for name, _ in self._buffers
         }
-        output = {p.io_key or p.name: values[p.name] for p in self._populations if p.kind == OUTPUT}
+        output = {p.io_key or p.name: values[p.name] for p in self._populations if p.kind == _OUTPUT}
         if self.record_activations:
             metrics.update(activation_metrics(dict(values)))
         return StatefulModuleOutput(

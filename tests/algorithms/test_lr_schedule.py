@@ -12,8 +12,14 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms import checkpointing
-from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.config_io import ScheduleNotSavedError, config_from_dict, config_to_dict
+from nnx_ppo.algorithms.config import (
+    EvalConfig,
+    PPOConfig,
+    ScheduleNotSavedError,
+    TrainConfig,
+    config_from_dict,
+    config_to_dict,
+)
 from nnx_ppo.algorithms.members import resume_state
 from nnx_ppo.algorithms.optimization import make_optimizer
 from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
