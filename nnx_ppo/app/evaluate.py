@@ -16,7 +16,7 @@ from nnx_ppo import run_dir as rd
 from nnx_ppo.app.commands import CliError, EvalCommand, check_writable_target
 from nnx_ppo.app.record import check_record_flags, check_record_paths, print_module_paths, record_to_file
 from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec
-from nnx_ppo.app.sweep_report import failure_text, lineage_text, member_lineage
+from nnx_ppo.app.sweep import failure_text, lineage_text, member_lineage
 from nnx_ppo.progress import pretty_path
 
 
@@ -125,7 +125,7 @@ def _label(index: int, members: list[dict] | None, lineage: list[dict] | None = 
     """``seed 3``, or for a sweep ``member 5 (seed 1, learning_rate 0.001)``
     (its starting values), with its revival when PBT copied a healthy state
     over it after it failed (``..., revived from member 2 at iteration 4)``;
-    ``lineage``: its entry of :func:`~nnx_ppo.app.sweep_report.member_lineage`)."""
+    ``lineage``: its entry of :func:`~nnx_ppo.app.sweep.member_lineage`)."""
     if members is None:
         return f"seed {index}"
     member = members[index]

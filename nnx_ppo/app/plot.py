@@ -24,7 +24,7 @@ from nnx_ppo.app.commands import CliError, PlotCommand
 from nnx_ppo.app.runs import read_run
 from nnx_ppo.progress import pretty_path
 
-__all__ = ["run_plot", "summarize_run", "interquartile_mean", "bootstrap_interval"]
+__all__ = ["run_plot", "summarize_run", "interquartile_mean", "bootstrap_interval", "format_value"]
 
 
 def interquartile_mean(values: Any, axis: int | None = None) -> Any:
@@ -127,7 +127,7 @@ def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: 
     run_logger.save_figure(fig, path)
 
 
-def _fmt(x: Any, spec: str = ".3f") -> str:
+def format_value(x: Any, spec: str = ".3f") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return format(x, spec)
@@ -157,9 +157,9 @@ def run_plot(cmd: PlotCommand) -> int:
     table = []
     for name, rows in runs:
         s = summarize_run(rows, cmd.metric, cmd.threshold)
-        line = [name, str(s["seeds"]), _fmt(s["final"]), _fmt(s["best"]), _fmt(s["iqm_final"])]
+        line = [name, str(s["seeds"]), format_value(s["final"]), format_value(s["best"]), format_value(s["iqm_final"])]
         if cmd.threshold is not None:
-            line += [_fmt(s["steps_to_threshold"], ","), _fmt(s["seconds_to_threshold"], ".1f")]
+            line += [format_value(s["steps_to_threshold"], ","), format_value(s["seconds_to_threshold"], ".1f")]
         table.append(line)
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
     print(f"{cmd.metric} (means over seeds; IQM: interquartile mean of the seeds' final values)")

@@ -10,11 +10,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo.app.commands import DEFAULT_ENV, DEFAULT_ENV_KWARGS, PROG, CliError, print_warning, shell_command
-from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, resolve_factory_reference
+from nnx_ppo import run_dir as rd
+from nnx_ppo.app.commands import (
+    DEFAULT_ENV,
+    DEFAULT_ENV_KWARGS,
+    DEFAULT_HIDDEN_SIZE,
+    PROG,
+    CliError,
+    check_distinct_seeds,
+    print_warning,
+    shell_command,
+)
+from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs, resolve_factory_reference
 
 __all__ = ["has_checkpoint", "lock_run_dir", "fresh_run_dir", "run_policy_spec", "read_run", "checkpoint_choice",
-           "load_run_network", "parse_env_kwargs", "make_env", "build_network", "use_run_code",
+           "load_run_network", "parse_env_kwargs", "make_env", "build_network", "use_run_code", "run_directory",
+           "resume_changes", "extra_network_kwargs",
            "network_spec_of"]
 
 
@@ -229,3 +240,120 @@ def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
         raise CliError(f"--network: {e}") from None
     extra = parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs")
     return dataclasses.replace(spec, kwargs={**spec.kwargs, **extra}) if extra else spec
+
+
+def extra_network_kwargs(network: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of a saved network (config.json's ``network``)
+    that ``--network-kwargs`` gave: those its width does not set."""
+    sized = network_kwargs(network["kind"], int(network.get("hidden_size") or DEFAULT_HIDDEN_SIZE))
+    return {k: v for k, v in (network.get("kwargs") or {}).items() if k not in sized}
+
+
+def resume_changes(cmd, saved: dict[str, Any], env_kwargs: dict, train_env_kwargs: dict
+                   ) -> dict[str, list]:
+    """What resuming the run ``saved`` with ``cmd`` changes (``{"ppo.total_steps":
+    [before, after]}``), printed; a change of anything that makes the run
+    (the env, the network, the seeds, a config field not declared resumable)
+    is a one-line CliError naming the flag."""
+    from nnx_ppo.algorithms.config import resume_changes as config_changes
+
+    network = saved["network"]
+    kwargs = parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs")
+    for what, now, before in (
+        ("env", cmd.env, saved["env"]),
+        ("--network", _normalized_network(cmd.network), network["kind"]),
+        ("--hidden-size", cmd.hidden_size, network["hidden_size"]),
+        ("--network-kwargs", kwargs, extra_network_kwargs(network)),
+        ("--env-kwargs", env_kwargs, saved.get("env_kwargs", {})),
+        ("--train-env-kwargs", train_env_kwargs, saved.get("train_env_kwargs", {})),
+        ("--seeds", list(cmd.seeds), list(saved.get("population", saved).get("seeds", []))),
+    ):
+        if now != before:
+            raise CliError(f"cannot change {what} when resuming ({before!r} in the run, {now!r} given)")
+    try:
+        changes = config_changes(saved["config"], cmd.config)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    for name, (before, after) in changes.items():
+        print(f"resuming with --{name.replace('_', '-')} {after} (was {before})", flush=True)
+    if changes and cmd.resume is not None:
+        _print_decay_change(cmd, saved)
+    return changes
+
+
+def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
+    """With ``--ppo.learning-rate-decay``: one line when resuming stretches or
+    shrinks the decay (its end moves; the rate jumps), with the rate before
+    and after at the update the run continues from."""
+    from nnx_ppo.algorithms import checkpointing
+
+    before, after = rd.train_config_from_dict(saved["config"], learning_rate=1.0).ppo, cmd.config.ppo
+    latest = checkpointing.latest_checkpoint(Path(cmd.resume) / rd.CHECKPOINT_DIR)
+    if not after.learning_rate_decay or latest is None or before.total_updates == after.total_updates:
+        return
+    step = int(latest.name.removeprefix("step_"))
+    update = step // before.steps_per_iteration * before.n_epochs * before.n_minibatches
+    old, new = (max(0.0, 1.0 - update / ppo.total_updates) for ppo in (before, after))
+    rates = (f"{old * after.learning_rate:.3g} to {new * after.learning_rate:.3g}" if "members" not in saved
+             else f"{old:.1%} to {new:.1%} of each member's learning rate")
+    end, was = (ppo.n_iterations * ppo.steps_per_iteration for ppo in (after, before))
+    print(f"resuming changes the learning-rate decay: it now reaches 0 at {end:,} env steps ({after.total_updates:,} "
+          f"updates; was {was:,}, {before.total_updates:,}), so at step {step:,} (update {update:,}) the rate goes "
+          f"from {rates}", flush=True)
+
+
+def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train") -> Path:
+    """The run directory, locked (the caller releases
+    ``rd.RunLock(run_dir)``); for ``--resume``, after checking that there is
+    a checkpoint to resume from."""
+    from nnx_ppo.user_code import short_name
+
+    check_distinct_seeds(cmd.seeds)
+    if cmd.resume is None:
+        run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(short_name(cmd.env))
+        lock = lock_run_dir(run_dir)
+        try:
+            return fresh_run_dir(run_dir, cmd.overwrite)
+        except BaseException:
+            lock.release()
+            raise
+    assert saved is not None
+    if cmd.run_dir is not None and Path(cmd.run_dir).resolve() != Path(cmd.resume).resolve():
+        raise CliError("give either --run-dir or --resume, not both")
+    run_dir = Path(cmd.resume)
+    if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
+        from nnx_ppo.algorithms.checkpointing import held_checkpoints
+
+        again = f"{shell_command(PROG, command, '...', '--run-dir', run_dir)} --overwrite"
+        if held_checkpoints(run_dir / rd.CHECKPOINT_DIR) == "a best policy":
+            raise CliError(f"{run_dir} has no training checkpoint to resume from, only its best policy (which holds "
+                           f"no optimizer state): evaluate or export it with --best, or start it again: {again}")
+        raise CliError(f"{run_dir} has no checkpoints to resume from (it stopped before its first one); start it "
+                       f"again: {again}")
+    lock = lock_run_dir(run_dir)
+    try:
+        rd.check_writable(run_dir)
+        _check_writable_files(run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return run_dir
+
+
+def _check_writable_files(run_dir: Path) -> None:
+    """A resumed run appends to its files: each must be writable (one line naming the first that is not)."""
+    import os
+
+    for path in [run_dir, *(run_dir / name for name in (rd.CONFIG_FILE, rd.METRICS_FILE, rd.CHECKPOINT_DIR))]:
+        if path.exists() and not os.access(path, os.W_OK):
+            raise CliError(f"cannot resume {run_dir}: {path} is not writable")
+
+
+def _normalized_network(network: str) -> str:
+    """``--network`` as config.json records it (a file reference made absolute)."""
+    from nnx_ppo.network_spec import NetworkSpec
+
+    try:
+        return NetworkSpec.sized("", network, 1).kind
+    except ValueError:
+        return network

@@ -5,29 +5,36 @@ The grid's configs (every combination of ``--grid`` values on top of the
 :func:`~nnx_ppo.algorithms.population.train_population`, which writes the run
 directory (``config.json`` with the members, ``metrics.jsonl`` rows per
 member, ``checkpoints/`` holding every member, one best policy each). After
-training, :mod:`nnx_ppo.app.sweep_report` ranks the configs (with PBT: the
-members, by their final hyperparameters, with their lineage and failures)
-and writes ``sweep.md``, ``sweep.json`` and the plots.
+training, the report (the second half of this module, read only from
+``config.json`` and ``metrics.jsonl``) ranks the configs (:func:`sweep_summary`;
+with PBT: the members, by their final hyperparameters, with their lineage and
+failures) and writes ``sweep.md`` and ``sweep.json`` (:func:`write_outputs`)
+and the plots (``sweep_<field>.png``: final return against each swept value;
+``pbt_<field>.png`` with PBT: each member's value over training).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
+from nnx_ppo import run_logger
 from nnx_ppo.app.commands import PROG, CliError, SweepCommand, check_distinct_seeds, print_error, shell_command
 from nnx_ppo.app.ending import train_into
+from nnx_ppo.app.plot import bootstrap_interval, format_value, interquartile_mean
 from nnx_ppo.app.runs import build_network, make_env, network_spec_of, parse_env_kwargs
-from nnx_ppo.app.sweep_report import TABLE_FILE, format_table, sweep_summary, write_outputs
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import pretty_path
 from nnx_ppo.runner import Run, RunSpec
 
-__all__ = ["run_sweep", "parse_grid", "grid_configs"]
+__all__ = ["run_sweep", "parse_grid", "grid_configs", "sweep_summary", "format_table", "write_outputs",
+           "member_lineage", "lineage_text", "failure_text", "SUMMARY_FILE", "TABLE_FILE"]
 
 
 def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
@@ -111,7 +118,7 @@ def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None =
     env_kwargs = parse_env_kwargs(cmd.env_kwargs, cmd.env)
     train_env_kwargs = parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
     if cmd.resume is not None:
-        from nnx_ppo.app.train import resume_changes
+        from nnx_ppo.app.runs import resume_changes
 
         if cmd.grid:
             raise CliError("--grid is the sweep's own: not with --resume (the run's members are resumed)")
@@ -122,11 +129,11 @@ def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None =
             raise CliError("give --grid FIELD=V1,V2 ... (e.g. --grid ppo.learning-rate=1e-3,3e-4)")
         seeds = check_distinct_seeds(list(cmd.seeds) or [cmd.config.seed])
         configs, _ = grid_configs(cmd.config, parse_grid(cmd.grid))
-    from nnx_ppo.app.train import _run_directory
+    from nnx_ppo.app.runs import run_directory
 
     if cmd.resume is None and not cmd.run_dir:
         cmd = dataclasses.replace(cmd, run_dir=str(rd.default_run_dir(f"{short_name(cmd.env)}-sweep")))
-    run_dir = _run_directory(cmd, saved, "sweep")
+    run_dir = run_directory(cmd, saved, "sweep")
     try:
         return _sweep(cmd, argv, run_dir, configs, seeds, env_kwargs, train_env_kwargs, saved)
     finally:
@@ -186,3 +193,326 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
         print(f"stopped early; continue with: {shell_command(PROG, 'resume', pretty_path(run_dir))}")
     print(f"run directory: {pretty_path(run_dir)}", flush=True)
     return code
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+SUMMARY_FILE = "sweep.json"
+TABLE_FILE = "sweep.md"
+_METRIC = "eval/episode_return"
+
+
+def _elapsed(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Seconds of training at each iteration's env step (the population's: every member at once)."""
+    out: dict[int, float] = {}
+    for r in rows:
+        t = r.get("time/elapsed_seconds")
+        if not r.get("eval") and isinstance(t, (int, float)):
+            out[r["env_steps"]] = max(out.get(r["env_steps"], 0.0), float(t))
+    return out
+
+
+def member_lineage(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Per member, the states it took over under PBT, in order, from the
+    ``population/took_over`` of its iteration rows: ``[{"iteration": 2,
+    "from": 3, "revived": False}, ...]``. ``revived``: the first takeover at
+    or after the member's failure (see :func:`~nnx_ppo.run_dir.failure_rows`),
+    which copied a healthy state over the failed one."""
+    failures = rd.failure_rows(rows)
+    lineage: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        source = r.get("population/took_over")
+        if r.get("eval") or "seed" not in r or not isinstance(source, (int, float)) or source < 0:
+            continue
+        events = lineage.setdefault(int(r["seed"]), [])
+        failure = failures.get(r["seed"])
+        revived = (failure is not None and int(r["iteration"]) >= int(failure["iteration"])
+                   and not any(e["revived"] for e in events))
+        events.append({"iteration": int(r["iteration"]), "from": int(source), "revived": revived})
+    return lineage
+
+
+def lineage_text(events: list[dict[str, Any]], only_revival: bool = False) -> str:
+    """``revived from member 2 at iteration 2, took over member 3 at iteration 6``
+    (``only_revival``: the revival alone); empty without events."""
+    return ", ".join(f"revived from member {e['from']} at iteration {e['iteration']}" if e["revived"]
+                     else f"took over member {e['from']} at iteration {e['iteration']}"
+                     for e in events if e["revived"] or not only_revival)
+
+
+def failure_text(failure: dict[str, Any]) -> str:
+    """``FAILED at iteration 1 (env steps 128): non-finite values ...`` of a
+    failure row (:data:`~nnx_ppo.run_dir.FAILURE_KEY`) or a summary's ``failure``."""
+    reason = failure.get(rd.FAILURE_KEY, failure.get("reason", ""))
+    return f"FAILED at iteration {failure['iteration']} (env steps {failure['env_steps']}): {reason}"
+
+
+def _final_hyperparameters(rows: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Per member, its hyperparameters at the end: the ``hyperparameters/<field>``
+    of its last iteration row that has them (a failed member's: before it failed)."""
+    final: dict[int, dict[str, float]] = {}
+    prefix = "hyperparameters/"
+    for r in rows:
+        values = {k.removeprefix(prefix): v for k, v in r.items() if k.startswith(prefix) and isinstance(v, float)}
+        if values and "seed" in r and not r.get("eval"):
+            final[int(r["seed"])] = values
+    return final
+
+
+def _curve_stats(steps: list[int], ys: list[float], elapsed: dict[int, float],
+                 threshold: float | None) -> dict[str, Any]:
+    """Of an evaluation curve (``steps``, ``ys``): its AUC (area under the
+    curve / its env steps) and the first env step and seconds of training at
+    which it reached ``threshold``."""
+    stats: dict[str, Any] = {"auc": math.nan, "steps_to_threshold": None, "seconds_to_threshold": None}
+    if len(steps) > 1:
+        area = sum((b - a) * (ya + yb) / 2 for a, b, ya, yb in zip(steps, steps[1:], ys, ys[1:]))
+        stats["auc"] = area / (steps[-1] - steps[0])
+    elif steps:
+        stats["auc"] = ys[0]
+    if threshold is not None:
+        reached = [x for x, y in zip(steps, ys) if y >= threshold]
+        if reached:
+            stats["steps_to_threshold"] = reached[0]
+            stats["seconds_to_threshold"] = elapsed.get(reached[0])
+    return stats
+
+
+def _member_entries(members: list[dict[str, Any]], fields: list[str], rows: list[dict[str, Any]],
+                    threshold: float | None) -> list[dict[str, Any]]:
+    """Every member's entry of the summary: seed, starting values of
+    ``fields``, final and best return, AUC and threshold, its failure
+    (``{"iteration", "env_steps", "reason", "type"}`` or None; a failed
+    member has no final return and no AUC), its PBT ``lineage`` and its
+    final ``hyperparameters`` (as logged)."""
+    curves = run_logger.seed_curves(rows, _METRIC)  # member index -> (steps, returns)
+    failures, lineage = rd.failure_rows(rows), member_lineage(rows)
+    final_values, elapsed = _final_hyperparameters(rows), _elapsed(rows)
+    entries = []
+    for i, m in enumerate(members):
+        steps, ys = curves.get(i, ([], []))
+        failure = failures.get(i)
+        entry = {"member": i, "seed": m["seed"], **{f: m["hyperparameters"][f] for f in fields},
+                 "final": ys[-1] if ys and failure is None else math.nan, "best": max(ys) if ys else math.nan,
+                 **_curve_stats(steps, ys, elapsed, threshold),
+                 "failure": None if failure is None else {
+                     "iteration": failure["iteration"], "env_steps": failure["env_steps"],
+                     "reason": failure[rd.FAILURE_KEY], "type": failure.get("failure_type")},
+                 "lineage": lineage.get(i, []), "hyperparameters": final_values.get(i, {})}
+        if failure is not None:
+            entry["auc"] = math.nan
+        entries.append(entry)
+    return entries
+
+
+def sweep_summary(run_dir: Path, threshold: float | None = None) -> dict[str, Any]:
+    """The sweep's configs ranked, from the run's ``config.json`` and
+    ``metrics.jsonl``: per config (over its seeds' evaluations; a failed
+    member counts for none of them, and the config lists it under
+    ``failed``) the final and best return (means over seeds), the
+    interquartile mean of the final returns with a 95% bootstrap interval,
+    the AUC (area under the mean curve / its steps), and the first env step
+    and seconds of training at which the mean over seeds reached
+    ``threshold``; ranked by whether a member failed (configs without
+    failures first), then IQM final, then AUC. Also every member's entry
+    (see :func:`_member_entries`) and, with PBT, ``member_ranking``: the
+    members' indices ranked by their own final return (failed ones last),
+    then AUC; under PBT the members leave their configs' values, so the
+    members are what ``sweep.md`` ranks."""
+    saved = rd.read_run_config(run_dir)
+    members = saved["members"]
+    seeds = saved["population"]["seeds"]
+    pbt = saved["population"].get("pbt")
+    fields = [f for f in members[0]["hyperparameters"]
+              if len({m["hyperparameters"][f] for m in members}) > 1]
+    rows = rd.read_metrics(run_dir)
+    curves = run_logger.seed_curves(rows, _METRIC)
+    elapsed = _elapsed(rows)
+    per_member = _member_entries(members, fields, rows, threshold)
+    configs = []
+    for c in range(len(members) // len(seeds)):
+        indices = list(range(c * len(seeds), (c + 1) * len(seeds)))
+        failed = [i for i in indices if per_member[i]["failure"] is not None]
+        member_curves = [curves[i] for i in indices if i in curves and curves[i][1] and i not in failed]
+        finals = [ys[-1] for _, ys in member_curves]
+        entry: dict[str, Any] = {"config": c, "members": indices, "failed": failed,
+                                 **{f: members[indices[0]]["hyperparameters"][f] for f in fields},
+                                 "final": _mean(finals), "best": _mean([max(ys) for _, ys in member_curves]),
+                                 "iqm_final": interquartile_mean(finals), "iqm_interval": bootstrap_interval(finals),
+                                 "auc": math.nan, "steps_to_threshold": None, "seconds_to_threshold": None}
+        if member_curves:
+            common = sorted(set.intersection(*(set(s) for s, _ in member_curves)))
+            mean = [_mean([ys[list(s).index(x)] for s, ys in member_curves]) for x in common]
+            entry.update(_curve_stats(common, mean, elapsed, threshold))
+        configs.append(entry)
+    key = lambda e: (not e["failed"], _nan_low(e["iqm_final"]), _nan_low(e["auc"]))  # noqa: E731
+    ranked = sorted(configs, key=key, reverse=True)
+    member_key = lambda m: (m["failure"] is None, _nan_low(m["final"]), _nan_low(m["auc"]))  # noqa: E731
+    member_ranking = [m["member"] for m in sorted(per_member, key=member_key, reverse=True)] if pbt else None
+    return {"fields": fields, "seeds": seeds, "threshold": threshold, "configs": ranked, "members": per_member,
+            "pbt": pbt, "member_ranking": member_ranking}
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _nan_low(x: float) -> float:
+    return -math.inf if x is None or math.isnan(x) else x
+
+
+def _threshold_cells(entry: dict[str, Any], threshold: float | None) -> list[str]:
+    """The steps and seconds to ``threshold`` (none without one)."""
+    if threshold is None:
+        return []
+    return [format_value(entry["steps_to_threshold"], ","), format_value(entry["seconds_to_threshold"], ".1f")]
+
+
+def _markdown(header: list[str], lines: list[list[str]]) -> str:
+    """A Markdown table."""
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                      *("| " + " | ".join(cells) + " |" for cells in lines)])
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The ranking as a Markdown table (what ``sweep.md`` holds first and
+    the command prints): the configs, or with PBT the members
+    (:func:`_ranked_member_table`)."""
+    if summary.get("member_ranking") is not None:
+        return _ranked_member_table(summary)
+    fields, threshold = summary["fields"], summary["threshold"]
+    header = ["rank", "config", *fields, "final", "best", "IQM final [95% CI]", "AUC"]
+    if threshold is not None:
+        header += [f"steps to {threshold:g}", f"s to {threshold:g}"]
+    header.append("failed members")
+    lines = []
+    for rank, c in enumerate(summary["configs"], start=1):
+        lo, hi = c["iqm_interval"]
+        iqm = f"{format_value(c['iqm_final'])} [{format_value(lo)}, {format_value(hi)}]"
+        lines.append([str(rank), str(c["config"]), *(f"{c[f]:g}" for f in fields), format_value(c["final"]),
+                      format_value(c["best"]), iqm, format_value(c["auc"]),
+                      *_threshold_cells(c, threshold), ", ".join(map(str, c.get("failed", []))) or "-"])
+    return _markdown(header, lines)
+
+
+def _pbt_fields(summary: dict[str, Any]) -> list[str]:
+    """The hyperparameters a PBT table shows: the swept ones, and those
+    whose final values differ between the members."""
+    finals = [m["hyperparameters"] for m in summary["members"]]
+    changed = [f for f in (finals[0] if finals else {}) if len({v.get(f) for v in finals}) > 1]
+    return [*summary["fields"], *(f for f in changed if f not in summary["fields"])]
+
+
+def _value_cell(member: dict[str, Any], field: str) -> str:
+    """A member's final value of ``field``, after its starting value when they differ (``0.001 → 0.00125``)."""
+    final = member["hyperparameters"].get(field)
+    start = member.get(field)
+    if start is None or final is None:
+        return format_value(final if final is not None else start, "g")
+    return f"{final:g}" if f"{final:g}" == f"{start:g}" else f"{start:g} → {final:g}"
+
+
+def _ranked_member_table(summary: dict[str, Any]) -> str:
+    """With PBT: the members ranked by their final return (failed members
+    last), each with its final hyperparameters, its lineage and its failure."""
+    fields, threshold = _pbt_fields(summary), summary["threshold"]
+    header = ["rank", "member", "seed", *fields, "final", "best", "AUC"]
+    if threshold is not None:
+        header += [f"steps to {threshold:g}", f"s to {threshold:g}"]
+    header += ["lineage", "failure"]
+    lines = []
+    for rank, index in enumerate(summary["member_ranking"], start=1):
+        m = summary["members"][index]
+        lines.append([str(rank), str(index), str(m["seed"]), *(_value_cell(m, f) for f in fields),
+                      format_value(m["final"]), format_value(m["best"]), format_value(m["auc"]),
+                      *_threshold_cells(m, threshold), lineage_text(m["lineage"]) or "-",
+                      failure_text(m["failure"]) if m["failure"] else "-"])
+    return _markdown(header, lines)
+
+
+def _member_table(summary: dict[str, Any]) -> str:
+    """Every member (without PBT): its seed, values, final and best return, and its failure."""
+    fields = summary["fields"]
+    header = ["member", "seed", *fields, "final", "best", "failure"]
+    return _markdown(header, [[str(m["member"]), str(m["seed"]), *(f"{m[f]:g}" for f in fields),
+                               format_value(m["final"]), format_value(m["best"]),
+                               failure_text(m["failure"]) if m["failure"] else "-"]
+                              for m in summary["members"]])
+
+
+def write_outputs(run_dir: Path, summary: dict[str, Any]) -> list[Path]:
+    """``sweep.json``, ``sweep.md`` and the plots; returns the plots written."""
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    pbt = summary.get("pbt")
+    failed = [m["member"] for m in summary["members"] if m["failure"]]
+    note = "" if not failed else (f"\nMembers {failed} failed: a failed member has no final return, counts for "
+                                  "none of its config's statistics, and ranks last.\n")
+    usage = f"`{shell_command(PROG, 'eval', run_dir.name)} --member K`, `load_policy(run, member=K)`."
+    if pbt:
+        intro = (f"Population-based training every {pbt['every_iterations']} iterations: members take over the "
+                 "states of better ones and perturb their hyperparameters, so they are ranked one by one, by "
+                 "their final evaluation return (then AUC: area under the evaluation curve / its env steps), "
+                 "with their hyperparameters at the end (`start → final` where PBT changed them) and their "
+                 "lineage (the members whose states they took over, at which iterations; *revived*: copied "
+                 "over a failed member). The configs, by starting values, are in sweep.json.\n")
+        body = f"{format_table(summary)}\n\n{usage}\n"
+    else:
+        intro = (f"Configs ranked by the interquartile mean (IQM) of their seeds' final evaluation returns (seeds "
+                 f"{summary['seeds']}; 95% percentile-bootstrap interval over seeds), configs with failed members "
+                 "last; AUC: area under the mean evaluation curve / its env steps.\n")
+        body = f"{format_table(summary)}\n\n## Members\n\n{usage}\n\n{_member_table(summary)}\n"
+    (run_dir / TABLE_FILE).write_text(f"# Sweep: {run_dir.name}\n\n{intro}{note}\n{body}")
+    return _plots(run_dir, summary)
+
+
+def _plots(run_dir: Path, summary: dict[str, Any]) -> list[Path]:
+    """``sweep_<field>.png``: every member's final return (dots) and each
+    value's median over its members (line) against the swept value (with
+    PBT: the member's final value); with PBT, ``pbt_<field>.png``: each
+    member's value over training. Failed members have no final return."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    written = []
+    pbt = bool(summary.get("pbt"))
+    for field in summary["fields"]:
+        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+        points = [(m["hyperparameters"].get(field, m[field]) if pbt else m[field], m["final"])
+                  for m in summary["members"] if not math.isnan(m["final"])]
+        xs = sorted({x for x, _ in points})
+        ax.plot([x for x, _ in points], [y for _, y in points], "o", alpha=0.5, label="member (final)")
+        medians = [sorted(y for x2, y in points if x2 == x) for x in xs]
+        ax.plot(xs, [ys[len(ys) // 2] if len(ys) % 2 else (ys[len(ys) // 2 - 1] + ys[len(ys) // 2]) / 2
+                     for ys in medians], "-", color="C1", label="median")
+        if xs and min(xs) > 0 and max(xs) / min(xs) >= 10:
+            ax.set_xscale("log")
+        ax.set_xlabel(f"{'final ' if pbt else ''}ppo.{field.replace('_', '-')}")
+        ax.set_ylabel(f"final {_METRIC}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        path = run_dir / f"sweep_{field}.png"
+        run_logger.save_figure(fig, path)
+        written.append(path)
+    if summary.get("pbt"):
+        rows = [r for r in rd.read_metrics(run_dir) if not r.get("eval") and "seed" in r]
+        for field in summary["fields"] or ["learning_rate"]:
+            key = f"hyperparameters/{field}"
+            fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+            for m in summary["members"]:
+                mine = [(r["env_steps"], r[key]) for r in rows if r["seed"] == m["member"] and key in r]
+                ax.plot([s for s, _ in mine], [v for _, v in mine], "-", linewidth=1, label=f"member {m['member']}")
+            ax.set_xlabel("env steps (per member)")
+            ax.set_ylabel(f"ppo.{field.replace('_', '-')}")
+            ax.set_yscale("log" if field in ("learning_rate", "reward_scale") else "linear")
+            ax.grid(True, alpha=0.3)
+            if len(summary["members"]) <= 12:
+                ax.legend(fontsize="x-small", ncol=2)
+            fig.tight_layout()
+            path = run_dir / f"pbt_{field}.png"
+            run_logger.save_figure(fig, path)
+            written.append(path)
+    return written
