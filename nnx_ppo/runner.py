@@ -186,7 +186,7 @@ class Run:
         held = [] if resuming else rd.run_data(path)
         if held:
             lock.release()
-            from nnx_ppo.algorithms.members import check_fresh_checkpoint_dir
+            from nnx_ppo.algorithms.trainer import check_fresh_checkpoint_dir
 
             check_fresh_checkpoint_dir(str(path / rd.CHECKPOINT_DIR))  # (checkpoints: its own error, naming them)
             raise rd.RunDirInUseError(f"run_dir {os.fspath(path)!r} already holds a run's data ({', '.join(held)}); a "
