@@ -24,9 +24,18 @@ from nnx_ppo.app.commands import (
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs, resolve_factory_reference
 
 __all__ = ["has_checkpoint", "lock_run_dir", "fresh_run_dir", "run_policy_spec", "read_run", "checkpoint_choice",
-           "load_run_network", "parse_env_kwargs", "make_env", "build_network", "use_run_code", "run_directory",
-           "resume_changes", "extra_network_kwargs",
-           "network_spec_of"]
+           "load_run_network", "only_best_policy", "parse_env_kwargs", "make_env", "build_network", "use_run_code",
+           "run_directory", "resume_changes", "extra_network_kwargs", "network_spec_of"]
+
+
+def only_best_policy(directory: Path) -> bool:
+    """The checkpoint directory holds a best policy but no training
+    checkpoint (what a run whose checkpoints were deleted, or a disk-full
+    run, can leave): evaluable and exportable with ``--best``, not resumable."""
+    from nnx_ppo.algorithms.checkpointing import best_policy_dir
+
+    best = best_policy_dir(directory)
+    return not has_checkpoint(directory) and best.is_dir() and any(best.iterdir())
 
 
 def has_checkpoint(directory: Path) -> bool:
@@ -39,7 +48,6 @@ def has_checkpoint(directory: Path) -> bool:
 def lock_run_dir(run_dir: Path):
     """The run directory's :class:`~nnx_ppo.run_dir.RunLock`, acquired: a
     directory another process trains into is refused in one line naming its pid."""
-    from nnx_ppo import run_dir as rd
 
     try:
         return rd.RunLock(run_dir).acquire()
@@ -54,7 +62,6 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> Path:
     holds and what to do (resume a run with a training checkpoint;
     ``--overwrite`` deletes the data first). The caller holds the
     directory's lock (:func:`lock_run_dir`)."""
-    from nnx_ppo import run_dir as rd
     from nnx_ppo.algorithms.checkpointing import latest_checkpoint
     from nnx_ppo.progress import pretty_path
 
@@ -89,7 +96,7 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> Path:
                        "prune them: move them away, pick another --run-dir, or --overwrite (deletes them)")
     if resumable:
         advice = f"continue it with {shell_command(PROG, 'resume', run_dir)}"
-    elif any("best policy" in d for d in data):
+    elif only_best_policy(ckpt):
         advice = (f"it cannot be resumed (only its best policy is left, no training checkpoint); evaluate or export "
                   f"that with {shell_command(PROG, 'eval', run_dir)} --best")
     else:
@@ -104,12 +111,9 @@ def run_policy_spec(run_dir: Path, saved: dict[str, Any], step: int | str | None
     (whose ``config.json`` is ``saved``), for the checkpoint ``step`` will
     pick (``"best"``: the best policy is enough); a named error when there is
     none, saying what there is instead."""
-    from nnx_ppo import run_dir as rd
-    from nnx_ppo.algorithms.checkpointing import held_checkpoints
-
     ckpt_dir = run_dir / rd.CHECKPOINT_DIR
     if not has_checkpoint(ckpt_dir):
-        only_best = ckpt_dir.is_dir() and held_checkpoints(ckpt_dir) == "a best policy"
+        only_best = only_best_policy(ckpt_dir)
         if only_best and step != "best":
             raise CliError(f"{run_dir} has no training checkpoint left, only its best policy "
                            f"({rd.CHECKPOINT_DIR}/best): give --best")
@@ -134,7 +138,6 @@ def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
     missing or broken, or (with ``rebuild``, what the command would do) if
     it was trained from Python on an env or network the command line cannot
     rebuild, or on an env name only the training script registered."""
-    from nnx_ppo import run_dir as rd
     from nnx_ppo.envs.registry import is_known
     from nnx_ppo.runner import PYTHON_NETWORK
 
@@ -162,7 +165,6 @@ def use_run_code(run_dir: Path, current_code: bool = False) -> None:
     user's env and network that moved or changed since it was trained are
     said in one line each, and loaded from the run's copies (``source/``)
     from now on, or as they are now with ``current_code`` (``--current-code``)."""
-    from nnx_ppo import run_dir as rd
     from nnx_ppo.user_code import use_run_copies
 
     try:
@@ -322,10 +324,8 @@ def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train") -> 
         raise CliError("give either --run-dir or --resume, not both")
     run_dir = Path(cmd.resume)
     if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
-        from nnx_ppo.algorithms.checkpointing import held_checkpoints
-
         again = f"{shell_command(PROG, command, '...', '--run-dir', run_dir)} --overwrite"
-        if held_checkpoints(run_dir / rd.CHECKPOINT_DIR) == "a best policy":
+        if only_best_policy(run_dir / rd.CHECKPOINT_DIR):
             raise CliError(f"{run_dir} has no training checkpoint to resume from, only its best policy (which holds "
                            f"no optimizer state): evaluate or export it with --best, or start it again: {again}")
         raise CliError(f"{run_dir} has no checkpoints to resume from (it stopped before its first one); start it "
