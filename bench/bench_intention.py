@@ -297,6 +297,8 @@ def main(argv):
     parser.add_argument("--no-check", action="store_true", help="skip check_env (never run with --env rodent)")
     parser.add_argument("--precision", choices=("default", "bfloat16"), default="default",
                         help="PPOConfig.precision (bfloat16 matrix inputs, float32 sums)")
+    parser.add_argument("--replay-unroll", type=int, default=None,
+                        help="PPOConfig.replay_unroll (default: the whole rollout on an accelerator, 1 on a CPU)")
     parser.set_defaults(decoder="mlp")
     args = parser.parse_args(argv)
 
@@ -321,7 +323,7 @@ def main(argv):
     config = TrainConfig(
         ppo=PPOConfig(n_envs=args.n_envs, rollout_length=args.rollout, total_steps=args.iterations * per_iteration,
                       n_epochs=4, n_minibatches=4, discounting_factor=0.97, learning_rate=1e-4,
-                      precision=args.precision),
+                      precision=args.precision, replay_unroll=args.replay_unroll),
         eval=EvalConfig(enabled=False),
     )
     times: list[tuple[float, int]] = []
@@ -339,6 +341,7 @@ def main(argv):
     row = speed_row("nnx_ppo", args, params, build_s, result.compile_seconds, t0, times, wall)
     row["replay_max_error"] = max(replay_errors) if replay_errors else None
     row["precision"] = args.precision
+    row["replay_unroll"] = config.ppo.scan_unroll(jax.default_backend())
     if args.profile:
         fn = NetworkFn.of(net, deterministic=False)
 

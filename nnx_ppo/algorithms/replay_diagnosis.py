@@ -48,8 +48,12 @@ class ReplayDiagnosis:
     n_resets: int
 
 
+def _key_data(x):
+    return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+
 def _max_abs_diff(a, b) -> float:
-    diffs = jax.tree.map(lambda x, y: float(jnp.max(jnp.abs(x - y))), a, b)
+    diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)), initial=0.0)), a, b)
     return max(jax.tree.leaves(diffs), default=0.0)
 
 
@@ -197,10 +201,13 @@ def diagnose_replay(network, env, *, n_envs: int = 8, rollout_length: int = 32, 
                 key_perm, Minibatch(trajectory=traj, advantages=dummy, returns=dummy), n_minibatches
             )
             replayed = jax.lax.map(lambda b: rollout.network.replay(b.trajectory), batches)
-        return batches.trajectory, replayed
+        # keys as their data, so that everything below runs on the host: the
+        # outputs carry the minibatch layout (losses.split_minibatches), which
+        # eager ops on a TPU refuse
+        return jax.tree.map(_key_data, (batches.trajectory, replayed))
 
     try:
-        traj, replay = run(state)
+        traj, replay = jax.device_get(run(state))
     except flax_errors.TraceContextError as err:
         raise rule_breaking_module_error(err, network) from None
     log_ratio = _max_abs_diff(replay.output.loglikelihoods, traj.loglikelihoods)
@@ -208,7 +215,7 @@ def diagnose_replay(network, env, *, n_envs: int = 8, rollout_length: int = 32, 
     divergence = None
     if jax.tree.leaves(traj.carry):
         # [n_minibatches, T, M, ...] -> [T, n_minibatches * M, ...]
-        to_tb = lambda x: jnp.reshape(jnp.swapaxes(x, 0, 1), (rollout_length, n_envs) + x.shape[3:])
+        to_tb = lambda x: np.reshape(np.swapaxes(x, 0, 1), (rollout_length, n_envs) + x.shape[3:])
         first = _first_carry_divergence(
             jax.tree.map(to_tb, traj.carry), jax.tree.map(to_tb, replay.carry), to_tb(traj.reset), tolerance
         )
