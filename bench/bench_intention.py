@@ -308,7 +308,7 @@ def main(argv):
     from nnx_ppo.algorithms.functional import NetworkFn
     from nnx_ppo.algorithms.ppo import train_ppo
     from nnx_ppo.algorithms.rollout import collect_rollout
-    from nnx_ppo.networks.intention import INTENTION_USERS_SIZE, count_parameters, make_intention_network
+    from nnx_ppo.networks.factories import INTENTION_USERS_SIZE, count_parameters, make_intention_network
     from nnx_ppo.testing import check_env
 
     env = make_rodent_env() if args.env == "rodent" else make_env()

@@ -349,7 +349,7 @@ def main(argv):
 
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.algorithms.ppo import train_ppo
-    from nnx_ppo.networks.intention import INTENTION_USERS_SIZE, count_parameters, make_intention_network
+    from nnx_ppo.networks.factories import INTENTION_USERS_SIZE, count_parameters, make_intention_network
 
     env = make_env()
     net = make_intention_network(env, nnx.Rngs(0), decoder=args.decoder, **INTENTION_USERS_SIZE)

@@ -51,7 +51,7 @@ def main(argv):
     if arch.startswith("intention_"):
         from bench_intention import make_env
 
-        from nnx_ppo.networks.intention import INTENTION_USERS_SIZE, make_intention_network
+        from nnx_ppo.networks.factories import INTENTION_USERS_SIZE, make_intention_network
         env, rollout_length = make_env(), 20
         network = make_intention_network(env, nnx.Rngs(0), decoder=arch.removeprefix("intention_"),
                                          **INTENTION_USERS_SIZE)

@@ -170,7 +170,7 @@ def _cheetah(network: str, description: str, **network_kwargs: Any) -> Preset:
 
 def _rodent_imitation(network: str, config: TrainConfig, target: float | None, description: str) -> Preset:
     """A ``rodent_imitation`` preset with an intention network
-    (:mod:`nnx_ppo.networks.intention`) that encodes the observation's
+    (:mod:`nnx_ppo.networks.factories`) that encodes the observation's
     ``imitation_target`` window; discount 0.95 and 4 epochs, as the users'
     published setups."""
     return Preset(env="rodent_imitation", network=network, hidden_size=64,
@@ -230,7 +230,7 @@ PRESETS: tuple[Preset, ...] = (
         # one 64x64 actor per limb and one critic per limb's reward (docs/modular_body.md); the function's own
         # sizes (a network function takes no --hidden-size). 5 solo seeds, final policy on 128
         # episodes: -14.2, -13.9, -14.7, -14.0, -14.4; each seed's evaluation at -17 or better from 130k steps on
-        network="nnx_ppo.networks.modular:make_modular_actor_critic",
+        network="nnx_ppo.networks.factories:make_modular_actor_critic",
         hidden_size=64,
         config=_config(150_000, 25_000, 128, 50, learning_rate=3e-3, n_envs=64, rollout_length=25,
                        discounting_factor=0.95, combine_advantages=True),
@@ -241,7 +241,7 @@ PRESETS: tuple[Preset, ...] = (
              actor_hidden_sizes=[64] * 4, critic_hidden_sizes=[256] * 2),
     _cheetah("lstm", "the same with a Dense(64) + LSTM(64) actor and critic"),
     _rodent_imitation(
-        "nnx_ppo.networks.intention:make_intention_network",  # the CPU size (INTENTION_CPU_SIZE)
+        "nnx_ppo.networks.factories:make_intention_network",  # the CPU size (INTENTION_CPU_SIZE)
         _config(1_000_000, 100_000, 32, 150, learning_rate=3e-4, n_envs=64, rollout_length=20,
                 discounting_factor=0.95, n_epochs=4, n_minibatches=4),
         # 300, about twice the zero-action score (160.4): set after solo CPU seeds 0-7 (final 327.1-349.9),
@@ -249,7 +249,7 @@ PRESETS: tuple[Preset, ...] = (
         target=300.0,
         description="the virtual rodent tracks reference clips; CPU-size intention network (docs/rodent.md)"),
     _rodent_imitation(
-        "nnx_ppo.networks.intention:make_users_intention_network",  # INTENTION_USERS_SIZE, 3.5M parameters
+        "nnx_ppo.networks.factories:make_users_intention_network",  # INTENTION_USERS_SIZE, 3.5M parameters
         _config(500_000_000, 10_000_000, 256, 150, learning_rate=1e-4, n_envs=1024, rollout_length=20,
                 discounting_factor=0.95, n_epochs=4, n_minibatches=8),
         target=None,

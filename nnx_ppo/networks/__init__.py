@@ -9,14 +9,14 @@ from nnx_ppo.networks.containers import Concat, Parallel, Sequential, Splitter
 from nnx_ppo.networks.delay import Delay
 from nnx_ppo.networks.factories import (
     make_actor_critic_for_env,
+    make_intention_network,
     make_mlp,
     make_mlp_actor_critic,
     make_mlp_layers,
+    make_modular_actor_critic,
     make_recurrent_actor_critic,
 )
 from nnx_ppo.networks.feedforward import Dense
-from nnx_ppo.networks.intention import make_intention_network
-from nnx_ppo.networks.modular import make_modular_actor_critic
 from nnx_ppo.networks.noise import BernoulliGate, DropoutMask, GaussianNoise
 from nnx_ppo.networks.normalizer import Normalizer, NormalizerStatistics
 from nnx_ppo.networks.recurrent import GRU, LSTM, RecurrentCell, SimpleRNN

@@ -13,7 +13,7 @@ from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.seeds import train_seeds
 from nnx_ppo.envs import Box, Discrete, EnvState, LimbReacher, RLEnv, TimeLimit, make
 from nnx_ppo.envs.types import as_f32
-from nnx_ppo.networks.modular import make_modular_actor_critic
+from nnx_ppo.networks.factories import make_modular_actor_critic
 from nnx_ppo.testing import check_env, check_replay_consistency
 
 LIMBS = ("limb_0", "limb_1", "limb_2")

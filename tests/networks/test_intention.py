@@ -1,4 +1,4 @@
-"""Tests for nnx_ppo.networks.intention: sizes, wiring, the replay guarantee, training."""
+"""Tests for nnx_ppo.networks.factories: sizes, wiring, the replay guarantee, training."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,7 @@ from flax import nnx
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.envs import Box, Discrete, EnvState, RLEnv
-from nnx_ppo.networks.intention import (
+from nnx_ppo.networks.factories import (
     INTENTION_CPU_SIZE,
     INTENTION_USERS_SIZE,
     count_parameters,
