@@ -71,9 +71,8 @@ class Progress:
     file) tqdm redraws it at most every ``interval`` seconds, a line each
     time; with --quiet there is no bar, only the evaluations."""
 
-    def __init__(self, total_steps: int, steps_per_iteration: int, quiet: bool, interval: float = 30.0):
+    def __init__(self, total_steps: int, quiet: bool, interval: float = 30.0):
         self.total = total_steps
-        self.spi = steps_per_iteration
         self.quiet = quiet
         self.interval = interval
         self.bar = None

@@ -182,7 +182,7 @@ def test_progress_without_a_terminal_is_lines_at_a_bounded_rate(capsys):
     step count (the messages stay on stdout)."""
     from nnx_ppo.progress import Progress
 
-    progress = Progress(total_steps=1000, steps_per_iteration=10, quiet=False, interval=3600.0)
+    progress = Progress(total_steps=1000, quiet=False, interval=3600.0)
     progress.start()
     for step in range(10, 1001, 10):
         progress.iteration({}, step)

@@ -260,7 +260,7 @@ def test_the_first_progress_line_shows_no_rate(capsys):
     time left yet (tqdm's "?"); the next has both."""
     from nnx_ppo.progress import Progress
 
-    bar = Progress(4 * STEPS, STEPS, quiet=False, interval=0.0)
+    bar = Progress(4 * STEPS, quiet=False, interval=0.0)
     bar.start()
     bar.iteration({}, STEPS)
     time.sleep(0.05)
