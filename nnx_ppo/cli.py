@@ -16,12 +16,10 @@ Every :class:`~nnx_ppo.algorithms.config.TrainConfig` field is a flag
 documentation as help. See docs/cli.md. The commands live in
 :mod:`nnx_ppo.app` (``commands``, ``train``, ``sweep``, ``evaluate``,
 ``distill``, ``export``, ``plot``, ``listing``; ``process`` sets up the
-process a command runs in); this module parses the command line,
-dispatches, and shows the help: tyro's text without docstring markup
-(:func:`clean_help`) and ``train --help``'s flags in titled sections
-(:func:`group_options`, :data:`TRAIN_FLAG_GROUPS`). It imports no JAX:
-``--help`` and ``envs`` stay quick, and the commands that train or
-evaluate import it when they run.
+process a command runs in); this module parses the command line (tyro:
+``train --help`` shows a box per group of flags, a nested dataclass of the
+command) and dispatches. It imports no JAX: ``--help`` and ``envs`` stay
+quick, and the commands that train or evaluate import it when they run.
 """
 
 from __future__ import annotations
@@ -33,12 +31,14 @@ import json
 import os
 import re
 import sys
+import typing
 import warnings
 from typing import Annotated, Union
 
 import tyro
+from tyro.constructors import MISSING_NONPROP
 
-from nnx_ppo.algorithms.config import checked, deferred_checks
+from nnx_ppo.algorithms.config import TrainConfig, checked, deferred_checks, flat_fields
 from nnx_ppo.app.commands import (
     DEFAULT_ENV,
     DEFAULT_ENV_KWARGS,
@@ -53,9 +53,9 @@ from nnx_ppo.app.commands import (
     ExportCommand,
     PlotCommand,
     ResumeCommand,
+    SetupFlags,
     SweepCommand,
     TrainCommand,
-    flag_groups,
     print_error,
 )
 from nnx_ppo.app.listing import env_spec_forms, run_envs
@@ -78,69 +78,7 @@ __all__ = [
     "DEFAULT_NETWORK",
     "DEFAULT_HIDDEN_SIZE",
     "DEFAULT_TRAIN_CONFIG",
-    "clean_help",
-    "group_options",
-    "TRAIN_FLAG_GROUPS",
 ]
-
-
-# ----------------------------------------------------------------------------- help
-
-_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|obj):`(~?)([\w.]+)`")
-
-
-def _plain(text: str) -> str:
-    """Sphinx roles and double backquotes of docstrings as plain text."""
-    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
-    return text.replace("``", "")
-
-
-def clean_help(text: str) -> str:
-    """``text`` (tyro's help) without docstring markup; in a boxed line the
-    right border stays where it was."""
-    lines = []
-    for line in text.splitlines(keepends=True):
-        plain = _plain(line)
-        body, end = plain.rstrip("\n"), plain[len(plain.rstrip("\n")):]
-        if plain != line and body.endswith("│"):
-            body = body[:-1] + " " * (len(line.rstrip("\n")) - len(body)) + "│"
-        lines.append(body + end)
-    return "".join(lines)
-
-
-TRAIN_FLAG_GROUPS = flag_groups(TrainCommand)
-"""How ``train --help`` splits tyro's one box of top-level flags (the
-training and evaluation hyperparameters keep their own ``ppo`` and ``eval``
-boxes): each field declares its section (``group`` in its metadata)."""
-
-
-def group_options(text: str, groups: dict[str, tuple[str, ...]]) -> str:
-    """Split the ``options`` section of tyro's help into titled sections, one
-    per group, in the order given; a flag in no group stays under ``options``."""
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines[:-1]) if line.strip() == "options"
-                  and set(lines[i + 1].strip()) == {"-"}), None)
-    if start is None:
-        return text
-    end = next((i for i in range(start + 2, len(lines)) if not lines[i].strip()), len(lines))
-    entries: list[list[str]] = []
-    for line in lines[start + 2:end]:
-        if line.startswith("  -") or not entries:
-            entries.append([line])
-        else:
-            entries[-1].append(line)
-    group_of = {flag: title for title, flags in groups.items() for flag in flags}
-    sections: dict[str, list[str]] = {"options": [], **{title: [] for title in groups}}
-    for entry in entries:
-        flag = entry[0].split()[0].rstrip(",")
-        sections[group_of.get(flag, "options")].extend(entry)
-    header, rule = lines[start], lines[start + 1]
-    width = len(header.rstrip("\n"))
-    out = []
-    for title, body in sections.items():
-        if body:
-            out += [f" {title}".ljust(width) + "\n", rule, *body, " " * width + "\n"]
-    return "".join(lines[:start] + out[:-1] + lines[end:])
 
 
 # ----------------------------------------------------------------------------- main
@@ -165,34 +103,28 @@ def _preset_defaults(preset, command: type = TrainCommand) -> TrainCommand:
     """A TrainCommand (or ``command``, a SweepCommand) holding a preset's
     settings (the parser's defaults for an env with a preset, so that flags
     given explicitly override them)."""
-    return command(
-        env=preset.env,
+    return command(env=preset.env, config=preset.config, setup=SetupFlags(
         network=preset.network,
         hidden_size=preset.hidden_size,
         env_kwargs=json.dumps(preset.env_kwargs) if preset.env_kwargs else None,
         network_kwargs=json.dumps(preset.network_kwargs) if preset.network_kwargs else None,
         train_env_kwargs=json.dumps(preset.train_env_kwargs) if preset.train_env_kwargs else None,
-        config=preset.config,
-    )
+    ))
+
+
+_COMMANDS = {"train": TrainCommand, "sweep": SweepCommand, "resume": ResumeCommand, "eval": EvalCommand,
+             "distill": DistillCommand, "export": ExportCommand, "plot": PlotCommand, "envs": EnvsCommand}
 
 
 def _tyro_parse(argv: list[str], train_default: TrainCommand, sweep_default: SweepCommand | None = None):
-    commands = Union[
-        Annotated[TrainCommand, tyro.conf.subcommand("train", default=train_default, prefix_name=False)],
-        Annotated[SweepCommand, tyro.conf.subcommand("sweep", default=sweep_default or SweepCommand(),
-                                                     prefix_name=False)],
-        Annotated[ResumeCommand, tyro.conf.subcommand("resume", prefix_name=False)],
-        Annotated[EvalCommand, tyro.conf.subcommand("eval", prefix_name=False)],
-        Annotated[DistillCommand, tyro.conf.subcommand("distill", prefix_name=False)],
-        Annotated[ExportCommand, tyro.conf.subcommand("export", prefix_name=False)],
-        Annotated[PlotCommand, tyro.conf.subcommand("plot", prefix_name=False)],
-        Annotated[EnvsCommand, tyro.conf.subcommand("envs", prefix_name=False)],
-    ]
+    defaults = {"train": train_default, "sweep": sweep_default or SweepCommand()}
+    commands = Union[tuple(Annotated[command, tyro.conf.subcommand(
+        name, default=defaults.get(name, MISSING_NONPROP), prefix_name=False)] for name, command in _COMMANDS.items())]
     description = (f"PPO for stateful (recurrent) networks in JAX + Flax NNX. An ENV_SPEC is {env_spec_forms()}; "
                    f"`{PROG} envs` lists them.")
-    out, err = io.StringIO(), io.StringIO()
+    err = io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), deferred_checks():  # cleaned below
+        with contextlib.redirect_stderr(err), deferred_checks():  # tyro's error, then a suggestion of ours
             cmd = tyro.cli(commands, args=argv, prog=PROG, description=description)
         if isinstance(cmd, TrainCommand):
             cmd = dataclasses.replace(cmd, config=checked(cmd.config))
@@ -200,35 +132,36 @@ def _tyro_parse(argv: list[str], train_default: TrainCommand, sweep_default: Swe
     except ValueError as e:  # a config's check rejected a value: its own one-line text
         raise CliError(str(e)) from None
     finally:
-        shown = clean_help(out.getvalue())
-        if argv[:1] == ["train"]:
-            shown = group_options(shown, TRAIN_FLAG_GROUPS)
-        elif argv[:1] == ["sweep"]:
-            shown = group_options(shown, flag_groups(SweepCommand))
-        sys.stdout.write(shown)
-        sys.stderr.write(clean_help(err.getvalue()) + _did_you_mean(err.getvalue(), argv, train_default))
+        sys.stderr.write(err.getvalue() + _did_you_mean(err.getvalue(), argv))
 
 
-_SUBCOMMANDS = ("train", "sweep", "resume", "eval", "distill", "export", "plot", "envs")
+def _flags(command: type) -> list[str]:
+    """The flags of ``command``, from its fields: a group's by their own
+    names, the config's as ``--seed``, ``--ppo.n-envs``, ... (no positional)."""
+    names = []
+    for name, hint in typing.get_type_hints(command, include_extras=True).items():
+        kind, *marks = typing.get_args(hint) if typing.get_origin(hint) is Annotated else (hint,)
+        if kind is TrainConfig:
+            names += flat_fields(TrainConfig)
+        elif dataclasses.is_dataclass(kind):
+            names += [f.name for f in dataclasses.fields(kind)]
+        elif tyro.conf.Positional not in marks:
+            names.append(name)
+    return ["--" + name.replace("_", "-") for name in names]
 
 
-def _did_you_mean(error: str, argv: list[str], train_default) -> str:
+def _did_you_mean(error: str, argv: list[str]) -> str:
     """For an unknown flag tyro found no near match for (``--ppo.lr``), the
     flags whose last part it abbreviates (``--ppo.learning-rate``)."""
     match = re.search(r"Unrecognized options: (--[\w.-]+)", error)
-    if not match or "Perhaps you meant" in error or not argv or argv[0] not in _SUBCOMMANDS:
+    if not match or "Perhaps you meant" in error or not argv or argv[0] not in _COMMANDS:
         return ""
-    unknown = match.group(1)
-    help_text = io.StringIO()
-    with contextlib.redirect_stdout(help_text), contextlib.suppress(SystemExit):
-        _tyro_parse([*argv[:1], "--help"], train_default)
-    flags = set(re.findall(r"(?<![\w-])--[a-z][\w.-]*", help_text.getvalue()))
-    prefix, _, short = unknown[2:].rpartition(".")
+    prefix, _, short = match.group(1)[2:].rpartition(".")
 
     def initials(flag: str) -> str:
         return "".join(word[0] for word in flag.rpartition(".")[2].split("-") if word)
 
-    found = sorted(f for f in flags if f[2:].startswith(prefix) and short and
+    found = sorted(f for f in _flags(_COMMANDS[argv[0]]) if f[2:].startswith(prefix) and short and
                    (initials(f) == short.replace("-", "") or f.rpartition(".")[2].startswith(short)))
     return f"{PROG}: did you mean {' or '.join(found[:3])}?\n" if found else ""
 
@@ -284,11 +217,11 @@ def _starting_preset(cmd: TrainCommand, argv: list[str]):
     library defaults of its kind of network; ``(None, None)`` where the kind
     has none."""
     network_given = any(a == "--network" or a.startswith("--network=") for a in argv)
-    preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network if network_given else None)
+    preset = None if cmd.setup.no_preset else find_preset(cmd.env, cmd.setup.network if network_given else None)
     if preset is not None:
         return preset, f"{preset.env} ({preset.network})"
-    defaults = library_defaults(cmd.env, cmd.network, cmd.hidden_size)
-    return defaults, defaults and f"library defaults ({cmd.network})"
+    defaults = library_defaults(cmd.env, cmd.setup.network, cmd.setup.hidden_size)
+    return defaults, defaults and f"library defaults ({cmd.setup.network})"
 
 
 def _with_preset(argv: list[str], preset):
@@ -302,17 +235,17 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
     """``train --print-config``: the settings the run would use, as JSON."""
     from nnx_ppo import run_dir as rd
 
-    _, preset = (None, None) if cmd.resume else _starting_preset(cmd, argv)
+    _, preset = (None, None) if cmd.run.resume else _starting_preset(cmd, argv)
     settings = {
         "env": cmd.env,
-        "network": cmd.network,
-        "hidden_size": cmd.hidden_size,
-        "network_kwargs": parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs"),
-        "env_kwargs": parse_env_kwargs(cmd.env_kwargs, cmd.env),
-        "train_env_kwargs": parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs"),
+        "network": cmd.setup.network,
+        "hidden_size": cmd.setup.hidden_size,
+        "network_kwargs": parse_env_kwargs(cmd.setup.network_kwargs, cmd.env, "--network-kwargs"),
+        "env_kwargs": parse_env_kwargs(cmd.setup.env_kwargs, cmd.env),
+        "train_env_kwargs": parse_env_kwargs(cmd.setup.train_env_kwargs, cmd.env, "--train-env-kwargs"),
         "seeds": list(cmd.seeds) or [cmd.config.seed],
         "preset": preset,
-        "resume": cmd.resume,
+        "resume": cmd.run.resume,
         "config": rd.train_config_to_dict(cmd.config),
     }
     print(json.dumps(settings, indent=2))
@@ -327,14 +260,15 @@ def _use_run_code(cmd) -> None:
 
     from nnx_ppo.app.runs import use_run_code
 
+    run, current = None, False
     if isinstance(cmd, TrainCommand):
-        run = cmd.resume
+        run, current = cmd.run.resume, cmd.run.current_code
     elif isinstance(cmd, DistillCommand):
         run = cmd.teacher_run
-    else:
-        run = getattr(cmd, "run_dir", None) if isinstance(cmd, (EvalCommand, ExportCommand)) else None
+    elif isinstance(cmd, (EvalCommand, ExportCommand)):
+        run, current = cmd.run_dir, cmd.current_code
     if run is not None:
-        use_run_code(Path(run), bool(getattr(cmd, "current_code", False)))
+        use_run_code(Path(run), current)
 
 
 def _check_seed_flags(cmd: TrainCommand, argv: list[str]) -> None:
@@ -355,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd, saved = _parse(argv)
         if isinstance(cmd, TrainCommand):
             _check_seed_flags(cmd, argv)
-        if isinstance(cmd, TrainCommand) and cmd.print_config:
+        if isinstance(cmd, TrainCommand) and cmd.run.print_config:
             return _print_config(cmd, argv)
         _use_run_code(cmd)
         if isinstance(cmd, (SweepCommand, TrainCommand, EvalCommand, DistillCommand, ExportCommand)):

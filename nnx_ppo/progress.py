@@ -1,4 +1,4 @@
-"""Progress on long work and how it stops: a bar (plain lines without a terminal), Ctrl-C handling, formatting."""
+"""Progress on long work and how it stops: a tqdm bar, Ctrl-C handling, formatting."""
 
 from __future__ import annotations
 
@@ -65,38 +65,26 @@ class StopFlag:
         return self.requested
 
 
-def _terminal() -> bool:
-    """Whether stderr (where the bar goes) is a terminal wide enough for a bar."""
-    import shutil
-    import sys
-
-    return sys.stderr.isatty() and shutil.get_terminal_size((0, 0)).columns >= 40
-
-
 class Progress:
-    """Progress over env steps: a bar (tqdm) in a terminal; without one (output
-    piped to a file, or a terminal too narrow for a bar) a plain line at most
-    every ``interval`` seconds; with --quiet only the evaluations."""
+    """Progress over env steps: one tqdm bar on stderr, with the latest eval
+    and train returns as its postfix. Where stderr is not a terminal (a log
+    file) tqdm redraws it at most every ``interval`` seconds, a line each
+    time; with --quiet there is no bar, only the evaluations."""
 
-    def __init__(self, total_steps: int, steps_per_iteration: int, quiet: bool, interval: float = 30.0):
+    def __init__(self, total_steps: int, quiet: bool, interval: float = 30.0):
         self.total = total_steps
-        self.spi = steps_per_iteration
         self.quiet = quiet
         self.interval = interval
-        self.plain = not quiet and not _terminal()
-        self._last_line = -float("inf")
         self.bar = None
         self.t_start = time.perf_counter()
-        self.compile_reported = False
-        self._first_step: int | None = None
-        self._first_time = 0.0
         self.eval_return: float | None = None
         self.train_return: float | None = None
 
     def write(self, msg: str) -> None:
-        if self.bar is not None:
-            self.bar.write(msg)
-        else:
+        """A line on stdout, above the bar (tqdm clears and redraws it)."""
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode():
             print(msg, flush=True)
 
     def start(self) -> None:
@@ -104,44 +92,25 @@ class Progress:
         self.write("compiling... (the first call compiles the training step; this can take a while)")
 
     def iteration(self, metrics: dict[str, float], env_steps: int) -> None:
-        if not self.compile_reported:
-            self.compile_reported = True
-            self.write(f"compiled in {time.perf_counter() - self.t_start:.1f} s")
-            if not self.quiet and not self.plain:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(
-                    total=self.total,
-                    initial=max(env_steps - self.spi, 0),
-                    unit="step",
-                    unit_scale=True,
-                    dynamic_ncols=True,
-                    smoothing=0.1,
-                    bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]{postfix}",
-                )
         if metrics.get("train/completed_episodes", 0) > 0:
             self.train_return = metrics.get("train/episode_return")
-        if self.bar is not None:
-            self.bar.update(min(env_steps, self.total) - self.bar.n)
-            self._postfix()
-        elif self.plain:
-            self._plain_line(env_steps)
-
-    def _plain_line(self, env_steps: int) -> None:
-        """``[steps/total] 45%  12,345 steps/s  elapsed 0:40  left 0:49`` (rate-limited; the
-        rate and what is left once a rate is measured, from the second line on)."""
-        now = time.perf_counter()
-        if now - self._last_line < self.interval and env_steps < self.total:
-            return
-        if self._first_step is None:
-            self._first_step, self._first_time = env_steps, now
-        self._last_line = now
         done = min(env_steps, self.total)
-        rate = (done - self._first_step) / (now - self._first_time) if now > self._first_time else 0.0
-        speed = f"  {rate:,.0f} steps/s" if rate > 0 else ""
-        left = f"  left {fmt_seconds((self.total - done) / rate)}" if rate > 0 else ""
-        self.write(f"[{done:>{len(str(self.total))}d}/{self.total}] {100 * done / self.total:3.0f}%"
-                   f"{speed}  elapsed {fmt_seconds(now - self.t_start)}{left}")
+        if self.bar is not None:
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
+            self.bar.update(done - self.bar.n)
+            return
+        import sys
+
+        from tqdm import tqdm
+
+        self.write(f"compiled in {time.perf_counter() - self.t_start:.1f} s")
+        terminal = sys.stderr.isatty()
+        # The steps of the call that compiled are done when the bar starts: its rate is measured from here.
+        self.bar = tqdm(total=self.total, initial=done, postfix=self._postfix(), unit=" steps", unit_scale=True,
+                        smoothing=0.1, disable=self.quiet, dynamic_ncols=True,
+                        mininterval=0.1 if terminal else self.interval,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]{postfix}"
+                                   + ("" if terminal else "\n"))  # in a file: a line per redraw
 
     def evaluation(self, metrics: dict[str, float], env_steps: int) -> None:
         self.eval_return = metrics.get("eval/episode_return")
@@ -152,17 +121,14 @@ class Progress:
             msg += f"  train return {self.train_return:.3f}"
         if self.quiet:
             msg += f"  elapsed {fmt_seconds(time.perf_counter() - self.t_start)}"
-        self.write(msg)
         if self.bar is not None:
-            self._postfix()
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
+        self.write(msg)
 
-    def _postfix(self) -> None:
-        parts = []
-        if self.eval_return is not None:
-            parts.append(f"eval {self.eval_return:.3f}")
-        if self.train_return is not None:
-            parts.append(f"train {self.train_return:.3f}")
-        self.bar.set_postfix_str(", ".join(parts), refresh=False)
+    def _postfix(self) -> str:
+        """``eval 0.912, train 0.850``: the latest returns."""
+        return ", ".join(f"{name} {value:.3f}" for name, value in (("eval", self.eval_return),
+                                                                  ("train", self.train_return)) if value is not None)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -175,7 +175,7 @@ class Run:
         n = spec.n_entries
         bar = None
         if progress and primary:
-            bar = Progress(ppo.n_iterations * ppo.steps_per_iteration * n, ppo.steps_per_iteration * n, quiet)
+            bar = Progress(ppo.n_iterations * ppo.steps_per_iteration * n, quiet)
         if path is None:
             return cls(None, spec, resuming=resuming, bar=bar, lock=None)
         path = Path(path)

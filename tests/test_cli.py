@@ -178,7 +178,7 @@ def test_train_env_starts_from_its_preset_and_flags_override_it():
 
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1"])
     preset = get_preset("gymnax:Pendulum-v1")
-    assert (cmd.network, cmd.hidden_size, cmd.config) == (preset.network, preset.hidden_size, preset.config)
+    assert (cmd.setup.network, cmd.setup.hidden_size, cmd.config) == (preset.network, preset.hidden_size, preset.config)
     assert cmd.config.ppo.reward_scale == 0.1  # the preset's reward scale is its config's
 
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--ppo.learning-rate", "5e-4"])
@@ -187,21 +187,22 @@ def test_train_env_starts_from_its_preset_and_flags_override_it():
     assert cmd.config.ppo.reward_scale == preset.config.ppo.reward_scale
 
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--network", "lstm"])
-    assert cmd.config == get_preset("gymnax:Pendulum-v1", "lstm").config and cmd.network == "lstm"
+    assert cmd.config == get_preset("gymnax:Pendulum-v1", "lstm").config and cmd.setup.network == "lstm"
 
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--no-preset"])  # the library defaults (of an LSTM)
-    defaults = library_defaults("gymnax:Pendulum-v1", cmd.network, cmd.hidden_size) or cli.TrainCommand()
+    defaults = library_defaults("gymnax:Pendulum-v1", cmd.setup.network, cmd.setup.hidden_size) or cli.TrainCommand()
     assert cmd.config == defaults.config and cmd.config.ppo.reward_scale == 1.0
 
     cmd, _ = cli._parse(["train", "playground:CartpoleBalance"])  # train-only env kwargs come along
-    assert json.loads(cmd.train_env_kwargs) == get_preset("playground:CartpoleBalance").train_env_kwargs
-    assert cmd.env_kwargs is None
+    assert json.loads(cmd.setup.train_env_kwargs) == get_preset("playground:CartpoleBalance").train_env_kwargs
+    assert cmd.setup.env_kwargs is None
 
     cmd, _ = cli._parse(["train", "cue_memory_long"])  # so do the network's own settings
-    assert json.loads(cmd.network_kwargs) == get_preset("cue_memory_long").network_kwargs == {"forget_bias": 3.0}
+    assert json.loads(cmd.setup.network_kwargs) == get_preset("cue_memory_long").network_kwargs == {"forget_bias": 3.0}
 
     cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1", "--network", "gru"])  # no preset: the defaults
-    assert cmd.config == (library_defaults("gymnax:Acrobot-v1", "gru", cmd.hidden_size) or cli.TrainCommand()).config
+    defaults = library_defaults("gymnax:Acrobot-v1", "gru", cmd.setup.hidden_size) or cli.TrainCommand()
+    assert cmd.config == defaults.config
 
 
 def test_bad_reward_scale_is_a_clear_error(tmp_path, capsys):
@@ -589,13 +590,13 @@ def test_network_defaults_apply_where_no_preset_does():
                  ["train", "gymnax:Pendulum-v1", "--network", "lstm", "--no-preset"],
                  ["sweep", "gymnax:Acrobot-v1", "--network", "lstm", "--seeds", "0", "1"]):
         cmd, _ = cli._parse(argv)
-        assert json.loads(cmd.network_kwargs) == lstm["network_kwargs"] and cmd.config == expected, argv
+        assert json.loads(cmd.setup.network_kwargs) == lstm["network_kwargs"] and cmd.config == expected, argv
     cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1", "--network", "lstm", "--ppo.n-envs", "8",
                          "--network-kwargs", '{"forget_bias": 1.0}'])
     assert (cmd.config.ppo.n_envs, cmd.config.ppo.rollout_length) == (8, lstm["ppo"]["rollout_length"])
-    assert json.loads(cmd.network_kwargs) == {"forget_bias": 1.0}
+    assert json.loads(cmd.setup.network_kwargs) == {"forget_bias": 1.0}
     for network in ("gru", "mlp"):
         cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1", "--network", network])
-        assert network in NETWORK_DEFAULTS or (cmd.config == DEFAULT_CONFIG and cmd.network_kwargs is None)
+        assert network in NETWORK_DEFAULTS or (cmd.config == DEFAULT_CONFIG and cmd.setup.network_kwargs is None)
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--network", "lstm"])
-    assert cmd.config == get_preset("gymnax:Pendulum-v1", "lstm").config and cmd.network_kwargs is None
+    assert cmd.config == get_preset("gymnax:Pendulum-v1", "lstm").config and cmd.setup.network_kwargs is None

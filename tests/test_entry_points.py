@@ -6,6 +6,7 @@ since imported JAX. JAX alone takes about 2 s to import on this project's
 2-core machine; without it ``nnx-ppo --help`` takes about 0.25 s.
 """
 
+import dataclasses
 import json
 import pathlib
 import re
@@ -104,24 +105,31 @@ def test_help_is_plain_and_flags_are_clean(capsys):
 
 
 def test_train_help_groups_its_flags(capsys):
-    """Every top-level train flag sits in a titled group (a new flag must be
-    given one: only --help stays under "options"), then ppo and eval."""
+    """train --help has a titled box per group of flags (tyro's: a nested
+    dataclass of the command each): --seeds and the config's own fields stay
+    under "options" (a new flag of the command must be given a group), then
+    env and network, run directory and logging, multi-process, ppo and eval."""
     from nnx_ppo import cli
+    from nnx_ppo.algorithms.config import TrainConfig, flat_fields
+    from nnx_ppo.app.commands import ProcessFlags, RunFlags, SetupFlags
 
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
     text = capsys.readouterr().out
     titles = [line.strip() for line, rule in zip(text.splitlines(), text.splitlines()[1:])
               if not line.startswith("  ") and rule.strip() and set(rule.strip()) == {"-"}]
-    assert titles == ["positional arguments", "options", *cli.TRAIN_FLAG_GROUPS, "ppo options", "eval options"]
+    assert titles == ["positional arguments", "options", "env and network options",
+                      "run directory and logging options", "multi-process options", "ppo options", "eval options"]
 
     def flags_under(title: str) -> list[str]:
         section = re.split(r"\n\s*\n", text.split(f"\n {title}")[1])[0]
-        return [line.split()[0].rstrip(",") for line in section.splitlines()[2:] if line.startswith("  -")]
+        return re.findall(r"^  (-h|--[a-z][\w.-]*)", section, re.M)
 
-    assert flags_under("options") == ["-h"]
-    for title, flags in cli.TRAIN_FLAG_GROUPS.items():
-        assert sorted(flags_under(title)) == sorted(flags), title
+    own = [f"--{name.replace('_', '-')}" for name in flat_fields(TrainConfig) if "." not in name]
+    assert flags_under("options") == ["-h", "--seeds", *own]
+    for title, group in (("env and network", SetupFlags), ("run directory and logging", RunFlags),
+                         ("multi-process", ProcessFlags)):
+        assert flags_under(f"{title} options") == [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(group)]
 
 
 def test_unknown_abbreviated_flag_gets_a_suggestion(capsys):
@@ -168,22 +176,23 @@ def test_docs_cli_lists_every_subcommand(capsys):
         assert f"## `nnx-ppo {name}`" in doc, name
 
 
-def test_progress_without_a_terminal_is_plain_lines_at_a_bounded_rate(capsys):
-    """Piped (pytest captures stderr: no terminal), the bar is replaced by
-    plain lines, at most one per interval (and the last)."""
+def test_progress_without_a_terminal_is_lines_at_a_bounded_rate(capsys):
+    """Piped (pytest captures stderr: no terminal), tqdm draws its bar as
+    whole lines, at most one per interval: the first and the last, with the
+    step count (the messages stay on stdout)."""
     from nnx_ppo.progress import Progress
 
-    progress = Progress(total_steps=1000, steps_per_iteration=10, quiet=False, interval=3600.0)
-    assert progress.plain
+    progress = Progress(total_steps=1000, quiet=False, interval=3600.0)
     progress.start()
     for step in range(10, 1001, 10):
         progress.iteration({}, step)
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("compiling") and lines[1].startswith("compiled in")
-    plain = lines[2:]
-    assert len(plain) == 2, plain  # the first iteration and the last, nothing in between
-    assert plain[0].startswith("[  10/1000]   1%") and plain[1].startswith("[1000/1000] 100%")
-    assert "\r" not in "".join(lines)
+    progress.close()
+    shown = capsys.readouterr()
+    lines = shown.out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("compiling") and lines[1].startswith("compiled in")
+    bar = [line.strip() for line in shown.err.splitlines() if line.strip()]
+    assert len(bar) == 2, bar  # the bar as it started and as it ended, nothing in between
+    assert "10.0/1.00k" in bar[0] and "100%" in bar[1] and "1.00k/1.00k" in bar[1], bar
 
 
 def test_train_help_shows_the_defaults_of_the_envs_preset(capsys):

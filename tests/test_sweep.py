@@ -139,4 +139,4 @@ def test_resume_keeps_the_network_kwargs(tmp_path):
     (run / rd.CONFIG_FILE).write_text(json.dumps({"env": "cue_memory_long", "env_kwargs": {}, "network": network,
                                                   "config": config_to_dict(TrainConfig())}))
     cmd, _ = resume_defaults(str(run))
-    assert json.loads(cmd.network_kwargs) == {"forget_bias": 3.0} and cmd.hidden_size == 32
+    assert json.loads(cmd.setup.network_kwargs) == {"forget_bias": 3.0} and cmd.setup.hidden_size == 32

@@ -6,6 +6,9 @@ Configs to and from JSON (:func:`config_to_dict`, :func:`config_from_dict`),
 and the rules read off their fields' metadata: which numbers may differ per
 member (:func:`per_member_bounds`) and which fields a resume may change
 (:func:`resume_changes`).
+
+The ``Attributes`` of the three configs are also the help of their flags in
+``nnx-ppo train --help`` (tyro reads them): single backquotes there, no Sphinx roles.
 """
 
 from __future__ import annotations
@@ -110,14 +113,7 @@ def checked(config: "TrainConfig") -> "TrainConfig":
     return dataclasses.replace(config, ppo=dataclasses.replace(config.ppo), eval=dataclasses.replace(config.eval))
 
 
-GROUP_ENV = "env and network"
-GROUP_RUN = "run directory and logging"
-GROUP_DEVICES = "seeds and devices"
-"""The help groups of ``nnx-ppo train --help`` a field may declare (``group=``)."""
-
-
-def _field(default: Any, *, member: tuple[float, float] | None = None, resume: bool = False,
-           group: str | None = None) -> Any:
+def _field(default: Any, *, member: tuple[float, float] | None = None, resume: bool = False) -> Any:
     """A config field with its rules declared once, as field metadata:
 
     - ``member``: the field may differ between the members of one compiled
@@ -126,13 +122,9 @@ def _field(default: Any, *, member: tuple[float, float] | None = None, resume: b
       (:func:`per_member_fields`);
     - ``resume``: the field may change when a run is resumed (the others
       would change the network, the state's shapes or the run's meaning;
-      :func:`resume_changes`);
-    - ``group``: the section of ``nnx-ppo train --help`` its flag is listed in
-      (one of the ``GROUP_*`` names; the ``ppo`` and ``eval`` fields have their own).
+      :func:`resume_changes`).
     """
     metadata: dict[str, Any] = {"resume": resume}
-    if group is not None:
-        metadata["group"] = group
     if member is not None:
         metadata["member"] = member
     return dataclasses.field(default=default, metadata=metadata)
@@ -219,8 +211,8 @@ class PPOConfig:
       discounting_factor: discount gamma.
       clip_range: PPO ratio clipping epsilon.
       learning_rate: optimizer step size: a positive number, or (from
-        Python) an optax schedule of the update count, see ``make_optimizer``;
-        a schedule is saved as a description only (``config_to_dict``).
+        Python) an optax schedule of the update count, see `make_optimizer`;
+        a schedule is saved as a description only (`config_to_dict`).
       learning_rate_decay: decay the learning rate linearly to 0 over training
         (not with a schedule).
       normalize_advantages: standardize advantages per minibatch.
@@ -231,8 +223,8 @@ class PPOConfig:
         every epoch permutes the envs within each block, and every minibatch
         takes an equal share of each block. Sharded over devices, the blocks
         are the devices' shards, so no env sequence crosses devices (training
-        on ``D`` devices uses ``D`` blocks when this is 1). ``n_envs`` must be
-        divisible by ``shuffle_blocks * n_minibatches``.
+        on `D` devices uses `D` blocks when this is 1). `n_envs` must be
+        divisible by `shuffle_blocks * n_minibatches`.
       critic_loss_weight: weight of the value loss.
       value_clip_range: clip the value update like the policy ratio (None: off).
       gradient_clipping: global-norm clip (None: off).
@@ -248,39 +240,37 @@ class PPOConfig:
       replay_tolerance: before the first update of every iteration the
         replayed log-likelihoods and values must equal the rollout's; a
         larger max |log ratio| or value difference on the first minibatch
-        stops training with ``ReplayMismatchError`` (None: not checked; the
-        measurement is logged as ``replay/...`` either way).
+        stops training with `ReplayMismatchError` (None: not checked; the
+        measurement is logged as `replay/...` either way).
       normalize_rewards: divide the rewards GAE sees by a running standard
-        deviation of the discounted return (see
-        :mod:`nnx_ppo.algorithms.reward_scaling`), so value targets have a
-        scale near one; logged returns stay in the env's units.
+        deviation of the discounted return (see the module
+        `nnx_ppo.algorithms.reward_scaling`), so value targets have a scale
+        near one; logged returns stay in the env's units.
       target_kl: stop an iteration's updates early once a minibatch's
         approximate KL between the current and the rollout policy
-        (``policy/approx_kl``, measured before its update) exceeds
-        ``1.5 * target_kl``: that minibatch and the rest of the iteration's
-        updates are skipped (logged as ``optimizer/updates_skipped``, the
+        (`policy/approx_kl`, measured before its update) exceeds
+        `1.5 * target_kl`: that minibatch and the rest of the iteration's
+        updates are skipped (logged as `optimizer/updates_skipped`, the
         fraction skipped). None: every update runs.
       regularization_weight: multiplies the modules' regularization losses
         (a sampler's entropy bonus, a bottleneck's KL) in the total loss;
         with the samplers' entropy bonus the effective entropy weight is
-        ``regularization_weight * entropy_weight``.
+        `regularization_weight * entropy_weight`.
       reward_scale: multiplies the rewards the learner sees (GAE, value
-        targets; before ``normalize_rewards``); logged returns stay in the
+        targets; before `normalize_rewards`); logged returns stay in the
         env's units.
       replay_unroll: how many time steps the loss replay's scans over time
-        (recurrent cells, :func:`~nnx_ppo.networks.types.replay_in_time`) run
-        per loop step (``lax.scan``'s ``unroll``): a larger value removes the
-        loop's per-step overhead and lets the compiler fuse across steps, at
-        the cost of a longer compile. None (default): the whole rollout on an
+        (recurrent cells, `replay_in_time`) run per loop step (`lax.scan`'s
+        `unroll`): a larger value removes the loop's per-step overhead and
+        lets the compiler fuse across steps, at the cost of a longer compile. None (default): the whole rollout on an
         accelerator (GPU, TPU), 1 on a CPU. Changes no result beyond float
         rounding; the replay check holds either way.
       precision: the matrix products of the library's modules in the
-        rollout, the replay and evaluation: ``"default"`` (float32 at JAX's
-        default matmul precision) or ``"bfloat16"`` (inputs rounded to
+        rollout, the replay and evaluation: `"default"` (float32 at JAX's
+        default matmul precision) or `"bfloat16"` (inputs rounded to
         bfloat16, products summed in float32; parameters, optimizer and
         everything else stay float32). Rollout and replay compute alike, so
-        the replay check holds under both
-        (:func:`~nnx_ppo.networks.feedforward.compute_precision`).
+        the replay check holds under both (`compute_precision`).
     """
 
     n_envs: int = 256
@@ -407,7 +397,7 @@ class EvalConfig:
       every_steps: env steps between evaluations.
       n_envs: episodes per evaluation (one per env).
       max_episode_length: steps an evaluation episode may last.
-      deterministic: take the policy's mode/mean (``network.eval()``).
+      deterministic: take the policy's mode/mean (`network.eval()`).
     """
 
     enabled: bool = _field(True, resume=True)
@@ -435,34 +425,33 @@ class TrainConfig:
       iterations_per_call: iterations fused into one compiled call; Python
         sees every iteration's metrics either way.
       checkpoint_every_steps: env steps between checkpoints (None: only
-        when ``checkpoint_dir`` is given, at the end).
+        when `checkpoint_dir` is given, at the end).
       keep_checkpoints: how many recent checkpoints to keep.
       n_devices: local devices to shard the env axis over (None: all local
-        devices; 1: no sharding). ``ppo.n_envs`` must be divisible by it.
-      shard_seeds: for a seed batch
-        (:func:`~nnx_ppo.algorithms.seeds.train_seeds`) on several devices,
-        split the seeds over the devices (each device trains whole seeds; the
-        number of seeds must be divisible by the number of devices) instead
-        of every seed's envs. Ignored by single-seed training.
+        devices; 1: no sharding). `ppo.n_envs` must be divisible by it.
+      shard_seeds: for a seed batch (`train_seeds`) on several devices, split
+        the seeds over the devices (each device trains whole seeds; the number
+        of seeds must be divisible by the number of devices) instead of every
+        seed's envs. Ignored by single-seed training.
       seed_batching: how a seed batch's iteration runs over its seeds:
-        ``"vmap"`` (default) batches every operation over the seeds (best on
-        GPUs and TPUs, and with few envs per seed); ``"map"`` runs the seeds
-        one after another inside the compiled program (``jax.lax.map``), each
+        `"vmap"` (default) batches every operation over the seeds (best on
+        GPUs and TPUs, and with few envs per seed); `"map"` runs the seeds
+        one after another inside the compiled program (`jax.lax.map`), each
         at its own size, which on CPUs with hundreds of envs per seed is
-        faster, and with ``shard_seeds`` each device runs its own seeds.
+        faster, and with `shard_seeds` each device runs its own seeds.
         Both give the same training up to float rounding. Ignored by
         single-seed training.
     """
 
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
-    seed: int = _field(0, group=GROUP_DEVICES)
-    iterations_per_call: int = _field(1, resume=True, group=GROUP_DEVICES)
-    checkpoint_every_steps: int | None = _field(None, resume=True, group=GROUP_RUN)
-    keep_checkpoints: int = _field(3, resume=True, group=GROUP_RUN)
-    n_devices: int | None = _field(None, resume=True, group=GROUP_DEVICES)
-    shard_seeds: bool = _field(False, resume=True, group=GROUP_DEVICES)
-    seed_batching: SeedBatching = _field("vmap", resume=True, group=GROUP_DEVICES)
+    seed: int = _field(0)
+    iterations_per_call: int = _field(1, resume=True)
+    checkpoint_every_steps: int | None = _field(None, resume=True)
+    keep_checkpoints: int = _field(3, resume=True)
+    n_devices: int | None = _field(None, resume=True)
+    shard_seeds: bool = _field(False, resume=True)
+    seed_batching: SeedBatching = _field("vmap", resume=True)
 
     def __post_init__(self):
         if _checks_deferred.get():

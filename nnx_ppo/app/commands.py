@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import tyro
 
-from nnx_ppo.algorithms.config import GROUP_DEVICES, GROUP_ENV, GROUP_RUN, TrainConfig, per_member_bounds
+from nnx_ppo.algorithms.config import TrainConfig, per_member_bounds
 from nnx_ppo.presets import DEFAULT_CONFIG, get_preset
 
 PROG = "nnx-ppo"
@@ -60,30 +60,115 @@ class CliError(Exception):
 
 
 # ----------------------------------------------------------------------------- commands
-
-GROUP_SWEEP = "sweep"
-
-
-def _in(group: str, default: Any) -> Any:
-    """A command's field whose flag ``nnx-ppo train --help`` (or ``sweep
-    --help``) lists in the section ``group`` (see :func:`flag_groups`)."""
-    return dataclasses.field(default=default, metadata={"group": group})
+#
+# `train --help` shows a box of flags per group: each group is a frozen dataclass, a field of the command marked
+# tyro.conf.OmitArgPrefixes (its flags keep their own names) and named by the title of its box.
 
 
-def flag_groups(command: type) -> dict[str, tuple[str, ...]]:
-    """``{section title: (flag, ...)}`` of ``command``'s help, from the
-    ``group`` each field declares (the command's own fields, and those of
-    its TrainConfig)."""
-    from nnx_ppo.algorithms.config import flat_fields
+@dataclasses.dataclass(frozen=True)
+class SetupFlags:
+    """The network, and keyword arguments for the env."""
 
-    groups: dict[str, list[str]] = {}
-    fields = [(f.name, f) for f in dataclasses.fields(command)]
-    fields += [(name, f) for name, f in flat_fields(TrainConfig).items() if "." not in name]
-    for name, field in fields:
-        if "group" in field.metadata:
-            groups.setdefault(field.metadata["group"], []).append("--" + name.replace("_", "-"))
-    order = (GROUP_SWEEP, GROUP_ENV, GROUP_RUN, GROUP_DEVICES)
-    return {title: tuple(groups[title]) for title in order if title in groups}
+    network: Annotated[str, tyro.conf.arg(metavar="{mlp,lstm,gru}|MODULE:FUNCTION|FILE.py:FUNCTION")] = DEFAULT_NETWORK
+    (
+        "actor-critic architecture: feed-forward MLP, or an encoder + LSTM/GRU core; or your own network, "
+        "FUNCTION(env, rngs) in MODULE (importable, or from the current directory) or in FILE.py, rebuilt from "
+        "config.json by eval, --resume, --seeds and distill (docs/own_network.md)."
+    )
+
+    hidden_size: int = DEFAULT_HIDDEN_SIZE
+    (
+        "width of the hidden layers (mlp: two layers per actor/critic; lstm/gru: one encoder layer and the "
+        "recurrent core)."
+    )
+
+    network_kwargs: Optional[str] = None
+    (
+        """JSON object of extra keyword arguments for the network factory (nnx_ppo.networks.factories), e.g. """
+        """'{"forget_bias": 3}' for an LSTM or '{"entropy_weight": 0.01}'; not with your own network function."""
+    )
+
+    env_kwargs: Optional[str] = None
+    (
+        """JSON object of keyword arguments for nnx_ppo.envs.make, e.g. '{"episode_length": 500}'. Default: {} (the """
+        'default env cue_memory uses {"n_cues": 4, "delay": 8}).'
+    )
+
+    train_env_kwargs: Optional[str] = None
+    (
+        """JSON object of extra keyword arguments for the training env only, e.g. '{"random_reset_steps": 500}' """
+        "(evaluation keeps full episodes)."
+    )
+
+    no_preset: Annotated[bool, tyro.conf.FlagCreatePairsOff] = False
+    """ignore the env's tuned preset (see `nnx-ppo envs`): start from the library's defaults instead."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFlags:
+    """Where the run is written, how it continues, what it logs."""
+
+    run_dir: Optional[str] = None
+    """where to write the run (default: runs/<env>-<YYYYmmdd-HHMMSS>)."""
+
+    resume: Optional[str] = None
+    (
+        "continue the run in this directory (reads its config.json; flags given here override its training config, "
+        "e.g. a larger --ppo.total-steps)."
+    )
+
+    current_code: bool = False
+    (
+        "with --resume: rebuild the run's env and network from their files as they are now, even where they changed "
+        "since it was trained (by default the run's copies in RUN_DIR/source/ are used then)."
+    )
+
+    overwrite: bool = False
+    (
+        "start afresh in a --run-dir that holds a run's data (config.json, metrics, tb/, checkpoints, the best "
+        "policy): delete them first. Without it such a directory is refused."
+    )
+
+    quiet: bool = False
+    """no progress bar; print only a few log lines (evaluations, summary)."""
+
+    print_config: Annotated[bool, tyro.conf.FlagCreatePairsOff] = False
+    """print the effective settings (the preset's or the resumed run's, with the flags given) as JSON, and exit."""
+
+    video_every: int = 0
+    (
+        "record one deterministic evaluation episode every N evaluations into <run>/videos/step_<env steps>.mp4 "
+        "(also to TensorBoard and W&B); renderable envs only (MuJoCo Playground); 0: none."
+    )
+
+    wandb: bool = False
+    """also log metrics to Weights & Biases (needs `pip install wandb`)."""
+
+    wandb_project: str = "nnx-ppo"
+    """Weights & Biases project name (with --wandb)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessFlags:
+    """Training with several processes (hosts; docs/scale.md)."""
+
+    coordinator_address: Optional[str] = None
+    (
+        "HOST:PORT of process 0, to train with several processes (hosts); give it, --num-processes and "
+        "--process-id to every process, with the same --run-dir (see docs/scale.md)."
+    )
+
+    num_processes: int = 1
+    """number of processes taking part (with --coordinator-address)."""
+
+    process_id: int = 0
+    """this process's index, 0 .. num_processes - 1 (process 0 writes the run directory and logs)."""
+
+    distributed_timeout: float = DISTRIBUTED_TIMEOUT
+    (
+        "seconds to wait for every process to join, and for a peer that stopped responding, before every process "
+        "ends with one line naming it (with --coordinator-address)."
+    )
 
 
 @dataclasses.dataclass
@@ -105,107 +190,42 @@ class TrainCommand:
         "--env-kwargs and rebuilt from config.json by every command (docs/environments.md)."
     )
 
-    network: Annotated[str, tyro.conf.arg(metavar="{mlp,lstm,gru}|MODULE:FUNCTION|FILE.py:FUNCTION")] = _in(
-        GROUP_ENV, DEFAULT_NETWORK)
-    (
-        "actor-critic architecture: feed-forward MLP, or an encoder + LSTM/GRU core; or your own network, "
-        "FUNCTION(env, rngs) in MODULE (importable, or from the current directory) or in FILE.py, rebuilt from "
-        "config.json by eval, --resume, --seeds and distill (docs/own_network.md)."
-    )
-
-    hidden_size: int = _in(GROUP_ENV, DEFAULT_HIDDEN_SIZE)
-    (
-        "width of the hidden layers (mlp: two layers per actor/critic; lstm/gru: one encoder layer and the "
-        "recurrent core)."
-    )
-
-    network_kwargs: Optional[str] = _in(GROUP_ENV, None)
-    (
-        """JSON object of extra keyword arguments for the network factory (nnx_ppo.networks.factories), e.g. """
-        """'{"forget_bias": 3}' for an LSTM or '{"entropy_weight": 0.01}'; not with your own network function."""
-    )
-
-    env_kwargs: Optional[str] = _in(GROUP_ENV, None)
-    (
-        """JSON object of keyword arguments for nnx_ppo.envs.make, e.g. '{"episode_length": 500}'. Default: {} (the """
-        'default env cue_memory uses {"n_cues": 4, "delay": 8}).'
-    )
-
-    config: Annotated[TrainConfig, tyro.conf.arg(name="")] = DEFAULT_TRAIN_CONFIG
-    """training configuration."""
-
-    train_env_kwargs: Optional[str] = _in(GROUP_ENV, None)
-    (
-        """JSON object of extra keyword arguments for the training env only, e.g. '{"random_reset_steps": 500}' """
-        "(evaluation keeps full episodes)."
-    )
-
-    no_preset: Annotated[bool, tyro.conf.FlagCreatePairsOff] = _in(GROUP_ENV, False)
-    """ignore the env's tuned preset (see `nnx-ppo envs`): start from the library's defaults instead."""
-
     seeds: Annotated[tuple[int, ...], tyro.conf.arg(metavar="SEED [SEED ...]",
-                                                    help_behavior_hint="(default: one run, of --seed)")] = _in(
-        GROUP_DEVICES, ())
+                                                    help_behavior_hint="(default: one run, of --seed)")] = ()
     (
         "train these seeds together in one compiled program (instead of --seed): one run directory, metrics rows "
         'carry their "seed", the curve shows the mean and the min-max band over seeds; one checkpoint holds every seed '
         "(resume with --resume, `nnx-ppo eval` evaluates each seed)."
     )
 
-    run_dir: Optional[str] = _in(GROUP_RUN, None)
-    """where to write the run (default: runs/<env>-<YYYYmmdd-HHMMSS>)."""
+    setup: Annotated[SetupFlags, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name="env and network")] = SetupFlags()
+    run: Annotated[RunFlags, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name="run directory and logging")] = RunFlags()
+    processes: Annotated[ProcessFlags, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name="multi-process")] = ProcessFlags()
 
-    resume: Optional[str] = _in(GROUP_RUN, None)
+    config: Annotated[TrainConfig, tyro.conf.arg(name="")] = DEFAULT_TRAIN_CONFIG
+    """training configuration."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepFlags:
+    """The grid of hyperparameters, and population-based training."""
+
+    grid: Annotated[tuple[str, ...], tyro.conf.arg(
+        metavar="FIELD=V1,V2 [FIELD=V1,V2 ...]", help_behavior_hint="(required; not with --resume)",
+        help="the hyperparameters to sweep and their values, e.g. ppo.learning-rate=1e-3,3e-4 "
+             "ppo.clip-range=0.1,0.2: every combination is a config, trained with every seed of --seeds. Only "
+             "numbers that change no array shape: " + ", ".join(
+                 "ppo." + name.replace("_", "-") for name in per_member_bounds()) + ".")] = ()
+
+    pbt_every: int = 0
     (
-        "continue the run in this directory (reads its config.json; flags given here override its training config, "
-        "e.g. a larger --ppo.total-steps)."
+        "population-based training: every N iterations the worst quarter of the members take over the state "
+        "of members of the best quarter and perturb the swept hyperparameters (x0.8 or x1.25); 0: the members "
+        "train independently."
     )
 
-    current_code: bool = _in(GROUP_RUN, False)
-    (
-        "with --resume: rebuild the run's env and network from their files as they are now, even where they changed "
-        "since it was trained (by default the run's copies in RUN_DIR/source/ are used then)."
-    )
-
-    overwrite: bool = _in(GROUP_RUN, False)
-    (
-        "start afresh in a --run-dir that holds a run's data (config.json, metrics, tb/, checkpoints, the best "
-        "policy): delete them first. Without it such a directory is refused."
-    )
-
-    quiet: bool = _in(GROUP_RUN, False)
-    """no progress bar; print only a few log lines (evaluations, summary)."""
-
-    print_config: Annotated[bool, tyro.conf.FlagCreatePairsOff] = _in(GROUP_RUN, False)
-    """print the effective settings (the preset's or the resumed run's, with the flags given) as JSON, and exit."""
-
-    video_every: int = _in(GROUP_RUN, 0)
-    (
-        "record one deterministic evaluation episode every N evaluations into <run>/videos/step_<env steps>.mp4 "
-        "(also to TensorBoard and W&B); renderable envs only (MuJoCo Playground); 0: none."
-    )
-
-    wandb: bool = _in(GROUP_RUN, False)
-    """also log metrics to Weights & Biases (needs `pip install wandb`)."""
-
-    wandb_project: str = _in(GROUP_RUN, "nnx-ppo")
-    """Weights & Biases project name (with --wandb)."""
-
-    coordinator_address: Optional[str] = _in(GROUP_DEVICES, None)
-    (
-        "HOST:PORT of process 0, to train with several processes (hosts); give it, --num-processes and "
-        "--process-id to every process, with the same --run-dir (see docs/scale.md)."
-    )
-
-    num_processes: int = _in(GROUP_DEVICES, 1)
-    """number of processes taking part (with --coordinator-address)."""
-
-    process_id: int = _in(GROUP_DEVICES, 0)
-    """this process's index, 0 .. num_processes - 1 (process 0 writes the run directory and logs)."""
-
-    distributed_timeout: float = _in(GROUP_DEVICES, DISTRIBUTED_TIMEOUT)
-    """seconds to wait for every process to join, and for a peer that stopped responding, before every process
-    ends with one line naming it (with --coordinator-address)."""
+    threshold: Optional[float] = None
+    """the return for 'steps/seconds to threshold' in sweep.md (default: the env preset's target, if any)."""
 
 
 @dataclasses.dataclass
@@ -218,22 +238,7 @@ class SweepCommand(TrainCommand):
     hyperparameter. Ctrl-C stops cleanly; continue with `nnx-ppo resume RUN_DIR`.
     """
 
-    grid: Annotated[tuple[str, ...], tyro.conf.arg(
-        metavar="FIELD=V1,V2 [FIELD=V1,V2 ...]", help_behavior_hint="(required; not with --resume)",
-        help="the hyperparameters to sweep and their values, e.g. ppo.learning-rate=1e-3,3e-4 "
-             "ppo.clip-range=0.1,0.2: every combination is a config, trained with every seed of --seeds. Only "
-             "numbers that change no array shape: " + ", ".join(
-                 "ppo." + name.replace("_", "-") for name in per_member_bounds()) + ".")] = _in(GROUP_SWEEP, ())
-
-    pbt_every: int = _in(GROUP_SWEEP, 0)
-    (
-        "population-based training: every N iterations the worst quarter of the members take over the state "
-        "of members of the best quarter and perturb the swept hyperparameters (x0.8 or x1.25); 0: the members "
-        "train independently."
-    )
-
-    threshold: Optional[float] = _in(GROUP_SWEEP, None)
-    """the return for 'steps/seconds to threshold' in sweep.md (default: the env preset's target, if any)."""
+    sweep: Annotated[SweepFlags, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name="sweep")] = SweepFlags()
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, DistillCommand, TrainCommand
+from nnx_ppo.app.commands import CliError, DistillCommand, RunFlags, SetupFlags, TrainCommand
 from nnx_ppo.app.runs import load_run_network, read_run, run_policy_spec
 
 
@@ -77,13 +77,11 @@ def student_run(cmd: DistillCommand) -> tuple[TrainCommand, DistillSetup]:
     teacher = _teacher(teacher_run, saved)
     student_cmd = TrainCommand(
         env=saved["env"],
-        network=cmd.network,
-        hidden_size=cmd.hidden_size,
-        env_kwargs=json.dumps(saved.get("env_kwargs", {})),
-        train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
+        setup=SetupFlags(network=cmd.network, hidden_size=cmd.hidden_size, no_preset=True,
+                         env_kwargs=json.dumps(saved.get("env_kwargs", {})),
+                         train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {}))),
         config=dataclasses.replace(config, ppo=ppo, seed=cmd.seed),
-        no_preset=True,
-        run_dir=cmd.run_dir or str(rd.default_run_dir(f"{short_name(saved['env'])}-distill")),
-        quiet=cmd.quiet,
+        run=RunFlags(run_dir=cmd.run_dir or str(rd.default_run_dir(f"{short_name(saved['env'])}-distill")),
+                     quiet=cmd.quiet),
     )
     return student_cmd, DistillSetup(teacher=teacher, config=distillation, teacher_run=str(teacher_run.resolve()))

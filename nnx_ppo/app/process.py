@@ -66,22 +66,23 @@ def compilation_cache() -> None:
 def join_processes(cmd: TrainCommand) -> None:
     """``--coordinator-address``: join a run of several processes before
     anything touches a device (``nnx_ppo.algorithms.distributed.initialize``)."""
-    if cmd.coordinator_address is None:
-        if cmd.num_processes != 1 or cmd.process_id != 0:
+    flags = cmd.processes
+    if flags.coordinator_address is None:
+        if flags.num_processes != 1 or flags.process_id != 0:
             raise CliError("--num-processes and --process-id need --coordinator-address HOST:PORT")
         return
     from nnx_ppo import run_dir as rd
     from nnx_ppo.algorithms.distributed import check_same_everywhere, initialize, watch_peers
 
     try:
-        initialize(cmd.coordinator_address, cmd.num_processes, cmd.process_id, timeout=cmd.distributed_timeout)
+        initialize(flags.coordinator_address, flags.num_processes, flags.process_id, timeout=flags.distributed_timeout)
         # Every process must train the same run: compare a hash of the settings (all but --process-id).
-        settings = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd)
-                    if f.name not in ("process_id", "config")}
+        settings = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd)}
+        settings["processes"] = dataclasses.replace(flags, process_id=0)
         settings["config"] = rd.train_config_to_dict(cmd.config)
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
         check_same_everywhere(digest, "settings (flags)")
     except ValueError as e:
         raise CliError(str(e)) from None
     # A peer that dies or hangs ends every process within --distributed-timeout, in one line.
-    watch_peers(cmd.distributed_timeout)
+    watch_peers(flags.distributed_timeout)

@@ -228,19 +228,19 @@ def build_network(spec: NetworkSpec, env, cmd):
     try:
         return spec.build(env)
     except (ValueError, TypeError) as e:
-        raise CliError(f"cannot build the network {cmd.network} for {cmd.env}: {e}") from None
+        raise CliError(f"cannot build the network {cmd.setup.network} for {cmd.env}: {e}") from None
 
 
 def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
-    if cmd.hidden_size <= 0:
-        raise CliError(f"--hidden-size must be positive, got {cmd.hidden_size}")
+    if cmd.setup.hidden_size <= 0:
+        raise CliError(f"--hidden-size must be positive, got {cmd.setup.hidden_size}")
     try:
-        spec = NetworkSpec.sized(cmd.env, cmd.network, cmd.hidden_size, seed=seed, env_kwargs=env_kwargs)
+        spec = NetworkSpec.sized(cmd.env, cmd.setup.network, cmd.setup.hidden_size, seed=seed, env_kwargs=env_kwargs)
         if is_factory_reference(spec.kind):
             resolve_factory_reference(spec.kind)
     except ValueError as e:
         raise CliError(f"--network: {e}") from None
-    extra = parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs")
+    extra = parse_env_kwargs(cmd.setup.network_kwargs, cmd.env, "--network-kwargs")
     return dataclasses.replace(spec, kwargs={**spec.kwargs, **extra}) if extra else spec
 
 
@@ -260,11 +260,11 @@ def resume_changes(cmd, saved: dict[str, Any], env_kwargs: dict, train_env_kwarg
     from nnx_ppo.algorithms.config import resume_changes as config_changes
 
     network = saved["network"]
-    kwargs = parse_env_kwargs(cmd.network_kwargs, cmd.env, "--network-kwargs")
+    kwargs = parse_env_kwargs(cmd.setup.network_kwargs, cmd.env, "--network-kwargs")
     for what, now, before in (
         ("env", cmd.env, saved["env"]),
-        ("--network", _normalized_network(cmd.network), network["kind"]),
-        ("--hidden-size", cmd.hidden_size, network["hidden_size"]),
+        ("--network", _normalized_network(cmd.setup.network), network["kind"]),
+        ("--hidden-size", cmd.setup.hidden_size, network["hidden_size"]),
         ("--network-kwargs", kwargs, extra_network_kwargs(network)),
         ("--env-kwargs", env_kwargs, saved.get("env_kwargs", {})),
         ("--train-env-kwargs", train_env_kwargs, saved.get("train_env_kwargs", {})),
@@ -278,7 +278,7 @@ def resume_changes(cmd, saved: dict[str, Any], env_kwargs: dict, train_env_kwarg
         raise CliError(str(e)) from None
     for name, (before, after) in changes.items():
         print(f"resuming with --{name.replace('_', '-')} {after} (was {before})", flush=True)
-    if changes and cmd.resume is not None:
+    if changes and cmd.run.resume is not None:
         _print_decay_change(cmd, saved)
     return changes
 
@@ -290,7 +290,7 @@ def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
     from nnx_ppo.algorithms import checkpointing
 
     before, after = rd.train_config_from_dict(saved["config"], learning_rate=1.0).ppo, cmd.config.ppo
-    latest = checkpointing.latest_checkpoint(Path(cmd.resume) / rd.CHECKPOINT_DIR)
+    latest = checkpointing.latest_checkpoint(Path(cmd.run.resume) / rd.CHECKPOINT_DIR)
     if not after.learning_rate_decay or latest is None or before.total_updates == after.total_updates:
         return
     step = int(latest.name.removeprefix("step_"))
@@ -311,18 +311,18 @@ def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train") -> 
     from nnx_ppo.user_code import short_name
 
     check_distinct_seeds(cmd.seeds)
-    if cmd.resume is None:
-        run_dir = Path(cmd.run_dir) if cmd.run_dir else rd.default_run_dir(short_name(cmd.env))
+    if cmd.run.resume is None:
+        run_dir = Path(cmd.run.run_dir) if cmd.run.run_dir else rd.default_run_dir(short_name(cmd.env))
         lock = lock_run_dir(run_dir)
         try:
-            return fresh_run_dir(run_dir, cmd.overwrite)
+            return fresh_run_dir(run_dir, cmd.run.overwrite)
         except BaseException:
             lock.release()
             raise
     assert saved is not None
-    if cmd.run_dir is not None and Path(cmd.run_dir).resolve() != Path(cmd.resume).resolve():
+    if cmd.run.run_dir is not None and Path(cmd.run.run_dir).resolve() != Path(cmd.run.resume).resolve():
         raise CliError("give either --run-dir or --resume, not both")
-    run_dir = Path(cmd.resume)
+    run_dir = Path(cmd.run.resume)
     if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
         again = f"{shell_command(PROG, command, '...', '--run-dir', run_dir)} --overwrite"
         if only_best_policy(run_dir / rd.CHECKPOINT_DIR):

@@ -106,33 +106,34 @@ def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None =
     """``nnx-ppo sweep`` (and ``resume`` of a sweep, with the run's ``saved``
     config.json): returns the exit code (0 done or stopped, 1 failed, 2 bad
     usage, 130 aborted). The run directory is locked throughout."""
-    if cmd.video_every:
+    if cmd.run.video_every:
         raise CliError("--video-every is not available with sweep")
-    if cmd.coordinator_address is not None:
+    if cmd.processes.coordinator_address is not None:
         raise CliError("sweep runs in one process (its members can share several devices: --shard-seeds)")
-    if cmd.pbt_every < 0:
-        raise CliError(f"--pbt-every must be >= 0, got {cmd.pbt_every}")
+    if cmd.sweep.pbt_every < 0:
+        raise CliError(f"--pbt-every must be >= 0, got {cmd.sweep.pbt_every}")
     from nnx_ppo.user_code import normalized, short_name
 
     cmd = dataclasses.replace(cmd, env=normalized(cmd.env))  # a FILE.py:NAME env recorded by its absolute path
-    env_kwargs = parse_env_kwargs(cmd.env_kwargs, cmd.env)
-    train_env_kwargs = parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
-    if cmd.resume is not None:
+    env_kwargs = parse_env_kwargs(cmd.setup.env_kwargs, cmd.env)
+    train_env_kwargs = parse_env_kwargs(cmd.setup.train_env_kwargs, cmd.env, "--train-env-kwargs")
+    if cmd.run.resume is not None:
         from nnx_ppo.app.runs import resume_changes
 
-        if cmd.grid:
+        if cmd.sweep.grid:
             raise CliError("--grid is the sweep's own: not with --resume (the run's members are resumed)")
         resume_changes(cmd, saved, env_kwargs, train_env_kwargs)
         configs, seeds = _resumed_configs(cmd, saved), list(saved["population"]["seeds"])
     else:
-        if not cmd.grid:
+        if not cmd.sweep.grid:
             raise CliError("give --grid FIELD=V1,V2 ... (e.g. --grid ppo.learning-rate=1e-3,3e-4)")
         seeds = check_distinct_seeds(list(cmd.seeds) or [cmd.config.seed])
-        configs, _ = grid_configs(cmd.config, parse_grid(cmd.grid))
+        configs, _ = grid_configs(cmd.config, parse_grid(cmd.sweep.grid))
     from nnx_ppo.app.runs import run_directory
 
-    if cmd.resume is None and not cmd.run_dir:
-        cmd = dataclasses.replace(cmd, run_dir=str(rd.default_run_dir(f"{short_name(cmd.env)}-sweep")))
+    if cmd.run.resume is None and not cmd.run.run_dir:
+        default_dir = str(rd.default_run_dir(f"{short_name(cmd.env)}-sweep"))
+        cmd = dataclasses.replace(cmd, run=dataclasses.replace(cmd.run, run_dir=default_dir))
     run_dir = run_directory(cmd, saved, "sweep")
     try:
         return _sweep(cmd, argv, run_dir, configs, seeds, env_kwargs, train_env_kwargs, saved)
@@ -147,7 +148,7 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
     from nnx_ppo.algorithms.pbt import PBTConfig
     from nnx_ppo.algorithms.population import train_population
 
-    resuming = cmd.resume is not None
+    resuming = cmd.run.resume is not None
     env = make_env(cmd.env, env_kwargs)
     train_env = make_env(cmd.env, rd.training_env_kwargs(env_kwargs, train_env_kwargs))
     if resuming:
@@ -157,16 +158,16 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
     else:
         spec = network_spec_of(cmd, env_kwargs, seeds[0])
     build_network(spec, env, cmd)  # a network that cannot be built is named before anything else
-    pbt = PBTConfig(every_iterations=cmd.pbt_every, seed=seeds[0]) if cmd.pbt_every else None
-    preset = find_preset(cmd.env, cmd.network)
-    threshold = cmd.threshold if cmd.threshold is not None else (preset.target if preset else None)
+    pbt = PBTConfig(every_iterations=cmd.sweep.pbt_every, seed=seeds[0]) if cmd.sweep.pbt_every else None
+    preset = find_preset(cmd.env, cmd.setup.network)
+    threshold = cmd.sweep.threshold if cmd.sweep.threshold is not None else (preset.target if preset else None)
     n = len(configs) * len(seeds)
     print(f"{'resuming' if resuming else 'sweeping'} {len(configs)} configs x {len(seeds)} seeds = {n} members "
-          f"of {cmd.network} on {cmd.env}{f', PBT every {cmd.pbt_every} iterations' if pbt else ''}; run directory: "
-          f"{pretty_path(run_dir)}", flush=True)
+          f"of {cmd.setup.network} on {cmd.env}{f', PBT every {cmd.sweep.pbt_every} iterations' if pbt else ''}; "
+          f"run directory: {pretty_path(run_dir)}", flush=True)
     run = Run.open(run_dir, RunSpec(env=cmd.env, network=spec.to_dict(), config=configs[0], env_kwargs=env_kwargs,
                                     train_env_kwargs=train_env_kwargs, seeds=tuple(range(n)), command=(PROG, *argv)),
-                   resuming=resuming, progress=True, quiet=cmd.quiet)
+                   resuming=resuming, progress=True, quiet=cmd.run.quiet)
     t0 = time.perf_counter()
 
     def train(stop):

@@ -18,6 +18,8 @@ from nnx_ppo.app.commands import (
     DEFAULT_HIDDEN_SIZE,
     PROG,
     CliError,
+    RunFlags,
+    SetupFlags,
     TrainCommand,
     print_error,
     print_warning,
@@ -48,7 +50,7 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
     a SweepCommand for a sweep), holding the run's saved settings: the
     parser's defaults for ``resume``/``--resume``, so that only flags given
     explicitly change anything (and :func:`resume_changes` checks those)."""
-    from nnx_ppo.app.commands import SweepCommand
+    from nnx_ppo.app.commands import SweepCommand, SweepFlags
 
     saved = read_run(Path(run_dir), rebuild="resume it")
     try:
@@ -59,23 +61,21 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
         net = saved["network"]
         hidden_size = int(net.get("hidden_size") or DEFAULT_HIDDEN_SIZE)
         extra = extra_network_kwargs(net)
-        fields = dict(
-            env=saved["env"],
+        setup = SetupFlags(
             network=net["kind"],
             hidden_size=hidden_size,
             network_kwargs=json.dumps(extra) if extra else None,
             env_kwargs=json.dumps(saved.get("env_kwargs", {})),
             train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
-            config=rd.train_config_from_dict(saved["config"]),
             no_preset=True,  # the run's own settings are the defaults
-            seeds=tuple(int(s) for s in saved.get("seeds", ())),
-            resume=run_dir,
         )
+        fields = dict(env=saved["env"], setup=setup, config=rd.train_config_from_dict(saved["config"]),
+                      seeds=tuple(int(s) for s in saved.get("seeds", ())), run=RunFlags(resume=run_dir))
         if "members" in saved:
             population = saved["population"]
             pbt = population.get("pbt") or {}
             return SweepCommand(**{**fields, "seeds": tuple(population["seeds"])},
-                                pbt_every=int(pbt.get("every_iterations", 0))), saved
+                                sweep=SweepFlags(pbt_every=int(pbt.get("every_iterations", 0)))), saved
     except (KeyError, TypeError, ValueError) as e:
         raise CliError(f"cannot read {Path(run_dir) / rd.CONFIG_FILE}: {e}") from None
     return TrainCommand(**fields), saved
@@ -98,7 +98,8 @@ def _already_trained(cmd: TrainCommand, run_dir: Path) -> bool:
 
 def _network_title(cmd: TrainCommand) -> str:
     """``lstm (hidden 32)``, or the user's network reference."""
-    return cmd.network if is_factory_reference(cmd.network) else f"{cmd.network} (hidden {cmd.hidden_size})"
+    network, hidden = cmd.setup.network, cmd.setup.hidden_size
+    return network if is_factory_reference(network) else f"{network} (hidden {hidden})"
 
 
 def _envs(cmd: TrainCommand, env_kwargs: dict, train_env_kwargs: dict):
@@ -111,7 +112,7 @@ def _run_spec(cmd: TrainCommand, argv: list[str], spec, env_kwargs: dict, train_
               wandb_id: str | None) -> RunSpec:
     """The run as the command line describes it (a fresh run's ``config.json``)."""
     extra: dict[str, Any] = {}
-    preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network)
+    preset = None if cmd.setup.no_preset else find_preset(cmd.env, cmd.setup.network)
     if preset is not None:
         extra["preset"] = {"env": preset.env, "network": preset.network}
     if distill is not None:
@@ -129,12 +130,12 @@ def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict, resuming: bool
     print(f"{'resuming' if resuming else 'training'} {_network_title(cmd)} on {cmd.env}"
           f"{' ' + json.dumps(env_kwargs) if env_kwargs else ''}: {total:,} env steps, "
           f"{ppo.n_envs} envs x {ppo.rollout_length} steps per iteration", flush=True)
-    preset = None if cmd.no_preset else find_preset(cmd.env, cmd.network)
+    preset = None if cmd.setup.no_preset else find_preset(cmd.env, cmd.setup.network)
     if preset is not None and not resuming:
         print(f"starting from the tuned preset for {preset.env} ({preset.network}); flags given override it, "
               "--no-preset starts from the library defaults", flush=True)
-    elif cmd.network in NETWORK_DEFAULTS and not resuming:
-        print(f"starting from the library defaults for --network {cmd.network} (docs/training.md, \"The defaults "
+    elif cmd.setup.network in NETWORK_DEFAULTS and not resuming:
+        print(f"starting from the library defaults for --network {cmd.setup.network} (docs/training.md, \"The defaults "
               f"over a suite of tasks\"); flags given override them", flush=True)
 
 
@@ -202,23 +203,23 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     from nnx_ppo.user_code import normalized
 
     cmd = dataclasses.replace(cmd, env=normalized(cmd.env))  # a FILE.py:NAME env recorded by its absolute path
-    env_kwargs = parse_env_kwargs(cmd.env_kwargs, cmd.env)
-    train_env_kwargs = parse_env_kwargs(cmd.train_env_kwargs, cmd.env, "--train-env-kwargs")
+    env_kwargs = parse_env_kwargs(cmd.setup.env_kwargs, cmd.env)
+    train_env_kwargs = parse_env_kwargs(cmd.setup.train_env_kwargs, cmd.env, "--train-env-kwargs")
     primary = is_primary()  # in a run of several processes only process 0 writes the run directory and logs
-    if process_count() > 1 and cmd.run_dir is None and cmd.resume is None:
+    if process_count() > 1 and cmd.run.run_dir is None and cmd.run.resume is None:
         raise CliError("--run-dir is required with several processes (every process must name the same directory)")
-    if cmd.resume is not None:
+    if cmd.run.resume is not None:
         resume_changes(cmd, saved, env_kwargs, train_env_kwargs)  # (the run records them when training begins)
-    if cmd.resume is not None and "distillation" in saved:  # a distillation run resumes as one, from its teacher
+    if cmd.run.resume is not None and "distillation" in saved:  # a distillation run resumes as one, from its teacher
         from nnx_ppo.app.distill import resumed_distillation
 
         distill = resumed_distillation(saved)
     if not primary:
-        return _train(cmd, argv, Path(cmd.resume or cmd.run_dir), env_kwargs, train_env_kwargs, distill,
+        return _train(cmd, argv, Path(cmd.run.resume or cmd.run.run_dir), env_kwargs, train_env_kwargs, distill,
                       primary=False)
     run_dir = run_directory(cmd, saved, "distill" if distill is not None else "train")
     try:
-        if cmd.resume is not None and process_count() == 1 and _already_trained(cmd, run_dir):
+        if cmd.run.resume is not None and process_count() == 1 and _already_trained(cmd, run_dir):
             return 0
         return _train(cmd, argv, run_dir, env_kwargs, train_env_kwargs, distill, primary=True)
     finally:
@@ -229,16 +230,16 @@ def _open_run(cmd: TrainCommand, argv: list[str], run_dir: Path, spec, env_kwarg
               distill, primary: bool) -> Run:
     """The run's :class:`~nnx_ppo.runner.Run` (locked; config.json is
     written when training begins), with W&B for ``--wandb``."""
-    resuming = cmd.resume is not None
+    resuming = cmd.run.resume is not None
     saved = rd.read_run_config(run_dir) if resuming else None
     wandb = import_wandb(cmd) if primary else None
     wandb_id = (saved or {}).get("wandb_id") or (uuid.uuid4().hex[:8] if wandb is not None else None)
     run_spec = _run_spec(cmd, argv, spec, env_kwargs, train_env_kwargs, distill, None if resuming else wandb_id)
     wandb_run = None
     if wandb is not None:
-        wandb_run = wandb_init(wandb, project=cmd.wandb_project, name=run_dir.name, id=wandb_id, dir=str(run_dir),
+        wandb_run = wandb_init(wandb, project=cmd.run.wandb_project, name=run_dir.name, id=wandb_id, dir=str(run_dir),
                                 config=saved or run_spec.to_dict(), resume="allow")
-    return Run.open(run_dir, run_spec, resuming=resuming, progress=True, quiet=cmd.quiet, wandb_run=wandb_run,
+    return Run.open(run_dir, run_spec, resuming=resuming, progress=True, quiet=cmd.run.quiet, wandb_run=wandb_run,
                     primary=primary)
 
 
@@ -249,15 +250,15 @@ def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, 
     train_env, env = _envs(cmd, env_kwargs, train_env_kwargs)
     spec = network_spec_of(cmd, env_kwargs, cmd.config.seed)
     network = build_network(spec, env, cmd)
-    if cmd.video_every < 0:
-        raise CliError(f"--video-every must be >= 0, got {cmd.video_every}")
-    if cmd.video_every and cmd.seeds:
+    if cmd.run.video_every < 0:
+        raise CliError(f"--video-every must be >= 0, got {cmd.run.video_every}")
+    if cmd.run.video_every and cmd.seeds:
         raise CliError("--video-every is not available with --seeds")
-    if cmd.video_every:
+    if cmd.run.video_every:
         check_video_target(str(run_dir / "videos" / "check.mp4"), env, cmd.env, flag="--video-every")
     run = _open_run(cmd, argv, run_dir, spec, env_kwargs, train_env_kwargs, distill, primary)
     if primary:
-        _announce(cmd, run_dir, env_kwargs, cmd.resume is not None)
+        _announce(cmd, run_dir, env_kwargs, cmd.run.resume is not None)
     t0 = time.perf_counter()
     code, result, stopped = train_into(run, lambda stop: _fit(cmd, train_env, env, network, run, stop, distill))
     if result is not None:
@@ -275,7 +276,7 @@ def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
 
     config = cmd.config
     options = dict(run=run, should_stop=stop, eval_env=env,
-                   resume_from=run.checkpoint_dir if cmd.resume is not None else None)
+                   resume_from=run.checkpoint_dir if cmd.run.resume is not None else None)
     if cmd.seeds:
         from nnx_ppo.algorithms.seeds import train_seeds
 
@@ -287,7 +288,7 @@ def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
             print_error(f"seeds {failed} failed (the others trained on); the run directory is kept and "
                         f"resumable: {shell_command(PROG, 'resume', pretty_path(run.path))}")
         return (1 if failed else 0), results[0]
-    on_evaluation = video_recorder(cmd, env, run) if cmd.video_every else None
+    on_evaluation = video_recorder(cmd, env, run) if cmd.run.video_every else None
     if distill is not None:
         from nnx_ppo.algorithms.distillation import train_distillation
 
@@ -301,7 +302,7 @@ def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
 
 
 def import_wandb(cmd: TrainCommand):
-    if not cmd.wandb:
+    if not cmd.run.wandb:
         return None
     try:
         import wandb
@@ -356,7 +357,7 @@ def video_recorder(cmd: TrainCommand, env, run: Run):
 
     def record(policy, env_steps: int) -> None:
         count[0] += 1
-        if count[0] % cmd.video_every:
+        if count[0] % cmd.run.video_every:
             return
         path = run.path / "videos" / f"step_{env_steps:010d}.mp4"
         frames = render_episode(env, policy, max_len, seed=cmd.config.seed)
