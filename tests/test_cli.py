@@ -98,9 +98,8 @@ def test_export_writes_a_policy_that_acts_as_load_policy(trained_run: Path, tmp_
     import jax
     import numpy as np
 
-    from nnx_ppo.exported import load_exported
     from nnx_ppo.network_spec import load_network
-    from nnx_ppo.policy import Policy, load_policy
+    from nnx_ppo.policy import Policy, load_exported, load_policy
 
     out = tmp_path / "policy"
     assert cli.main(["export", str(trained_run), "--best", "--batch-size", "4", "--out", str(out)]) == 0

@@ -14,7 +14,7 @@ def check_out_directory(cmd: ExportCommand) -> list[str]:
     """The files of a previous export in ``--out`` that this export replaces
     (with ``--overwrite``); a usage error in one line when ``--out`` holds
     anything else, a previous export without ``--overwrite``, or cannot be written."""
-    from nnx_ppo.exported import ExportDirInUseError, check_export_directory
+    from nnx_ppo.policy import ExportDirInUseError, check_export_directory
 
     try:
         replaced = check_export_directory(cmd.out, cmd.overwrite, flag="--overwrite")
@@ -37,12 +37,11 @@ def summary(what: str, run_dir: Path, seed: int | None, out: Path, info: dict, c
     replacing = f"; replaced the previous export's {', '.join(replaced)}" if replaced else ""
     return (f"exported the {what} of {pretty_path(run_dir)}" + (f" (seed {seed})" if seed is not None else "") +
             f" for {batches}{note} to {out}: step.jax, initial_carry.jax, params.npz, policy.json "
-            f"(load with jax.export alone; see nnx_ppo.exported.load_exported){replacing}")
+            f"(load with jax.export alone; see nnx_ppo.policy.load_exported){replacing}")
 
 
 def run_export(cmd: ExportCommand) -> int:
-    from nnx_ppo.exported import export_info
-    from nnx_ppo.policy import Policy
+    from nnx_ppo.policy import Policy, export_info
 
     run_dir = Path(cmd.run_dir)
     if cmd.batch_size is not None and cmd.batch_size <= 0:
