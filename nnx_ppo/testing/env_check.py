@@ -10,8 +10,8 @@ import numpy as np
 
 from nnx_ppo.envs import spaces as _spaces
 from nnx_ppo.envs.registry import as_env
-from nnx_ppo.envs.types import EnvState
-from nnx_ppo.envs.validation import (
+from nnx_ppo.envs.types import (
+    EnvState,
     check_scalar_per_env,
     compare_structure,
     dtype_of,
