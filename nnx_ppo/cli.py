@@ -55,10 +55,11 @@ from nnx_ppo.app.commands import (
     ResumeCommand,
     SweepCommand,
     TrainCommand,
+    env_spec_forms,
     flag_groups,
     print_error,
+    run_envs,
 )
-from nnx_ppo.app.listing import env_spec_forms, run_envs
 from nnx_ppo.app.process import compilation_cache, format_warning, join_processes, quiet_library_logs
 from nnx_ppo.app.runs import parse_env_kwargs
 from nnx_ppo.presets import find_preset, library_defaults
