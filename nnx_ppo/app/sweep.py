@@ -25,8 +25,8 @@ from typing import Any
 
 from nnx_ppo import run_dir as rd
 from nnx_ppo.app.commands import PROG, CliError, SweepCommand, check_distinct_seeds, print_error, shell_command
-from nnx_ppo.app.ending import train_into
 from nnx_ppo.app.plot import bootstrap_interval, format_value, interquartile_mean
+from nnx_ppo.app.process import train_into
 from nnx_ppo.app.runs import build_network, make_env, network_spec_of, parse_env_kwargs
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import pretty_path

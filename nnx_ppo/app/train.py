@@ -23,8 +23,8 @@ from nnx_ppo.app.commands import (
     print_warning,
     shell_command,
 )
-from nnx_ppo.app.ending import train_into
 from nnx_ppo.app.evaluate import check_video_target, render_episode, video_fps, write_video
+from nnx_ppo.app.process import train_into
 from nnx_ppo.app.runs import (
     build_network,
     extra_network_kwargs,
