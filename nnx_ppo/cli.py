@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             join_processes(cmd)
             return run_train(cmd, argv, saved)
         if isinstance(cmd, EvalCommand):
-            from nnx_ppo.app.evaluate import run_eval
+            from nnx_ppo.app.trained import run_eval
 
             return run_eval(cmd)
         if isinstance(cmd, DistillCommand):
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_plot(cmd)
         if isinstance(cmd, ExportCommand):
-            from nnx_ppo.app.export import run_export
+            from nnx_ppo.app.trained import run_export
 
             return run_export(cmd)
         return run_envs()

@@ -372,7 +372,7 @@ def test_playground_train_then_eval_video(tmp_path):
 
 def test_video_writer_is_checked_before_rendering(tmp_path):
     from nnx_ppo.app.commands import CliError
-    from nnx_ppo.app.evaluate import check_video_writer, write_video
+    from nnx_ppo.app.trained import check_video_writer, write_video
 
     check_video_writer(str(tmp_path / "v.mp4"))  # imageio-ffmpeg comes with the playground extra
     check_video_writer(str(tmp_path / "v.gif"))

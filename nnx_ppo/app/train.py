@@ -23,7 +23,6 @@ from nnx_ppo.app.commands import (
     print_warning,
     shell_command,
 )
-from nnx_ppo.app.evaluate import check_video_target, render_episode, video_fps, write_video
 from nnx_ppo.app.process import train_into
 from nnx_ppo.app.runs import (
     build_network,
@@ -35,6 +34,7 @@ from nnx_ppo.app.runs import (
     resume_changes,
     run_directory,
 )
+from nnx_ppo.app.trained import check_video_target, render_episode, video_fps, write_video
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference
 from nnx_ppo.presets import NETWORK_DEFAULTS, find_preset
 from nnx_ppo.progress import fmt_seconds, pretty_path
