@@ -375,8 +375,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_eval(cmd)
         if isinstance(cmd, DistillCommand):
-            from nnx_ppo.app.distill import student_run
-            from nnx_ppo.app.train import run_train
+            from nnx_ppo.app.train import run_train, student_run
 
             student, setup = student_run(cmd)
             return run_train(student, argv, None, distill=setup)
