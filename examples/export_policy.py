@@ -14,7 +14,7 @@ import numpy as np
 import nnx_ppo
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo
-from nnx_ppo.exported import load_exported
+from nnx_ppo.policy import load_exported
 
 TINY = "--tiny" in sys.argv
 STEPS = 1024 if TINY else 200_000

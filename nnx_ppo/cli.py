@@ -56,9 +56,10 @@ from nnx_ppo.app.commands import (
     SetupFlags,
     SweepCommand,
     TrainCommand,
+    env_spec_forms,
     print_error,
+    run_envs,
 )
-from nnx_ppo.app.listing import env_spec_forms, run_envs
 from nnx_ppo.app.process import compilation_cache, format_warning, join_processes, quiet_library_logs
 from nnx_ppo.app.runs import parse_env_kwargs
 from nnx_ppo.presets import find_preset, library_defaults
@@ -304,12 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             join_processes(cmd)
             return run_train(cmd, argv, saved)
         if isinstance(cmd, EvalCommand):
-            from nnx_ppo.app.evaluate import run_eval
+            from nnx_ppo.app.trained import run_eval
 
             return run_eval(cmd)
         if isinstance(cmd, DistillCommand):
-            from nnx_ppo.app.distill import student_run
-            from nnx_ppo.app.train import run_train
+            from nnx_ppo.app.train import run_train, student_run
 
             student, setup = student_run(cmd)
             return run_train(student, argv, None, distill=setup)
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_plot(cmd)
         if isinstance(cmd, ExportCommand):
-            from nnx_ppo.app.export import run_export
+            from nnx_ppo.app.trained import run_export
 
             return run_export(cmd)
         return run_envs()

@@ -13,7 +13,7 @@ RunSpec (:func:`open_output`) and open the same Run. The Run:
   atomically, when training begins, or for a resume appends the changes
   :func:`~nnx_ppo.algorithms.config.resume_changes` allows to its
   ``resumed`` list (and refuses the others in one line);
-- logs every row (:class:`~nnx_ppo.run_logger.RunLogger`: ``metrics.jsonl``,
+- logs every row (:class:`~nnx_ppo.run_dir.RunLogger`: ``metrics.jsonl``,
   TensorBoard, the learning curve; config.json written again if it
   vanished), records failures, saves checkpoints and best policies into
   ``checkpoints/`` (through the trainer's hooks), and shows progress.
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo import run_logger
 from nnx_ppo.algorithms.config import TrainConfig, resume_changes
 
 __all__ = ["RunSpec", "Run", "open_output", "named_network", "checkpoints_of", "NAMED_NETWORK_WIDTH",
@@ -152,7 +151,7 @@ class Run:
         self.spec = spec
         self.resuming = resuming
         self.bar = bar
-        self.logger: run_logger.RunLogger | None = None
+        self.logger: rd.RunLogger | None = None
         self.checkpoint_dir = None if path is None else str((path / rd.CHECKPOINT_DIR).resolve())
         self.checkpoint_metadata: dict[str, Any] = {} if path is None else {"run_dir": str(path.resolve())}
         if path is not None and PYTHON_NETWORK not in spec.network:
@@ -212,7 +211,7 @@ class Run:
                     content["source"] = sources
                 rd.write_run_config(self.path, content)
             self.spec = spec
-            self.logger = run_logger.RunLogger(self.path, steps_per_iteration=spec.config.ppo.steps_per_iteration,
+            self.logger = rd.RunLogger(self.path, steps_per_iteration=spec.config.ppo.steps_per_iteration,
                                        title=spec.title, resumed=self.resuming, config=content,
                                        wandb_run=self._wandb_run)
         if self.bar is not None:
@@ -232,7 +231,7 @@ class Run:
             self.logger(metrics, env_steps, seed)
         if self.bar is None:
             return
-        if run_logger.RunLogger.is_eval(metrics):
+        if rd.RunLogger.is_eval(metrics):
             if seed is None:
                 self.bar.evaluation(metrics, env_steps)
                 return

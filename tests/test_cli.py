@@ -98,9 +98,8 @@ def test_export_writes_a_policy_that_acts_as_load_policy(trained_run: Path, tmp_
     import jax
     import numpy as np
 
-    from nnx_ppo.exported import load_exported
     from nnx_ppo.network_spec import load_network
-    from nnx_ppo.policy import Policy, load_policy
+    from nnx_ppo.policy import Policy, load_exported, load_policy
 
     out = tmp_path / "policy"
     assert cli.main(["export", str(trained_run), "--best", "--batch-size", "4", "--out", str(out)]) == 0
@@ -374,7 +373,7 @@ def test_playground_train_then_eval_video(tmp_path):
 
 def test_video_writer_is_checked_before_rendering(tmp_path):
     from nnx_ppo.app.commands import CliError
-    from nnx_ppo.app.evaluate import check_video_writer, write_video
+    from nnx_ppo.app.trained import check_video_writer, write_video
 
     check_video_writer(str(tmp_path / "v.mp4"))  # imageio-ffmpeg comes with the playground extra
     check_video_writer(str(tmp_path / "v.gif"))

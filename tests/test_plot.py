@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nnx_ppo import cli, run_logger
+from nnx_ppo import cli
 from nnx_ppo import run_dir as rd
 from nnx_ppo.app.plot import interquartile_mean, summarize_run
 
@@ -39,11 +39,11 @@ def test_seed_band_is_the_observed_range(tmp_path):
     """CartPole-like returns capped at 500: the band never goes above 500
     (a mean +- 1.96 SEM band went to about 550)."""
     run = _run(tmp_path / "r", {0: [100, 500, 500], 1: [300, 500, 480], 2: [20, 200, 500]})
-    steps, mean, lo, hi = run_logger.seed_band(rd.read_metrics(run))
+    steps, mean, lo, hi = rd.seed_band(rd.read_metrics(run))
     assert steps == [100, 200, 300]
     assert hi == [300, 500, 500] and lo == [20, 200, 480]
     assert mean[1] == pytest.approx(400)
-    run_logger.plot_learning_curve(rd.read_metrics(run), tmp_path / "curve.png", "three seeds")
+    rd.plot_learning_curve(rd.read_metrics(run), tmp_path / "curve.png", "three seeds")
     assert (tmp_path / "curve.png").stat().st_size > 0
 
 

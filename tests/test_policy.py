@@ -11,9 +11,8 @@ import pytest
 
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout
-from nnx_ppo.exported import ExportWarning, export_info, load_exported
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
-from nnx_ppo.policy import Policy
+from nnx_ppo.policy import ExportWarning, Policy, export_info, load_exported
 from tests.algorithms.test_replay_consistency import DictActionTarget, everything_network
 from tests.xla_flags import optimization_off, run_as_users_compile
 

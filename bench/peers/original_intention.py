@@ -28,7 +28,7 @@ log (the original reports no compile time), the same span as
 bench_intention.py's ``first_iteration_s``.
 
 ``--env rodent``: this project's rodent imitation task
-(``nnx_ppo/envs/rodent/imitation.py``, ``RodentImitation``, a MuJoCo
+(``nnx_ppo/envs/rodent/tasks.py``, ``RodentImitation``, a MuJoCo
 Playground ``MjxEnv``: the original takes it in its own protocol as it is).
 In this venv ``nnx_ppo`` is the original package, which has no
 ``nnx_ppo.envs``; :func:`import_rodent_imitation` puts two empty package
@@ -149,7 +149,7 @@ def import_rodent_imitation():
             stub.__path__ = [str(folder)]
             stub.__package__ = name
             sys.modules[name] = stub
-    from nnx_ppo.envs.rodent.imitation import RodentImitation
+    from nnx_ppo.envs.rodent.tasks import RodentImitation
 
     return RodentImitation
 

@@ -7,7 +7,7 @@ import jax
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.envs.spaces import Discrete
-from nnx_ppo.envs.validation import check_actions, check_env_structure
+from nnx_ppo.envs.types import check_actions, check_env_structure
 from nnx_ppo.networks.sampling_layers import categorical_choices
 
 __all__ = ["check_network_matches_env"]

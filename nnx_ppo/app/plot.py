@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo import run_logger
 from nnx_ppo.app.commands import CliError, PlotCommand
 from nnx_ppo.app.runs import read_run
 from nnx_ppo.progress import pretty_path
@@ -81,7 +80,7 @@ def _elapsed_at(rows: list[dict[str, Any]], step: int) -> float | None:
 
 def summarize_run(rows: list[dict[str, Any]], metric: str, threshold: float | None = None) -> dict[str, Any]:
     """One row of the table for a run's metrics rows (see the module docstring)."""
-    curves = run_logger.seed_curves(rows, metric)
+    curves = rd.seed_curves(rows, metric)
     finals = [ys[-1] for _, ys in curves.values() if ys]
     bests = [max(ys) for _, ys in curves.values() if ys]
     summary: dict[str, Any] = {
@@ -93,7 +92,7 @@ def summarize_run(rows: list[dict[str, Any]], metric: str, threshold: float | No
         "seconds_to_threshold": None,
     }
     if threshold is not None:
-        steps, means, _, _ = run_logger.seed_band(rows, metric)
+        steps, means, _, _ = rd.seed_band(rows, metric)
         reached = [x for x, m in zip(steps, means) if m >= threshold]
         if reached:
             summary["steps_to_threshold"] = reached[0]
@@ -109,9 +108,9 @@ def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: 
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=100)
     for i, (name, rows) in enumerate(runs):
-        steps, mean, lo, hi = run_logger.seed_band(rows, metric)
+        steps, mean, lo, hi = rd.seed_band(rows, metric)
         color = f"C{i % 10}"
-        n = len(run_logger.seed_curves(rows, metric))
+        n = len(rd.seed_curves(rows, metric))
         ax.plot(steps, mean, "o-", color=color, linewidth=2, markersize=3,
                 label=f"{name} ({n} seed{'s' if n != 1 else ''}: mean, min-max band)" if n > 1 else name)
         if n > 1:
@@ -124,7 +123,7 @@ def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: 
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    run_logger.save_figure(fig, path)
+    rd.save_figure(fig, path)
 
 
 def format_value(x: Any, spec: str = ".3f") -> str:
@@ -142,7 +141,7 @@ def run_plot(cmd: PlotCommand) -> int:
     for run in cmd.runs:
         read_run(Path(run))
         rows = rd.read_metrics(run)
-        if not run_logger.seed_curves(rows, cmd.metric):
+        if not rd.seed_curves(rows, cmd.metric):
             if cmd.metric.startswith("eval/"):
                 raise CliError(f"{run} has no evaluation rows with {cmd.metric!r} (is evaluation on?)")
             raise CliError(f"{run} has no training rows with {cmd.metric!r} (metrics.jsonl names the metrics)")

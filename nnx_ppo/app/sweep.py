@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo import run_logger
 from nnx_ppo.app.commands import PROG, CliError, SweepCommand, check_distinct_seeds, print_error, shell_command
-from nnx_ppo.app.ending import train_into
 from nnx_ppo.app.plot import bootstrap_interval, format_value, interquartile_mean
+from nnx_ppo.app.process import train_into
 from nnx_ppo.app.runs import build_network, make_env, network_spec_of, parse_env_kwargs
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import pretty_path
@@ -287,7 +286,7 @@ def _member_entries(members: list[dict[str, Any]], fields: list[str], rows: list
     (``{"iteration", "env_steps", "reason", "type"}`` or None; a failed
     member has no final return and no AUC), its PBT ``lineage`` and its
     final ``hyperparameters`` (as logged)."""
-    curves = run_logger.seed_curves(rows, _METRIC)  # member index -> (steps, returns)
+    curves = rd.seed_curves(rows, _METRIC)  # member index -> (steps, returns)
     failures, lineage = rd.failure_rows(rows), member_lineage(rows)
     final_values, elapsed = _final_hyperparameters(rows), _elapsed(rows)
     entries = []
@@ -328,7 +327,7 @@ def sweep_summary(run_dir: Path, threshold: float | None = None) -> dict[str, An
     fields = [f for f in members[0]["hyperparameters"]
               if len({m["hyperparameters"][f] for m in members}) > 1]
     rows = rd.read_metrics(run_dir)
-    curves = run_logger.seed_curves(rows, _METRIC)
+    curves = rd.seed_curves(rows, _METRIC)
     elapsed = _elapsed(rows)
     per_member = _member_entries(members, fields, rows, threshold)
     configs = []
@@ -496,7 +495,7 @@ def _plots(run_dir: Path, summary: dict[str, Any]) -> list[Path]:
         ax.legend(fontsize="small")
         fig.tight_layout()
         path = run_dir / f"sweep_{field}.png"
-        run_logger.save_figure(fig, path)
+        rd.save_figure(fig, path)
         written.append(path)
     if summary.get("pbt"):
         rows = [r for r in rd.read_metrics(run_dir) if not r.get("eval") and "seed" in r]
@@ -514,6 +513,6 @@ def _plots(run_dir: Path, summary: dict[str, Any]) -> list[Path]:
                 ax.legend(fontsize="x-small", ncol=2)
             fig.tight_layout()
             path = run_dir / f"pbt_{field}.png"
-            run_logger.save_figure(fig, path)
+            rd.save_figure(fig, path)
             written.append(path)
     return written

@@ -1,4 +1,6 @@
-"""``nnx-ppo train``: build the envs and the network, write the run directory, train.
+"""``nnx-ppo train``: build the envs and the network, write the run directory,
+train; ``nnx-ppo distill``: a trained run's policy distilled into a new network,
+a student run trained the same way.
 
 And what a training run of the command line sends elsewhere: Weights & Biases
 (``--wandb``, offline when W&B cannot be reached) and videos of the policy
@@ -18,6 +20,7 @@ from nnx_ppo.app.commands import (
     DEFAULT_HIDDEN_SIZE,
     PROG,
     CliError,
+    DistillCommand,
     RunFlags,
     SetupFlags,
     TrainCommand,
@@ -25,24 +28,27 @@ from nnx_ppo.app.commands import (
     print_warning,
     shell_command,
 )
-from nnx_ppo.app.ending import train_into
-from nnx_ppo.app.evaluate import check_video_target, render_episode, video_fps, write_video
+from nnx_ppo.app.process import train_into
 from nnx_ppo.app.runs import (
     build_network,
     extra_network_kwargs,
+    load_run_network,
     make_env,
     network_spec_of,
     parse_env_kwargs,
     read_run,
     resume_changes,
     run_directory,
+    run_policy_spec,
 )
+from nnx_ppo.app.trained import check_video_target, render_episode, video_fps, write_video
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference
 from nnx_ppo.presets import NETWORK_DEFAULTS, find_preset
 from nnx_ppo.progress import fmt_seconds, pretty_path
 from nnx_ppo.runner import Run, RunSpec
 
-__all__ = ["run_train", "resume_defaults", "import_wandb", "wandb_init", "video_recorder"]
+__all__ = ["run_train", "resume_defaults", "student_run", "resumed_distillation", "DistillSetup", "import_wandb",
+           "wandb_init", "video_recorder"]
 
 
 def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
@@ -195,7 +201,7 @@ def _report_seeds(cmd: TrainCommand, run: Run, results) -> None:
 def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, distill=None) -> int:
     """``nnx-ppo train`` (and ``resume``): returns the exit code (0 done or
     stopped, 1 failed, 130 aborted). With ``distill`` (a
-    :class:`nnx_ppo.app.distill.DistillSetup`), ``nnx-ppo distill``: the
+    :class:`DistillSetup`), ``nnx-ppo distill``: the
     same run, trained by distillation from its teacher.
 
     The run directory is locked from the first check to the last line."""
@@ -211,8 +217,6 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
     if cmd.run.resume is not None:
         resume_changes(cmd, saved, env_kwargs, train_env_kwargs)  # (the run records them when training begins)
     if cmd.run.resume is not None and "distillation" in saved:  # a distillation run resumes as one, from its teacher
-        from nnx_ppo.app.distill import resumed_distillation
-
         distill = resumed_distillation(saved)
     if not primary:
         return _train(cmd, argv, Path(cmd.run.resume or cmd.run.run_dir), env_kwargs, train_env_kwargs, distill,
@@ -296,6 +300,82 @@ def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
                                      on_evaluation=on_evaluation, **options)
     state = new_training_state(train_env, network, config)
     return 0, train_ppo(train_env, network, config, state=state, on_evaluation=on_evaluation, **options)
+
+
+# ``nnx-ppo distill``: distill a trained run's policy into a new network. The
+# teacher run's config.json gives the env, its kwargs and the training config;
+# the student gets its own run directory, trained by run_train above (metrics,
+# TensorBoard, curve, checkpoints), so ``nnx-ppo eval`` reads it like any run.
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSetup:
+    """What ``run_train`` needs to distill instead of running PPO."""
+
+    teacher: object
+    config: object  # DistillationConfig
+    teacher_run: str
+
+
+def _teacher(run_dir: Path, saved: dict):
+    """The teacher network: the final checkpoint of ``run_dir`` (of a run of
+    several seeds, the first seed's policy)."""
+    env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
+    seeds = saved.get("seeds")
+    return load_run_network(ckpt_dir, spec.build(env), seed=int(seeds[0]) if seeds else None,
+                            what=f"teacher {run_dir}: ")
+
+
+def resumed_distillation(saved: dict) -> DistillSetup:
+    """What a distillation run (its ``config.json`` is ``saved``) needs to be
+    resumed: its teacher, loaded again from the teacher's run, and its
+    distillation settings."""
+    from nnx_ppo.algorithms.distillation import DistillationConfig
+
+    recorded = dict(saved["distillation"])
+    teacher_run = Path(recorded.pop("teacher_run"))
+    try:
+        config = DistillationConfig(**recorded)
+    except (TypeError, ValueError) as e:
+        raise CliError(f"cannot read the distillation settings of the run: {e}") from None
+    teacher = _teacher(teacher_run, read_run(teacher_run, rebuild="use it as a teacher"))
+    return DistillSetup(teacher=teacher, config=config, teacher_run=str(teacher_run))
+
+
+def student_run(cmd: DistillCommand) -> tuple[TrainCommand, DistillSetup]:
+    """``nnx-ppo distill``: the student's training command and its
+    distillation setup, which ``nnx-ppo train``'s runner trains
+    (:func:`run_train`, with ``distill=``)."""
+    from nnx_ppo.algorithms.distillation import DistillationConfig
+    from nnx_ppo.user_code import short_name
+
+    teacher_run = Path(cmd.teacher_run)
+    saved = read_run(teacher_run, rebuild="use it as a teacher")
+    try:
+        config = rd.train_config_from_dict(saved["config"])
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        raise CliError(f"cannot read {teacher_run / rd.CONFIG_FILE}: {e}") from None
+    try:
+        distillation = DistillationConfig(teacher_mixing=cmd.teacher_mixing,
+                                          teacher_mixing_steps=cmd.teacher_mixing_steps)
+        ppo = dataclasses.replace(
+            config.ppo,
+            total_steps=config.ppo.total_steps if cmd.total_steps is None else cmd.total_steps,
+            learning_rate=config.ppo.learning_rate if cmd.learning_rate is None else cmd.learning_rate,
+        )
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    teacher = _teacher(teacher_run, saved)
+    student_cmd = TrainCommand(
+        env=saved["env"],
+        setup=SetupFlags(network=cmd.network, hidden_size=cmd.hidden_size, no_preset=True,
+                         env_kwargs=json.dumps(saved.get("env_kwargs", {})),
+                         train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {}))),
+        config=dataclasses.replace(config, ppo=ppo, seed=cmd.seed),
+        run=RunFlags(run_dir=cmd.run_dir or str(rd.default_run_dir(f"{short_name(saved['env'])}-distill")),
+                     quiet=cmd.quiet),
+    )
+    return student_cmd, DistillSetup(teacher=teacher, config=distillation, teacher_run=str(teacher_run.resolve()))
 
 
 # What a training run sends elsewhere: W&B (--wandb) and videos (--video-every).

@@ -125,7 +125,7 @@ def test_raw_playground_env_is_accepted_as_it_ships():
     from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
     from nnx_ppo.algorithms.ppo import new_training_state
     from nnx_ppo.envs import TimeLimit, as_env
-    from nnx_ppo.envs.validation import check_env_structure
+    from nnx_ppo.envs.types import check_env_structure
     from nnx_ppo.networks.factories import make_actor_critic_for_env
 
     raw = registry.load("CartpoleBalance", config_overrides={"impl": "jax"})

@@ -21,7 +21,7 @@ from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.envs import Box, EnvState, TimeLimit, as_env
 from nnx_ppo.envs.adapters import EnvAdaptedWarning, OriginalEnv, PlaygroundEnv
-from nnx_ppo.envs.validation import EnvCheckError, check_env_structure
+from nnx_ppo.envs.types import EnvCheckError, check_env_structure
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Parallel, Sequential, Splitter
 from nnx_ppo.networks.factories import make_actor_critic_for_env, make_mlp_actor_critic

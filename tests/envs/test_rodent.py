@@ -132,7 +132,7 @@ def test_imitation_reset_starts_on_the_reference(imitation, tiny_clips):
 
 
 def test_imitation_rewards_and_termination(imitation, tiny_clips):
-    from nnx_ppo.envs.rodent.base import Pose
+    from nnx_ppo.envs.rodent.tasks import Pose
 
     ref = Pose(*(jnp.asarray(x[0, 5]) for x in (tiny_clips.qpos, tiny_clips.qvel, tiny_clips.act,
                                                 tiny_clips.body_pos)))

@@ -115,13 +115,12 @@ def test_a_learning_curve_that_cannot_be_written_is_a_warning(tmp_path, monkeypa
     """Disk full while drawing the curve: a warning, once; the rows are
     written and no temporary PNG stays."""
     from nnx_ppo import run_dir as rd
-    from nnx_ppo import run_logger
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("matplotlib.figure.Figure.savefig", full)
-    logger = run_logger.RunLogger(tmp_path, steps_per_iteration=8, tensorboard=False)
+    logger = rd.RunLogger(tmp_path, steps_per_iteration=8, tensorboard=False)
     with pytest.warns(rd.RunOutputWarning, match="No space left on device"):
         logger({"eval/episode_return": 1.0}, 8)
     logger({"eval/episode_return": 2.0}, 16)  # (warned once)

@@ -129,7 +129,7 @@ def test_train_ppo_names_a_network_function_that_returns_no_network(not_networks
 def test_a_truncated_export_file_is_named_in_one_line(name, what, exported, tmp_path):
     """A truncated step.jax said "unpack_from requires a buffer of at least
     ... bytes" without naming the file."""
-    from nnx_ppo.exported import ExportedPolicyError, load_exported
+    from nnx_ppo.policy import ExportedPolicyError, load_exported
 
     damaged = Path(shutil.copytree(exported, tmp_path / "policy"))
     data = (damaged / name).read_bytes()
@@ -148,7 +148,7 @@ def test_an_export_of_an_earlier_unreleased_version_is_refused_in_one_line(expor
     initial_carry without ``done``) is not read: one line says so."""
     import json
 
-    from nnx_ppo.exported import ExportedPolicyError, load_exported
+    from nnx_ppo.policy import ExportedPolicyError, load_exported
 
     old = Path(shutil.copytree(exported, tmp_path / "policy"))
     info = json.loads((old / "policy.json").read_text())
@@ -168,7 +168,7 @@ def test_export_refuses_a_directory_in_use_and_overwrites_only_an_export(run, tm
     mixing files silently. Now: anything in DIR is refused (exit 2, one
     line); --overwrite replaces a previous export and says what it replaced,
     and never touches other files."""
-    from nnx_ppo.exported import load_exported
+    from nnx_ppo.policy import load_exported
 
     out = tmp_path / "policy"
     out.mkdir()
@@ -194,8 +194,7 @@ def test_export_refuses_a_directory_in_use_and_overwrites_only_an_export(run, tm
 
 
 def test_python_export_refuses_a_directory_in_use(exported, tmp_path):
-    from nnx_ppo.exported import ExportDirInUseError, load_exported
-    from nnx_ppo.policy import Policy
+    from nnx_ppo.policy import ExportDirInUseError, Policy, load_exported
 
     policy = Policy(_mlp(), env=_env())
     busy = tmp_path / "busy"
@@ -221,8 +220,7 @@ def test_a_loaded_policy_exports_without_an_example_for_any_batch_size(run, tmp_
     one artifact acts as the policy at batch 1 and at batch 5."""
     import jax
 
-    from nnx_ppo.exported import load_exported
-    from nnx_ppo.policy import load_policy
+    from nnx_ppo.policy import load_exported, load_policy
 
     policy = load_policy(run)
     exported = load_exported(policy.export(tmp_path / "policy"))

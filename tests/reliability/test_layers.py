@@ -8,8 +8,8 @@ import nnx_ppo
 
 ROOT = Path(nnx_ppo.__file__).parent
 LOWER = ("envs", "networks", "algorithms", "testing")  # below the run layer
-ABOVE = ("nnx_ppo.run_dir", "nnx_ppo.run_logger", "nnx_ppo.runner", "nnx_ppo.network_spec", "nnx_ppo.presets",
-         "nnx_ppo.policy", "nnx_ppo.exported", "nnx_ppo.progress", "nnx_ppo.app", "nnx_ppo.cli")
+ABOVE = ("nnx_ppo.run_dir", "nnx_ppo.runner", "nnx_ppo.network_spec", "nnx_ppo.presets",
+         "nnx_ppo.policy", "nnx_ppo.progress", "nnx_ppo.app", "nnx_ppo.cli")
 
 
 def _imports(path: Path) -> list[str]:

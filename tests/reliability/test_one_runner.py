@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nnx_ppo import cli, run_logger
+from nnx_ppo import cli
 from nnx_ppo import run_dir as rd
 from nnx_ppo.runner import RunSpec
 
@@ -151,7 +151,7 @@ def test_a_vanished_config_is_written_again(tmp_path):
     so eval and resume refused the run afterwards."""
     content = {"env": "cue_memory", "network": {"kind": "mlp"}, "config": {}}
     rd.write_run_config(tmp_path, content)
-    logger = run_logger.RunLogger(tmp_path, steps_per_iteration=8, tensorboard=False, config=content)
+    logger = rd.RunLogger(tmp_path, steps_per_iteration=8, tensorboard=False, config=content)
     try:
         logger({"train/episode_return": 1.0}, 8)
         (tmp_path / rd.CONFIG_FILE).unlink()

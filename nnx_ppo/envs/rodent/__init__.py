@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 from nnx_ppo._lazy import lazy_exports
 
 _EXPORTS = {
-    "nnx_ppo.envs.rodent.imitation": ("RodentImitation",),
-    "nnx_ppo.envs.rodent.run": ("RodentRun",),
+    "nnx_ppo.envs.rodent.tasks": ("RodentImitation", "RodentRun"),
     "nnx_ppo.envs.rodent.clips": ("Clips", "generate_clips", "load_clips"),
     "nnx_ppo.envs.rodent.body": ("load_model", "rodent_xml_path"),
 }
@@ -44,5 +43,4 @@ def make_env(name: str, **config_overrides: Any):
 if TYPE_CHECKING:
     from nnx_ppo.envs.rodent.body import load_model, rodent_xml_path
     from nnx_ppo.envs.rodent.clips import Clips, generate_clips, load_clips
-    from nnx_ppo.envs.rodent.imitation import RodentImitation
-    from nnx_ppo.envs.rodent.run import RodentRun
+    from nnx_ppo.envs.rodent.tasks import RodentImitation, RodentRun

@@ -1,5 +1,7 @@
-"""``nnx-ppo eval``: load a run's final policy, evaluate it, record a video
-or the activations of chosen modules (:mod:`nnx_ppo.app.record`).
+"""The commands on a trained run: ``nnx-ppo eval`` (evaluate its policy,
+record a video or the activations of chosen modules, see
+:mod:`nnx_ppo.algorithms.recording`) and ``nnx-ppo export`` (its policy as a
+:mod:`jax.export` artifact, see :mod:`nnx_ppo.policy`).
 
 A run of several seeds (or a sweep's members) is evaluated seed by seed;
 the line of a seed that failed in training ends with its failure (``FAILED
@@ -10,14 +12,16 @@ member K at iteration I``)."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, EvalCommand, check_writable_target
-from nnx_ppo.app.record import check_record_flags, check_record_paths, print_module_paths, record_to_file
+from nnx_ppo.app.commands import CliError, EvalCommand, ExportCommand, check_writable_target
 from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec
 from nnx_ppo.app.sweep import failure_text, lineage_text, member_lineage
 from nnx_ppo.progress import pretty_path
+
+# ----------------------------------------------------------------------------- nnx-ppo eval
 
 
 def run_eval(cmd: EvalCommand) -> int:
@@ -135,6 +139,67 @@ def _label(index: int, members: list[dict] | None, lineage: list[dict] | None = 
     parts = [f"seed {member['seed']}", *values, *([revival] if revival else [])]
     return f"member {index} ({', '.join(parts)})"
 
+# ---------------------------------------- activations: eval --list-modules, --record-activations
+
+
+def check_record_flags(cmd: EvalCommand) -> None:
+    """Named errors, before anything runs, for ``--record-activations``
+    without ``--out`` (or the reverse) and an ``--out`` that is not .npz or
+    cannot be written."""
+    if cmd.record_activations and cmd.out is None:
+        raise CliError("--record-activations needs --out FILE.npz")
+    if cmd.out is not None and not cmd.record_activations:
+        raise CliError("--out needs --record-activations PATH [PATH ...] (see --list-modules for the paths)")
+    if cmd.out is not None and not cmd.out.endswith(".npz"):
+        raise CliError(f"--out must end in .npz, got {cmd.out!r}")
+    if cmd.out is not None:  # before the recording, not after it
+        import os
+
+        folder = Path(cmd.out).resolve().parent
+        if not folder.is_dir():
+            raise CliError(f"--out: the folder {folder} does not exist")
+        if not os.access(folder, os.W_OK) or Path(cmd.out).is_dir():
+            raise CliError(f"--out: cannot write {cmd.out} (the folder is not writable, or it is a directory)")
+
+
+def print_module_paths(network) -> int:
+    """Print every recordable module path with its class; returns exit code 0."""
+    from flax import nnx
+
+    from nnx_ppo.algorithms.recording import module_paths
+
+    kinds = {"/".join(str(p) for p in path): type(m).__name__ for path, m in nnx.iter_modules(network)}
+    print("recordable module paths (for --record-activations):")
+    for path in module_paths(network):
+        print(f"  {path:<48} {kinds[path]}")
+    return 0
+
+
+def check_record_paths(network, paths: tuple[str, ...]) -> None:
+    """A :class:`CliError` naming the first unknown path and listing the valid ones."""
+    from nnx_ppo.algorithms.recording import module_paths
+
+    known = module_paths(network)
+    for path in paths:
+        if path.strip("/") not in known:
+            raise CliError(f"--record-activations: unknown module path {path!r}; recordable paths "
+                           f"(see --list-modules): {', '.join(known)}")
+
+
+def record_to_file(cmd: EvalCommand, env, network, n_steps: int) -> None:
+    """Record ``cmd.record_activations`` of ``network`` over ``cmd.episodes``
+    envs x ``n_steps`` steps (seeded like the evaluation) into ``cmd.out``."""
+    from nnx_ppo.algorithms.recording import record_activations
+
+    recording = record_activations(env, network, cmd.record_activations, n_envs=cmd.episodes, n_steps=n_steps,
+                                   seed=cmd.seed, deterministic=not cmd.stochastic)
+    recording.save(cmd.out)
+    episodes = int(recording.done.sum())
+    print(f"activations: {pretty_path(Path(cmd.out))} ({n_steps} steps x {cmd.episodes} envs, "
+          f"{episodes} episodes ended; {len(recording.activations)} modules)")
+
+# ---------------------------------------- videos: eval --video, train --video-every
+
 
 def can_render(env) -> bool:
     from nnx_ppo.envs.types import RLEnv
@@ -226,3 +291,69 @@ def record_video(env, network, path: str, max_len: int, seed: int, stochastic: b
     frames = render_episode(env, NetworkFn.of(network, deterministic=not stochastic), max_len, seed)
     write_video(path, frames, video_fps(env, fps))
     return len(frames)
+
+# ----------------------------------------------------------------------------- nnx-ppo export
+
+
+def check_out_directory(cmd: ExportCommand) -> list[str]:
+    """The files of a previous export in ``--out`` that this export replaces
+    (with ``--overwrite``); a usage error in one line when ``--out`` holds
+    anything else, a previous export without ``--overwrite``, or cannot be written."""
+    from nnx_ppo.policy import ExportDirInUseError, check_export_directory
+
+    try:
+        replaced = check_export_directory(cmd.out, cmd.overwrite, flag="--overwrite")
+    except ExportDirInUseError as e:
+        raise CliError(f"--out {e}") from None
+    except OSError as e:  # e.g. a directory that cannot be listed
+        raise CliError(f"cannot export to {cmd.out}: {e}") from None
+    check_writable_target(cmd.out, f"cannot export to {cmd.out}")
+    return replaced
+
+
+def summary(what: str, run_dir: Path, seed: int | None, out: Path, info: dict, cmd: ExportCommand,
+            replaced: list[str]) -> str:
+    """The line ``export`` prints: what was exported, for which batch sizes, where, and what it replaced."""
+    any_batch = info.get("batch_size") == "any"
+    batches = "any batch size" if any_batch else f"batches of {info.get('batch_size')}"
+    note = ""
+    if any_batch and cmd.batch_size is not None:
+        note = f" (--batch-size {cmd.batch_size} is initial_carry()'s default number of envs)"
+    replacing = f"; replaced the previous export's {', '.join(replaced)}" if replaced else ""
+    return (f"exported the {what} of {pretty_path(run_dir)}" + (f" (seed {seed})" if seed is not None else "") +
+            f" for {batches}{note} to {out}: step.jax, initial_carry.jax, params.npz, policy.json "
+            f"(load with jax.export alone; see nnx_ppo.policy.load_exported){replacing}")
+
+
+def run_export(cmd: ExportCommand) -> int:
+    from nnx_ppo.policy import Policy, export_info
+
+    run_dir = Path(cmd.run_dir)
+    if cmd.batch_size is not None and cmd.batch_size <= 0:
+        raise CliError(f"--batch-size must be positive, got {cmd.batch_size}")
+    which = checkpoint_choice(cmd)
+    saved = read_run(run_dir, rebuild="export it")
+    env, spec, ckpt_dir = run_policy_spec(run_dir, saved, checkpoint_choice(cmd))
+    seeds = [int(s) for s in saved.get("seeds", [])]
+    if cmd.seed is not None and cmd.seed not in seeds:
+        raise CliError(f"--seed {cmd.seed}: this run trained " +
+                       (f"seeds {seeds}" if seeds else "one seed; leave --seed out"))
+    seed = cmd.seed if cmd.seed is not None else (seeds[0] if seeds else None)
+    replaced = check_out_directory(cmd)  # before the network is loaded and compiled
+    try:
+        network = spec.build(env)
+    except (ValueError, TypeError) as e:  # e.g. a network function that no longer returns a network
+        raise CliError(f"cannot rebuild the network of {run_dir}: {e}") from None
+    network = load_run_network(ckpt_dir, network, seed=seed, step=which)
+    policy = Policy(network, deterministic=not cmd.stochastic, env=env)  # the env gives the observation shapes
+    try:
+        out = policy.export(cmd.out, platforms=cmd.platforms or None, batch_size=cmd.batch_size,
+                            overwrite=cmd.overwrite)
+        info = export_info(out)
+    except (ValueError, OSError) as e:  # a target found read-only only now is still the usage error it is above
+        denied = isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        raise CliError(f"cannot export to {cmd.out}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                       code=2 if denied else 1) from None
+    what = {None: "final policy", "best": "best evaluated policy"}.get(which, f"policy at step {which}")
+    print(summary(what, run_dir, seed, out, info, cmd, replaced))
+    return 0
