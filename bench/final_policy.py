@@ -36,7 +36,7 @@ import numpy as np
 
 from nnx_ppo.algorithms.config import config_from_dict, config_to_dict
 from nnx_ppo.algorithms.evaluation import evaluate
-from nnx_ppo.algorithms.seeds import train_seeds
+from nnx_ppo.algorithms.population import train_seeds
 from nnx_ppo.network_spec import load_network
 from nnx_ppo.presets import find_preset
 

@@ -26,8 +26,7 @@ import numpy as np
 from flax import nnx
 
 from nnx_ppo.algorithms.evaluation import evaluate
-from nnx_ppo.algorithms.pbt import PBTConfig
-from nnx_ppo.algorithms.population import train_population
+from nnx_ppo.algorithms.population import PBTConfig, train_population
 from nnx_ppo.presets import get_preset
 
 HERE = Path(__file__).resolve().parent

@@ -11,7 +11,7 @@ import sys
 
 from nnx_ppo import cli
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.seeds import train_seeds
+from nnx_ppo.algorithms.population import train_seeds
 
 TINY = "--tiny" in sys.argv
 STEPS = 512 if TINY else 200_000

@@ -40,8 +40,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "nnx_ppo.algorithms.ppo": ("train_ppo",),
     "nnx_ppo.algorithms.evaluation": ("evaluate",),
-    "nnx_ppo.algorithms.seeds": ("train_seeds",),
-    "nnx_ppo.algorithms.population": ("train_population",),
+    "nnx_ppo.algorithms.population": ("train_seeds", "train_population"),
     "nnx_ppo.algorithms.distillation": ("train_distillation",),
     "nnx_ppo.algorithms.config": ("PPOConfig", "EvalConfig", "TrainConfig"),
     "nnx_ppo.envs": ("make",),
@@ -61,9 +60,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.algorithms.distillation import train_distillation
     from nnx_ppo.algorithms.evaluation import evaluate
-    from nnx_ppo.algorithms.population import train_population
+    from nnx_ppo.algorithms.population import train_population, train_seeds
     from nnx_ppo.algorithms.ppo import train_ppo
-    from nnx_ppo.algorithms.seeds import train_seeds
     from nnx_ppo.envs import make
     from nnx_ppo.network_spec import NetworkSpec, load_network
     from nnx_ppo.networks.factories import make_actor_critic_for_env, make_mlp_actor_critic, make_recurrent_actor_critic

@@ -392,7 +392,7 @@ def restore_network(directory: str | os.PathLike, network: Any, seed: int | None
       directory: a run directory or one checkpoint in it.
       network: a network of the same architecture to load into (updated in place).
       seed: for a checkpoint of several seeds trained together
-        (:func:`nnx_ppo.algorithms.seeds.train_seeds`), which seed's network
+        (:func:`nnx_ppo.algorithms.population.train_seeds`), which seed's network
         to load (required there, refused elsewhere).
 
     Returns the network, switched to deterministic mode (``network.eval()``).

@@ -8,7 +8,7 @@ only in numbers that change no array shape and no part of the program
 (``state.member``, a :class:`MemberState`; ``[N]`` stacked over the
 members), and the iteration reads them from there
 (:func:`with_hyperparameters`), so that one trace serves every member and
-population-based training (:mod:`nnx_ppo.algorithms.pbt`) can change them
+population-based training (:mod:`nnx_ppo.algorithms.population`) can change them
 on device.
 
 Anything else (``n_envs``, ``rollout_length``, the minibatches, flags such

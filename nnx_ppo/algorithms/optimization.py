@@ -54,7 +54,7 @@ def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
     optimizer's update count, which advances once per minibatch update, so a
     training run makes ``n_iterations * n_epochs * n_minibatches`` updates
     (the count is part of the optimizer state: a resumed run continues it,
-    and each seed of :func:`~nnx_ppo.algorithms.seeds.train_seeds` has its
+    and each seed of :func:`~nnx_ppo.algorithms.population.train_seeds` has its
     own)."""
     lr = learning_rate_schedule(config)
     adam = optax.adamw(lr, weight_decay=config.weight_decay) if config.weight_decay else optax.adam(lr)

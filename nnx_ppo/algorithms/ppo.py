@@ -127,7 +127,7 @@ def _iteration(env, graphdef, config: PPOConfig) -> Callable:
 
 PPO = Algorithm(initial_state=new_training_state, iteration=_iteration)
 """PPO for :func:`nnx_ppo.algorithms.trainer.train` (also used by
-:func:`~nnx_ppo.algorithms.seeds.train_seeds`)."""
+:func:`~nnx_ppo.algorithms.population.train_seeds`)."""
 
 
 def train_ppo(

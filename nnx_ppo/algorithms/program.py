@@ -98,7 +98,7 @@ def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: 
     sharding in and out, and the outputs are replicated.
 
     ``population_step(state, output) -> (state, output)`` (a population, see
-    :func:`~nnx_ppo.algorithms.pbt.population_step`) runs on the whole batch
+    :func:`~nnx_ppo.algorithms.population.population_step`) runs on the whole batch
     after every batched iteration: what crosses members (scores, PBT).
     """
     iteration = keep_last_healthy(iteration)

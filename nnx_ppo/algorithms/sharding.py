@@ -8,7 +8,7 @@ partitions the rollout and the replay by env and inserts the all-reduce of
 the gradient. Minibatches take an equal share of every device's envs
 (``PPOConfig.shuffle_blocks``), so no env sequence moves between devices.
 
-By seed (a seed batch of :func:`~nnx_ppo.algorithms.seeds.train_seeds` with
+By seed (a seed batch of :func:`~nnx_ppo.algorithms.population.train_seeds` with
 ``TrainConfig.shard_seeds``): every leaf of the ``[S, ...]`` state is split
 on its seed axis over a mesh named ``"seeds"``; each device trains whole
 seeds and nothing crosses devices during an iteration.

@@ -68,7 +68,7 @@ class TrainingState:
 @dataclasses.dataclass
 class TrainResult:
     """What :func:`~nnx_ppo.algorithms.ppo.train_ppo` returns (and
-    :func:`~nnx_ppo.algorithms.seeds.train_seeds` per seed).
+    :func:`~nnx_ppo.algorithms.population.train_seeds` per seed).
 
     Attributes:
       state: the final :class:`TrainingState` (the network was updated in

@@ -8,7 +8,7 @@ a leading member axis ``[S, ...]``; a member's failure is logged
 and raised by one plain run (:func:`run_failure`).
 
 PPO (:func:`~nnx_ppo.algorithms.ppo.train_ppo`), many seeds
-(:func:`~nnx_ppo.algorithms.seeds.train_seeds`) and distillation
+(:func:`~nnx_ppo.algorithms.population.train_seeds`) and distillation
 (:func:`~nnx_ppo.algorithms.distillation.train_distillation`) differ only in
 their :class:`Algorithm`: how one seed's :class:`TrainingState` starts and
 what one iteration does. :func:`train` does the rest, in this order:
@@ -293,10 +293,10 @@ class Algorithm:
         algorithm besides the config (e.g. ``{"distillation": {...}}``).
       population_step: for a population, ``step(state, output) -> (state,
         output)`` on all members after every iteration (see
-        :func:`~nnx_ppo.algorithms.pbt.population_step`).
+        :func:`~nnx_ppo.algorithms.population.population_step`).
       failed_member_row: for a batch, ``failed_member_row(row) -> row or
         None``: what of a failed member's iteration row is still logged
-        (e.g. :func:`~nnx_ppo.algorithms.pbt.failed_member_row`: PBT reviving
+        (e.g. :func:`~nnx_ppo.algorithms.population.failed_member_row`: PBT reviving
         it); None: nothing.
       first_rows: for one run, ``first_rows() -> [(env_steps, metrics), ...]``:
         rows the initial state made (e.g. distillation's evaluation before
@@ -314,7 +314,7 @@ class Algorithm:
 class TrainOptions(TypedDict, total=False):
     """The keyword arguments every trainer takes
     (:func:`~nnx_ppo.algorithms.ppo.train_ppo`,
-    :func:`~nnx_ppo.algorithms.seeds.train_seeds`,
+    :func:`~nnx_ppo.algorithms.population.train_seeds`,
     :func:`~nnx_ppo.algorithms.distillation.train_distillation`); all optional.
 
     Keys:

@@ -144,8 +144,7 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
            train_env_kwargs: dict, saved: dict[str, Any] | None) -> int:
     """Train the population, then write and print the ranked table."""
     from nnx_ppo.algorithms.hyperparameters import PopulationConfigError
-    from nnx_ppo.algorithms.pbt import PBTConfig
-    from nnx_ppo.algorithms.population import train_population
+    from nnx_ppo.algorithms.population import PBTConfig, train_population
 
     resuming = cmd.run.resume is not None
     env = make_env(cmd.env, env_kwargs)

@@ -282,7 +282,7 @@ def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
     options = dict(run=run, should_stop=stop, eval_env=env,
                    resume_from=run.checkpoint_dir if cmd.run.resume is not None else None)
     if cmd.seeds:
-        from nnx_ppo.algorithms.seeds import train_seeds
+        from nnx_ppo.algorithms.population import train_seeds
 
         spec = NetworkSpec.from_dict(run.spec.network)
         results = train_seeds(train_env, lambda rngs: spec.build(env, rngs), config, list(cmd.seeds), **options)

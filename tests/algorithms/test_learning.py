@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.seeds import train_seeds
+from nnx_ppo.algorithms.population import train_seeds
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env
 from nnx_ppo.presets import get_preset

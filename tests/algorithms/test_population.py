@@ -116,7 +116,7 @@ def test_pbt_worst_members_take_over_the_best_and_perturb():
     import jax.numpy as jnp
 
     from nnx_ppo.algorithms.driver import IterationOutput
-    from nnx_ppo.algorithms.pbt import PBTConfig, population_step
+    from nnx_ppo.algorithms.population import PBTConfig, population_step
 
     scores = [5.0, 1.0, 7.0, float("nan"), 3.0, 8.0, 2.0, 6.0]  # worst: 3 (no score yet), 1; best: 7, 5 ... 5 and 2
     state = _fake_population(scores)
@@ -151,7 +151,7 @@ import dataclasses, json, os
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 import jax, numpy as np
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.pbt import PBTConfig
+from nnx_ppo.algorithms.population import PBTConfig
 from nnx_ppo.algorithms.population import train_population
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env

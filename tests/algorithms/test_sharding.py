@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent('''
     from flax import nnx
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.algorithms.ppo import train_ppo
-    from nnx_ppo.algorithms.seeds import train_seeds
+    from nnx_ppo.algorithms.population import train_seeds
     from nnx_ppo.envs import make
     from nnx_ppo.networks.factories import make_actor_critic_for_env
 

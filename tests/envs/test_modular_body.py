@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.seeds import train_seeds
+from nnx_ppo.algorithms.population import train_seeds
 from nnx_ppo.envs import Box, Discrete, EnvState, LimbReacher, RLEnv, TimeLimit, make
 from nnx_ppo.envs.types import as_f32
 from nnx_ppo.networks.factories import make_modular_actor_critic

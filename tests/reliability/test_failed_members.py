@@ -150,7 +150,7 @@ def test_pbt_replaces_a_failing_member_and_never_copies_it():
     the best): it scores nothing, is replaced first, and is no source."""
     from nnx_ppo.algorithms.driver import Health, IterationOutput
     from nnx_ppo.algorithms.hyperparameters import MemberState
-    from nnx_ppo.algorithms.pbt import PBTConfig, failed_member_row, population_step
+    from nnx_ppo.algorithms.population import PBTConfig, failed_member_row, population_step
 
     n = 4
     ok = jnp.asarray([False, True, True, True])
