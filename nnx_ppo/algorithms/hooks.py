@@ -17,10 +17,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.config import TrainConfig
+from nnx_ppo.algorithms.distributed import replicated
 from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
 from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.algorithms.program import seed_slice
-from nnx_ppo.algorithms.sharding import replicated
 from nnx_ppo.algorithms.state import TrainingState
 from nnx_ppo.networks.feedforward import compute_precision
 

@@ -10,7 +10,7 @@ see :func:`~nnx_ppo.algorithms.program.over_seeds`) on the one trainer
 :func:`~nnx_ppo.algorithms.ppo.train_ppo` trains one. One compile serves
 every member. On several devices the batch is sharded like one seed's
 training (by env), or by member (``TrainConfig.shard_seeds``), see
-:mod:`nnx_ppo.algorithms.sharding`; with both, each device runs its own
+:mod:`nnx_ppo.algorithms.distributed`; with both, each device runs its own
 members, which is how several CPU devices (one per core) train many seeds
 fastest.
 

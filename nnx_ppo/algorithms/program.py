@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.config import check_seed_batching
-from nnx_ppo.algorithms.sharding import SEED_AXIS
+from nnx_ppo.algorithms.distributed import SEED_AXIS
 
 __all__ = ["compile_iterations", "over_seeds", "keep_last_healthy", "stack_trees", "seed_slice",
            "enable_compilation_cache", "default_cache_dir"]
@@ -61,7 +61,7 @@ def over_seeds(iteration: Callable, seed_batching: str = "vmap", shardings: Any 
     ``"vmap"``: every operation batched over the seeds. ``"map"``: the seeds
     one after another (``jax.lax.map``), each seed's operations at their own
     size; when ``shardings`` split the seed axis over devices
-    (:func:`~nnx_ppo.algorithms.sharding.seed_shardings`), each device runs
+    (:func:`~nnx_ppo.algorithms.distributed.seed_shardings`), each device runs
     its own seeds in turn (``jax.shard_map``), all devices at once.
     """
     check_seed_batching(seed_batching)
@@ -94,7 +94,7 @@ def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: 
     ``[S, ...]``: the iteration runs over it as ``seed_batching`` says (see
     :func:`over_seeds`), each seed guarded on its own (outputs
     ``[max_iterations, S, ...]``). With ``shardings`` (see
-    :func:`~nnx_ppo.algorithms.sharding.place`) the state keeps that
+    :func:`~nnx_ppo.algorithms.distributed.place`) the state keeps that
     sharding in and out, and the outputs are replicated.
 
     ``population_step(state, output) -> (state, output)`` (a population, see

@@ -16,7 +16,7 @@ what one iteration does. :func:`train` does the rest, in this order:
 1. coerce the envs and gather the members: one plain run is one member,
    a seed batch or a population N (:class:`Members`); check that their buffers
    fit (:mod:`~nnx_ppo.algorithms.footprint`); build their states (a batch's stacked ``[S, ...]``), or resume;
-2. donate and place the state on the devices (:func:`~nnx_ppo.algorithms.sharding.place`);
+2. donate and place the state on the devices (:func:`~nnx_ppo.algorithms.distributed.place`);
 3. compile the iteration (:func:`~nnx_ppo.algorithms.program.compile_iterations`)
    and run it in the :class:`~nnx_ppo.algorithms.driver.Driver` loop with
    its hooks: log, evaluate, checkpoint, stop;
@@ -45,7 +45,7 @@ from flax import errors as flax_errors
 from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seeds
-from nnx_ppo.algorithms.distributed import any_process, process_count
+from nnx_ppo.algorithms.distributed import any_process, local_devices, place, process_count, replicated
 from nnx_ppo.algorithms.driver import (
     Driver,
     Failure,
@@ -62,7 +62,6 @@ from nnx_ppo.algorithms.hyperparameters import check_population, initial_member_
 from nnx_ppo.algorithms.outputs import FAILURE_KEY, RunOutput, run_layer
 from nnx_ppo.algorithms.program import compile_iterations, seed_slice, stack_trees
 from nnx_ppo.algorithms.rollout import all_finite
-from nnx_ppo.algorithms.sharding import local_devices, place, replicated
 from nnx_ppo.algorithms.state import TrainingState, TrainResult
 from nnx_ppo.envs.registry import as_env
 
