@@ -56,7 +56,7 @@ LSTMCarry = tuple[Any, Any]
 #: The carry of ``AR1VariationalBottleneck``: ``{"key", "prev_z", "has_previous"}``.
 AR1State = dict[str, Any]
 
-_RECORD = Replaced("use nnx_ppo.algorithms.recording.record_activations(env, network, paths)",
+_RECORD = Replaced("use nnx_ppo.algorithms.evaluation.record_activations(env, network, paths)",
                    "recording-activations-and-distillation")
 _RENDER = Replaced("record a video with nnx-ppo eval RUN_DIR --video FILE.mp4, "
                    "or env.render(states) of a Playground env")

@@ -1,5 +1,5 @@
 """PPO: configs, rollout, advantages, loss replay, the training loop; distillation on the same loop;
-activation recording (:mod:`nnx_ppo.algorithms.recording`).
+activation recording (:mod:`nnx_ppo.algorithms.evaluation`).
 
 Checkpointing lives in :mod:`nnx_ppo.algorithms.checkpointing` (imported on
 use, it pulls in orbax). The names below are imported on first use, so
@@ -19,10 +19,9 @@ _EXPORTS = {
     "nnx_ppo.algorithms.ppo": ("train_ppo", "new_training_state"),
     "nnx_ppo.algorithms.distillation": ("train_distillation", "DistillationConfig"),
     "nnx_ppo.algorithms.population": ("train_seeds", "train_population"),
-    "nnx_ppo.algorithms.evaluation": ("evaluate",),
+    "nnx_ppo.algorithms.evaluation": ("evaluate", "Recording", "module_paths", "record_activations"),
     "nnx_ppo.algorithms.state": ("TrainingState", "TrainResult"),
     "nnx_ppo.algorithms.driver": ("NonFiniteError", "ReplayMismatchError", "Failure"),
-    "nnx_ppo.algorithms.recording": ("Recording", "module_paths", "record_activations"),
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -32,9 +31,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.algorithms.distillation import DistillationConfig, train_distillation
     from nnx_ppo.algorithms.driver import Failure, NonFiniteError, ReplayMismatchError
-    from nnx_ppo.algorithms.evaluation import evaluate
+    from nnx_ppo.algorithms.evaluation import Recording, evaluate, module_paths, record_activations
     from nnx_ppo.algorithms.gae import compute_gae
     from nnx_ppo.algorithms.population import train_population, train_seeds
     from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
-    from nnx_ppo.algorithms.recording import Recording, module_paths, record_activations
     from nnx_ppo.algorithms.state import TrainingState, TrainResult

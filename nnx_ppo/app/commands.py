@@ -298,7 +298,7 @@ class EvalCommand:
     record_activations: Annotated[tuple[str, ...], tyro.conf.arg(metavar="PATH [PATH ...]")] = ()
     (
         "record the outputs and carries of these modules (paths from --list-modules) over --episodes envs x "
-        "--max-episode-length steps into --out (nnx_ppo.algorithms.recording)."
+        "--max-episode-length steps into --out (nnx_ppo.algorithms.evaluation)."
     )
 
     out: Optional[str] = None

@@ -1,6 +1,6 @@
 """The commands on a trained run: ``nnx-ppo eval`` (evaluate its policy,
 record a video or the activations of chosen modules, see
-:mod:`nnx_ppo.algorithms.recording`) and ``nnx-ppo export`` (its policy as a
+:mod:`nnx_ppo.algorithms.evaluation`) and ``nnx-ppo export`` (its policy as a
 :mod:`jax.export` artifact, see :mod:`nnx_ppo.policy`).
 
 A run of several seeds (or a sweep's members) is evaluated seed by seed;
@@ -166,7 +166,7 @@ def print_module_paths(network) -> int:
     """Print every recordable module path with its class; returns exit code 0."""
     from flax import nnx
 
-    from nnx_ppo.algorithms.recording import module_paths
+    from nnx_ppo.algorithms.evaluation import module_paths
 
     kinds = {"/".join(str(p) for p in path): type(m).__name__ for path, m in nnx.iter_modules(network)}
     print("recordable module paths (for --record-activations):")
@@ -177,7 +177,7 @@ def print_module_paths(network) -> int:
 
 def check_record_paths(network, paths: tuple[str, ...]) -> None:
     """A :class:`CliError` naming the first unknown path and listing the valid ones."""
-    from nnx_ppo.algorithms.recording import module_paths
+    from nnx_ppo.algorithms.evaluation import module_paths
 
     known = module_paths(network)
     for path in paths:
@@ -189,7 +189,7 @@ def check_record_paths(network, paths: tuple[str, ...]) -> None:
 def record_to_file(cmd: EvalCommand, env, network, n_steps: int) -> None:
     """Record ``cmd.record_activations`` of ``network`` over ``cmd.episodes``
     envs x ``n_steps`` steps (seeded like the evaluation) into ``cmd.out``."""
-    from nnx_ppo.algorithms.recording import record_activations
+    from nnx_ppo.algorithms.evaluation import record_activations
 
     recording = record_activations(env, network, cmd.record_activations, n_envs=cmd.episodes, n_steps=n_steps,
                                    seed=cmd.seed, deterministic=not cmd.stochastic)

@@ -19,7 +19,7 @@ back into a tree keyed by module path.
 These activations are ``[B, ...]`` arrays, not the scalars training logs, so
 a recording copy is for calling step by step, not for training. To record
 over evaluation episodes (``[T, B, ...]`` arrays with episode boundaries,
-saved to a file) use :func:`nnx_ppo.algorithms.recording.record_activations`,
+saved to a file) use :func:`nnx_ppo.algorithms.evaluation.record_activations`,
 which needs no copy of this kind.
 """
 

@@ -1,4 +1,4 @@
-"""Activation recording (nnx_ppo.algorithms.recording): shapes, values against
+"""Activation recording (nnx_ppo.algorithms.evaluation): shapes, values against
 stepping the network by hand, episode boundaries, the network left as it
 was, errors, the .npz round trip and ``nnx-ppo eval --record-activations``."""
 
@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_ppo.algorithms.evaluation import run_episodes
+from nnx_ppo.algorithms.evaluation import Recording, module_paths, record_activations, run_episodes
 from nnx_ppo.algorithms.functional import NetworkFn
-from nnx_ppo.algorithms.recording import Recording, module_paths, record_activations
 from nnx_ppo.envs.types import EnvState
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Sequential
