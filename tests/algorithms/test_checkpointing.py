@@ -178,14 +178,14 @@ def test_interrupted_writes_are_never_picked(tmp_path):
     state = _small_state(config)
     save_training_state(tmp_path, state, config, step=16)
     good = save_training_state(tmp_path, state, config, step=32)
-    # A step directory whose write never finished (no marker) and a leftover temp dir.
-    unfinished = tmp_path / "step_000000000048"
+    # A write that never finished: orbax's temporary directory, never renamed into place.
+    from orbax.checkpoint.path import atomicity
+
+    unfinished = tmp_path / f"step_000000000048{atomicity.TMP_DIR_SUFFIX}"
     shutil.copytree(good, unfinished)
-    (unfinished / checkpointing.COMMIT_MARKER).unlink()
-    shutil.copytree(good, tmp_path / ".tmp-step_000000000064-deadbeef")
     assert latest_checkpoint(tmp_path) == good
     _assert_trees_equal(state, restore_training_state(tmp_path, _small_state(config)))
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint.*COMMITTED"):
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint.*interrupted"):
         restore_training_state(unfinished, _small_state(config))
 
 
@@ -194,14 +194,14 @@ def test_failed_save_leaves_no_checkpoint(tmp_path, monkeypatch):
     state = _small_state(config)
     good = save_training_state(tmp_path, state, config, step=16)
 
-    def crash(path, item):
-        path.mkdir()
-        (path / "partial").write_text("half written")
+    def crash(self, directory, *args, **kwargs):  # inside orbax's temporary directory, before any item is complete
+        (directory / "network").mkdir(parents=True, exist_ok=True)
+        (directory / "network" / "partial").write_text("half written")
         raise KeyboardInterrupt("simulated crash")
 
-    from nnx_ppo.algorithms import _checkpoint_write
+    import orbax.checkpoint as ocp
 
-    monkeypatch.setattr(_checkpoint_write, "_save_item", crash)
+    monkeypatch.setattr(ocp.CompositeCheckpointHandler, "save", crash)
     with pytest.raises(KeyboardInterrupt):
         save_training_state(tmp_path, state, config, step=32)
     assert sorted(p.name for p in tmp_path.iterdir()) == [good.name]
@@ -319,10 +319,10 @@ def test_missing_empty_and_corrupt_checkpoints(tmp_path):
         restore_training_state(path, template)
 
     path2 = save_training_state(tmp_path / "run2", template, config, step=16)
-    (path2 / "layout.json").write_text("{not json")
+    (path2 / "layout" / "layout.json").write_text("{not json")
     with pytest.raises(CheckpointError, match=f"{path2}.*corrupt.*layout.json"):
         restore_training_state(tmp_path / "run2", template)
-    (path2 / "config.json").unlink()
+    (path2 / "config" / "config.json").unlink()
     with pytest.raises(CheckpointError, match="config.json is missing"):
         load_config(path2)
 
@@ -423,22 +423,34 @@ def test_best_evaluated_policy_is_kept(tmp_path):
 
 
 def test_a_checkpoint_of_an_earlier_unreleased_version_is_refused_in_one_line(tmp_path):
-    """Format 1 (earlier, unreleased versions: other variable paths, no
-    ``return_stats``) is not mapped: restoring it fails in one line that
-    says so, whether from the run directory or the checkpoint itself."""
+    """The layout of earlier, unreleased versions (formats 1 and 2: JSON
+    files and a ``COMMITTED`` marker beside ``network/`` and ``training/``,
+    written without orbax's CheckpointManager) is not mapped: restoring such
+    a checkpoint, or reading its config, fails in one line that says so,
+    whether from the run directory or the checkpoint itself."""
+    import functools
     import json
 
     net = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
     save_training_state(tmp_path, new_training_state(Target(), net, _config(1)), _config(1), step=16)
     path = latest_checkpoint(tmp_path)
-    layout = json.loads((path / "layout.json").read_text())
-    assert layout["format"] == 2
-    (path / "layout.json").write_text(json.dumps({**layout, "format": 1}))
+    layout = json.loads((path / "layout" / "layout.json").read_text())
+    assert layout["format"] == checkpointing.FORMAT_VERSION == 3
+    # The earlier layout, built around the same orbax items.
+    for item in ("layout", "config", "metadata"):
+        (path / item / f"{item}.json").rename(path / f"{item}.json")
+        shutil.rmtree(path / item)
+    (path / "layout.json").write_text(json.dumps({**layout, "format": 2}))
+    for orbax_file in ("_CHECKPOINT_METADATA", "commit_success.txt"):
+        (path / orbax_file).unlink()
+    (path / "COMMITTED").write_text("step 16\n")
+    template = new_training_state(Target(), net, _config(1))
     for where in (tmp_path, path):
-        with pytest.raises(CheckpointError) as caught:
-            restore_training_state(where, new_training_state(Target(), net, _config(1)))
-        message = str(caught.value)
-        assert "\n" not in message and str(path) in message
-        assert "was written by an earlier, unreleased version of nnx-ppo" in message and "cannot be read" in message
+        for read in (functools.partial(restore_training_state, where, template), functools.partial(load_config, where)):
+            with pytest.raises(CheckpointError) as caught:
+                read()
+            message = str(caught.value)
+            assert "\n" not in message and str(path) in message
+            assert "was written by an earlier, unreleased version of nnx-ppo" in message and "cannot be read" in message
     with pytest.raises(CheckpointError, match="earlier, unreleased version of nnx-ppo"):
         restore_network(path, make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(5)))

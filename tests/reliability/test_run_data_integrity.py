@@ -143,34 +143,35 @@ def test_a_resume_reports_damaged_lines_and_keeps_every_new_row(trained, tmp_pat
 
 
 def _committed(root: Path) -> list[Path]:
-    from nnx_ppo.algorithms._checkpoint_write import COMMIT_MARKER
+    from nnx_ppo.algorithms import checkpointing
 
-    return sorted(p.parent for p in root.rglob(COMMIT_MARKER))
+    return sorted(p for p in root.rglob("step_*") if checkpointing.latest_checkpoint(p) == p)
 
 
 def _leftovers(root: Path) -> list[Path]:
-    from nnx_ppo.algorithms._checkpoint_write import TMP_PREFIX
+    from orbax.checkpoint.path import atomicity  # orbax writes a checkpoint into a temporary sibling first
 
-    return [p for p in root.rglob(f"{TMP_PREFIX}*")]
+    return [p for p in root.rglob(f"*{atomicity.TMP_DIR_SUFFIX}*")]
 
 
 def test_ctrl_c_twice_during_a_checkpoint_write_lets_it_finish(tmp_path, monkeypatch):
     import jax.numpy as jnp
+    import orbax.checkpoint as ocp
 
-    from nnx_ppo.algorithms import _checkpoint_write, checkpointing
+    from nnx_ppo.algorithms import checkpointing
     from nnx_ppo.algorithms.config import TrainConfig
     from nnx_ppo.progress import StopFlag
 
-    save_item = _checkpoint_write._save_item
+    save = ocp.Checkpointer.save  # the write that CheckpointManager.save makes
 
-    def ctrl_c_twice_then_save(path, item):
+    def ctrl_c_twice_then_save(self, *args, **kwargs):
         for _ in range(2):
             os.kill(os.getpid(), signal.SIGINT)
             for _ in range(1000):  # Python runs the handler between bytecodes of the main thread
                 pass
-        save_item(path, item)
+        save(self, *args, **kwargs)
 
-    monkeypatch.setattr(_checkpoint_write, "_save_item", ctrl_c_twice_then_save)
+    monkeypatch.setattr(ocp.Checkpointer, "save", ctrl_c_twice_then_save)
     said = []
     with StopFlag(said.append) as stop, pytest.raises(KeyboardInterrupt):
         checkpointing.save_policy(tmp_path, {"w": jnp.arange(6.0)}, {}, TrainConfig(), step=STEPS)
