@@ -17,10 +17,16 @@
 #  8. ours again with PPOConfig.precision="bfloat16", each configuration;
 #  9. the rodent's physics at 4096 envs: where a step's and a reset's device time goes
 #     (bench_rodent.py --profile), then the step rate under each physics setting of $PHYSICS
-#     (substeps through sim_dt, solver and line-search iterations, the body's floor contacts).
+#     (substeps through sim_dt, solver and line-search iterations, the body's floor contacts);
+# 10. the users' rodent preset (make_users_intention_network, 1024 envs x 20) trained through the CLI
+#     for $RODENT_SECONDS (default 420) and stopped with Ctrl-C (SIGINT: the run saves and ends),
+#     its metrics.jsonl copied to $OUT. A run cannot be carried to the next sitting: its
+#     checkpoint (parameters and Adam state of 3.5M parameters, and 1024 MJX env states) is larger
+#     than what a call may bring back and carry again (16 MiB a file, 64 MiB in all).
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
 # bench/results/ and bench/README.md ("Accelerators").
-# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, all parts "1 2 3 4 5 6 7 8 9")
+# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9";
+# part 10 only when named)
 # On a bare TPU machine: source bench/tpu_setup.sh first (it installs what is needed and sets
 # PYTHONPATH and ORIG_PYTHONPATH), then: bash bench/device_check.sh python3 "6"
 set -euo pipefail
@@ -72,6 +78,11 @@ part 8 && for config in $CONFIGS; do
 done
 part 9 && { timeout 300 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --profile 3 --label device_check \
   --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo '{"failed": "rodent profile"}'; }
+part 10 && { run=/tmp/rodent_users; rm -rf "$run"  # only its metrics come back
+  timeout -s INT -k 120 "${RODENT_SECONDS:-420}" "$PY" -m nnx_ppo.cli train rodent_imitation \
+    --network nnx_ppo.networks.factories:make_users_intention_network --run-dir "$run" || true
+  cp "$run/metrics.jsonl" "${OUT:-/tmp}/rodent_users_metrics.jsonl" 2>/dev/null \
+    || echo '{"failed": "rodent users preset"}'; }
 part 9 && { IFS='|' read -ra settings <<< "$PHYSICS"; for setting in "${settings[@]}"; do
   timeout 240 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --label device_check --set $setting \
     --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo "{\"failed\": \"rodent $setting\"}"
