@@ -27,8 +27,8 @@ from bench_ppo import build_network
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import train_ppo
 from nnx_ppo.algorithms.seeds import train_seeds
+from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.envs import make
 from nnx_ppo.envs.wrappers import RewardScale
 

@@ -22,8 +22,8 @@ from flax import nnx
 from nnx_ppo.algorithms import optimization, rollout
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.functional import NetworkFn, donatable
-from nnx_ppo.algorithms.ppo import PPO, new_training_state
-from nnx_ppo.algorithms.program import compile_iterations
+from nnx_ppo.algorithms.ppo import compile_iterations, new_training_state
+from nnx_ppo.algorithms.trainer import PPO
 from nnx_ppo.app.plot import bootstrap_interval
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env

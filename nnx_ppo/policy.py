@@ -49,7 +49,7 @@ from nnx_ppo.exported import (
     check_export_directory,
     first_line,
 )
-from nnx_ppo.networks.replay import select_where
+from nnx_ppo.networks.types import select_where
 
 __all__ = ["Policy", "load_policy"]
 

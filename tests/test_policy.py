@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nnx_ppo.algorithms.functional import NetworkFn
-from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout
+from nnx_ppo.algorithms.ppo import RolloutState, collect_rollout
 from nnx_ppo.exported import ExportWarning, export_info, load_exported
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.policy import Policy

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from nnx_ppo.algorithms.functional import NetworkFn
-from nnx_ppo.algorithms.rollout import sum_leaves
+from nnx_ppo.algorithms.ppo import sum_leaves
 from nnx_ppo.networks.types import StatefulModuleOutput
 
 __all__ = [

@@ -36,9 +36,8 @@ import jax
 import jax.numpy as jnp
 
 from nnx_ppo.algorithms.config import per_member_bounds
-from nnx_ppo.algorithms.driver import IterationOutput
 from nnx_ppo.algorithms.hyperparameters import PER_MEMBER
-from nnx_ppo.algorithms.state import TrainingState
+from nnx_ppo.algorithms.ppo import IterationOutput, TrainingState
 
 __all__ = ["PBTConfig", "BOUNDS", "population_step", "failed_member_row", "NO_TAKEOVER"]
 

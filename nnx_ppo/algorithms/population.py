@@ -24,9 +24,7 @@ from flax import nnx
 from nnx_ppo.algorithms.config import TrainConfig, check_seeds
 from nnx_ppo.algorithms.hyperparameters import PER_MEMBER, check_population
 from nnx_ppo.algorithms.pbt import PBTConfig, failed_member_row, population_step
-from nnx_ppo.algorithms.ppo import PPO
-from nnx_ppo.algorithms.state import TrainResult
-from nnx_ppo.algorithms.trainer import TrainOptions, train
+from nnx_ppo.algorithms.trainer import PPO, TrainOptions, TrainResult, train
 
 __all__ = ["Member", "population_members", "train_population", "pbt_fields"]
 
@@ -72,7 +70,7 @@ def train_population(
       env: the training env.
       make_network: ``make_network(nnx.Rngs(seed))`` builds a member's
         network from its seed (every member the same architecture), or a
-        network's name as for :func:`~nnx_ppo.algorithms.ppo.train_ppo`.
+        network's name as for :func:`~nnx_ppo.algorithms.trainer.train_ppo`.
       configs: the :class:`TrainConfig` of each variant; they may differ only
         in :data:`~nnx_ppo.algorithms.hyperparameters.PER_MEMBER` numbers
         (a difference elsewhere raises ``PopulationConfigError`` naming the

@@ -36,10 +36,9 @@ from flax import nnx
 
 from nnx_ppo.algorithms.evaluation import policy_step, start_episodes
 from nnx_ppo.algorithms.functional import NetworkFn
-from nnx_ppo.algorithms.rollout import reset_ended
+from nnx_ppo.algorithms.ppo import reset_ended
 from nnx_ppo.networks.recording import Recorder
-from nnx_ppo.networks.replay import select_where
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, select_where
 
 __all__ = ["Recording", "module_paths", "record_activations"]
 

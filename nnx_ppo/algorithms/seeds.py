@@ -4,9 +4,9 @@
 stacks the states on a leading seed axis ``[S, ...]`` (parameters, optimizer
 state, env states, carries, keys) and runs the PPO iteration over it, vmapped
 or one seed after another (``TrainConfig.seed_batching``, see
-:func:`~nnx_ppo.algorithms.program.over_seeds`), on the one trainer
+:func:`~nnx_ppo.algorithms.ppo.over_seeds`), on the one trainer
 (:func:`nnx_ppo.algorithms.trainer.train`), the same as
-:func:`~nnx_ppo.algorithms.ppo.train_ppo`. One compile serves every seed. On
+:func:`~nnx_ppo.algorithms.trainer.train_ppo`. One compile serves every seed. On
 several devices the batch is sharded like one seed's training (by env), or by
 seed (``TrainConfig.shard_seeds``), see :mod:`nnx_ppo.algorithms.sharding`;
 with both, each device runs its own seeds, which is how several CPU devices
@@ -21,9 +21,7 @@ from typing import Any, Unpack
 from flax import nnx
 
 from nnx_ppo.algorithms.config import TrainConfig
-from nnx_ppo.algorithms.ppo import PPO
-from nnx_ppo.algorithms.state import TrainResult
-from nnx_ppo.algorithms.trainer import TrainOptions, train
+from nnx_ppo.algorithms.trainer import PPO, TrainOptions, TrainResult, train
 
 __all__ = ["train_seeds"]
 
@@ -53,7 +51,7 @@ def train_seeds(
       env: the training env.
       make_network: ``make_network(nnx.Rngs(seed))`` builds one seed's network;
         every seed must get the same architecture. Or the network's name, as
-        for :func:`~nnx_ppo.algorithms.ppo.train_ppo` (``"lstm"``,
+        for :func:`~nnx_ppo.algorithms.trainer.train_ppo` (``"lstm"``,
         ``"FILE.py:FUNCTION"``, ...), which lets the CLI rebuild a ``run_dir``'s networks.
       config: the :class:`TrainConfig`; its ``seed`` is replaced by each seed.
       seeds: the seeds (at least one).

@@ -99,7 +99,7 @@ def sharded_config(config: PPOConfig, n_devices: int) -> PPOConfig:
 
 
 def state_shardings(state: Any, mesh: Mesh, seed_batch: bool = False) -> Any:
-    """Shardings for a :class:`~nnx_ppo.algorithms.state.TrainingState`: its
+    """Shardings for a :class:`~nnx_ppo.algorithms.ppo.TrainingState`: its
     rollout state and per-env return statistics split on their env axis
     (the leading one; the second with ``seed_batch``, whose leaves are
     ``[S, B, ...]``), everything else replicated (a pytree of the state's

@@ -1,7 +1,7 @@
 """Structural checks of an env that training relies on (nothing runs: shapes only).
 
 :func:`check_env_structure` and :func:`check_actions` are what
-:func:`~nnx_ppo.algorithms.ppo.train_ppo` calls before compiling; the fuller
+:func:`~nnx_ppo.algorithms.trainer.train_ppo` calls before compiling; the fuller
 :func:`nnx_ppo.testing.check_env` (which steps the env) builds on the helpers here.
 """
 
