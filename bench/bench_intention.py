@@ -306,8 +306,8 @@ def main(argv):
 
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.algorithms.functional import NetworkFn
-    from nnx_ppo.algorithms.ppo import train_ppo
-    from nnx_ppo.algorithms.rollout import collect_rollout
+    from nnx_ppo.algorithms.ppo import collect_rollout
+    from nnx_ppo.algorithms.trainer import train_ppo
     from nnx_ppo.networks.factories import INTENTION_USERS_SIZE, count_parameters, make_intention_network
     from nnx_ppo.testing import check_env
 

@@ -20,7 +20,7 @@ import time
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.envs import make
 from nnx_ppo.envs.wrappers import RewardScale
 from nnx_ppo.networks.adapter import PPOAdapter

@@ -136,7 +136,7 @@ def bench_env(env, n: int, steps: int, base: dict, out: pathlib.Path, profile: i
 def bench_train(task: str, n: int, overrides: dict, base: dict, out: pathlib.Path) -> None:
     """A row for two ``train_ppo`` iterations of a small MLP at ``n`` envs."""
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.trainer import train_ppo
     from nnx_ppo.envs import make
 
     rollout = 16
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides = _parse_sets(args.sets)
     if args.cache is not None:
-        from nnx_ppo.algorithms.program import enable_compilation_cache
+        from nnx_ppo.algorithms.ppo import enable_compilation_cache
 
         enable_compilation_cache(args.cache or None)
     from nnx_ppo.envs import make

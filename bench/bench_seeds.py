@@ -28,7 +28,7 @@ from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.population import train_seeds
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.envs import make
 from nnx_ppo.envs.wrappers import RewardScale
 

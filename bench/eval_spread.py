@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from nnx_ppo.algorithms.evaluation import evaluate
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.presets import get_preset
 
 

@@ -158,7 +158,7 @@ def _timed_training(train_env, network, config, eval_env, final_episodes: int = 
     ``final_episodes``, the final policy is then evaluated on that many fresh
     deterministic episodes (``final_return``, ``final_min``; not in ``wall_s``)."""
     from nnx_ppo.algorithms.evaluation import evaluate
-    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.trainer import train_ppo
 
     evals = []
     t0 = time.perf_counter()

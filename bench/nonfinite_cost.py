@@ -19,11 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_ppo.algorithms import optimization, rollout
+from nnx_ppo.algorithms import ppo
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.functional import NetworkFn, donatable
-from nnx_ppo.algorithms.ppo import PPO, new_training_state
-from nnx_ppo.algorithms.program import compile_iterations
+from nnx_ppo.algorithms.trainer import PPO
 from nnx_ppo.app.plot import bootstrap_interval
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env
@@ -40,18 +39,18 @@ def main() -> None:
     net = make_actor_critic_for_env(env, arch, nnx.Rngs(0), **sizes)
     config = TrainConfig(ppo=PPOConfig(n_envs=n_envs, rollout_length=rollout_length, total_steps=10**9))
     graphdef = NetworkFn.of(net, deterministic=False).graphdef
-    state = new_training_state(env, net, config)
+    state = ppo.new_training_state(env, net, config)
     states = {"with": donatable(jax.tree.map(jnp.copy, state)), "without": donatable(jax.tree.map(jnp.copy, state))}
     fns = {}
-    original = rollout.count_nonfinite
+    original = ppo.count_nonfinite
     for name in ("with", "without"):
         if name == "without":
             zero = lambda tree, where=None: jnp.zeros((), jnp.float32)  # noqa: E731
-            rollout.count_nonfinite = optimization.count_nonfinite = zero
-        fns[name] = compile_iterations(PPO.iteration(env, graphdef, config.ppo), 1)
+            ppo.count_nonfinite = zero
+        fns[name] = ppo.compile_iterations(PPO.iteration(env, graphdef, config.ppo), 1)
         states[name], out = fns[name](states[name], 1)  # compiles (traced with or without the counts)
         jax.block_until_ready(states[name])
-        rollout.count_nonfinite = optimization.count_nonfinite = original
+        ppo.count_nonfinite = original
     seconds = {"with": [], "without": []}
     for i in range(calls):
         for name in (("with", "without") if i % 2 == 0 else ("without", "with")):

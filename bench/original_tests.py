@@ -82,7 +82,7 @@ DOC, INT = "documented", "internal"
 # each under "The original's import paths").
 INTERNAL_NAMES = {
     "ppo_step": "the original's one-iteration internal (here train_iteration on another state)",
-    "gae": "the original's GAE function (here algorithms.gae.compute_gae, other signature)",
+    "gae": "the original's GAE function (here algorithms.ppo.compute_gae, other signature)",
     "ppo_loss": "the original's loss internal",
     "unroll_env": "the original's rollout internal (here collect_rollout)",
     "single_transition": "the original's rollout internal",

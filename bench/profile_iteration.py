@@ -348,7 +348,7 @@ def main(argv):
     from flax import nnx
 
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.trainer import train_ppo
     from nnx_ppo.networks.factories import INTENTION_USERS_SIZE, count_parameters, make_intention_network
 
     env = make_env()

@@ -32,11 +32,11 @@ from nnx_ppo.testing import check_replay_consistency
 
 def replay_every_module_in_time():
     """Route every module's replay through ``replay_in_time`` (an experiment, not an option)."""
-    from nnx_ppo.networks import containers, recurrent, replay, types
+    from nnx_ppo.networks import containers, recurrent, types
 
     for module in (containers, recurrent):
         module.has_fast_replay = lambda *args: False
-    types.replay_flat = replay.replay_in_time
+    types.replay_flat = types.replay_in_time
 
 
 def main(argv):

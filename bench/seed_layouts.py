@@ -43,9 +43,7 @@ from flax import nnx
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.distributed import seed_mesh, seed_shardings
 from nnx_ppo.algorithms.functional import NetworkFn, donatable
-from nnx_ppo.algorithms.optimization import make_optimizer
-from nnx_ppo.algorithms.ppo import new_training_state, train_iteration
-from nnx_ppo.algorithms.program import compile_iterations, stack_trees
+from nnx_ppo.algorithms.ppo import compile_iterations, make_optimizer, new_training_state, stack_trees, train_iteration
 from nnx_ppo.envs import make
 from nnx_ppo.envs.wrappers import RewardScale
 

@@ -13,7 +13,7 @@ import numpy as np
 
 import nnx_ppo
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.policy import load_exported
 
 TINY = "--tiny" in sys.argv

@@ -11,7 +11,7 @@ import numpy as np
 import nnx_ppo
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.evaluation import Recording, module_paths, record_activations
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.trainer import train_ppo
 
 TINY = "--tiny" in sys.argv
 STEPS = 512 if TINY else 100_000

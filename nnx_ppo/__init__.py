@@ -38,7 +38,7 @@ _outputs.install(_run_layer)
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "nnx_ppo.algorithms.ppo": ("train_ppo",),
+    "nnx_ppo.algorithms.trainer": ("train_ppo",),
     "nnx_ppo.algorithms.evaluation": ("evaluate",),
     "nnx_ppo.algorithms.population": ("train_seeds", "train_population"),
     "nnx_ppo.algorithms.distillation": ("train_distillation",),
@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from nnx_ppo.algorithms.distillation import train_distillation
     from nnx_ppo.algorithms.evaluation import evaluate
     from nnx_ppo.algorithms.population import train_population, train_seeds
-    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.trainer import train_ppo
     from nnx_ppo.envs import make
     from nnx_ppo.network_spec import NetworkSpec, load_network
     from nnx_ppo.networks.factories import make_actor_critic_for_env, make_mlp_actor_critic, make_recurrent_actor_critic

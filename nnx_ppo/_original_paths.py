@@ -62,21 +62,23 @@ _RENDER = Replaced("record a video with nnx-ppo eval RUN_DIR --video FILE.mp4, "
                    "or env.render(states) of a Playground env")
 _VIDEO = Replaced("pass train_ppo(on_evaluation=fn) (called with each evaluated policy), or run nnx-ppo train "
                   "--video-every N", "train_ppo")
-_RESULT = Replaced("the trainers return nnx_ppo.algorithms.state.TrainResult (fields state, metrics, "
+_RESULT = Replaced("the trainers return nnx_ppo.algorithms.trainer.TrainResult (fields state, metrics, "
                    "eval_history of (steps, metrics))", "train_ppo")
-_COLLECT = Replaced("use nnx_ppo.algorithms.rollout.collect_rollout (T steps of all envs, as a Trajectory)")
-_PAIR = Replaced("use nnx_ppo.algorithms.rollout.collect_rollout with a nnx_ppo.algorithms.distillation.TeacherStudent")
+_COLLECT = Replaced("use nnx_ppo.algorithms.ppo.collect_rollout (T steps of all envs, as a Trajectory)")
+_PAIR = Replaced("use nnx_ppo.algorithms.ppo.collect_rollout with a nnx_ppo.algorithms.distillation.TeacherStudent")
 
 #: original dotted path -> "module:attr" here, or what replaced it.
 TABLE: dict[str, str | Replaced] = {
     # the env protocol, the training state and the rollout's record
     "nnx_ppo.algorithms.types.EnvState": "nnx_ppo.envs.types:EnvState",
     "nnx_ppo.algorithms.types.RLEnv": "nnx_ppo.envs.types:RLEnv",
-    "nnx_ppo.algorithms.types.TrainingState": "nnx_ppo.algorithms.state:TrainingState",
-    "nnx_ppo.algorithms.types.Transition": "nnx_ppo.algorithms.rollout:Trajectory",
-    "nnx_ppo.algorithms.types.DistillationState": "nnx_ppo.algorithms.state:TrainingState",
-    "nnx_ppo.algorithms.types.DistillationTransition": "nnx_ppo.algorithms.rollout:Trajectory",
+    "nnx_ppo.algorithms.types.TrainingState": "nnx_ppo.algorithms.ppo:TrainingState",
+    "nnx_ppo.algorithms.types.Transition": "nnx_ppo.algorithms.ppo:Trajectory",
+    "nnx_ppo.algorithms.types.DistillationState": "nnx_ppo.algorithms.ppo:TrainingState",
+    "nnx_ppo.algorithms.types.DistillationTransition": "nnx_ppo.algorithms.ppo:Trajectory",
     "nnx_ppo.algorithms.rollout.tree_where": "nnx_ppo.networks.types:select_where",
+    # the trainer (PPO's iteration is nnx_ppo.algorithms.ppo, which the trainer imports)
+    "nnx_ppo.algorithms.ppo.train_ppo": "nnx_ppo.algorithms.trainer:train_ppo",
     # the network graph (a package in the original, one module here) and the carries' types
     "nnx_ppo.networks.graph.connection.Connection": "nnx_ppo.networks.graph:Connection",
     "nnx_ppo.networks.graph.graph.PopulationGraph": "nnx_ppo.networks.graph:PopulationGraph",
@@ -112,9 +114,7 @@ TABLE: dict[str, str | Replaced] = {
     "nnx_ppo.algorithms.ppo.ppo_step": Replaced(
         "use nnx_ppo.algorithms.ppo.train_iteration (one iteration on a TrainingState)"),
     "nnx_ppo.algorithms.ppo.gae": Replaced(
-        "use nnx_ppo.algorithms.gae.compute_gae (terminations and truncations apart; returns advantages and returns)"),
-    "nnx_ppo.algorithms.ppo.ppo_loss": Replaced(
-        "use nnx_ppo.algorithms.losses.ppo_loss(params, network, batch, config)"),
+        "use nnx_ppo.algorithms.ppo.compute_gae (terminations and truncations apart; returns advantages and returns)"),
     "nnx_ppo.algorithms.rollout.single_transition": _COLLECT,
     "nnx_ppo.algorithms.rollout.unroll_env": _COLLECT,
     "nnx_ppo.algorithms.rollout.eval_rollout": Replaced(

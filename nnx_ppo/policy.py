@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
-from nnx_ppo.networks.replay import select_where
+from nnx_ppo.networks.types import select_where
 
 __all__ = ["Policy", "load_policy", "ExportedPolicy", "load_exported", "export_info", "check_export_directory",
            "ExportedPolicyError", "ExportDirInUseError", "ExportWarning", "EXPORT_FILES", "STEP_FILE", "INIT_FILE",

@@ -18,7 +18,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 
-from nnx_ppo.algorithms.program import enable_compilation_cache  # noqa: E402
+from nnx_ppo.algorithms.ppo import enable_compilation_cache  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

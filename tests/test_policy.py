@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nnx_ppo.algorithms.functional import NetworkFn
-from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout
+from nnx_ppo.algorithms.ppo import RolloutState, collect_rollout
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 from nnx_ppo.policy import ExportWarning, Policy, export_info, load_exported
 from tests.algorithms.test_replay_consistency import DictActionTarget, everything_network

@@ -15,8 +15,7 @@ from flax import nnx
 from nnx_ppo import cli, load_policy
 from nnx_ppo import run_dir as rd
 from nnx_ppo.algorithms.population import train_seeds
-from nnx_ppo.algorithms.ppo import train_ppo
-from nnx_ppo.algorithms.trainer import CheckpointDirInUseError
+from nnx_ppo.algorithms.trainer import CheckpointDirInUseError, train_ppo
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env
 from nnx_ppo.presets import library_defaults

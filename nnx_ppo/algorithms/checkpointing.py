@@ -395,8 +395,8 @@ def save_training_state(
 
     Args:
       directory: the run directory (created if missing).
-      state: a :class:`~nnx_ppo.algorithms.state.TrainingState`.
-      config: the :class:`~nnx_ppo.algorithms.config.TrainConfig` (saved as ``config/config.json``).
+      state: a :class:`~nnx_ppo.algorithms.ppo.TrainingState`.
+      config: the :class:`~nnx_ppo.algorithms.config.TrainConfig` (saved as ``config.json``).
       step: env steps trained so far; names the checkpoint.
       keep: keep only this many most recently saved checkpoints (``None``: keep all).
       metadata: JSON-serializable dict saved as ``metadata/metadata.json``
@@ -512,7 +512,7 @@ def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
 
     Args:
       directory: a run directory or one checkpoint in it.
-      template: a :class:`~nnx_ppo.algorithms.state.TrainingState` with the same
+      template: a :class:`~nnx_ppo.algorithms.ppo.TrainingState` with the same
         structure, e.g. ``new_training_state(env, network, config)`` for the
         same env, network architecture and config.
 

@@ -243,9 +243,9 @@ class PPOConfig:
         stops training with `ReplayMismatchError` (None: not checked; the
         measurement is logged as `replay/...` either way).
       normalize_rewards: divide the rewards GAE sees by a running standard
-        deviation of the discounted return (see the module
-        `nnx_ppo.algorithms.reward_scaling`), so value targets have a scale
-        near one; logged returns stay in the env's units.
+        deviation of the discounted return (see
+        :class:`~nnx_ppo.algorithms.ppo.ReturnStatistics`), so value targets have a
+        scale near one; logged returns stay in the env's units.
       target_kl: stop an iteration's updates early once a minibatch's
         approximate KL between the current and the rollout policy
         (`policy/approx_kl`, measured before its update) exceeds

@@ -32,15 +32,22 @@ import jax.numpy as jnp
 import optax
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
-from nnx_ppo.algorithms.driver import Health, IterationOutput
 from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
 from nnx_ppo.algorithms.hooks import evaluation_hook
-from nnx_ppo.algorithms.losses import check_scalar_regularization, replay_error
-from nnx_ppo.algorithms.optimization import make_optimizer, update_epochs
-from nnx_ppo.algorithms.ppo import new_training_state
-from nnx_ppo.algorithms.rollout import Trajectory, collect_rollout, sum_leaves
-from nnx_ppo.algorithms.state import TrainingState, TrainResult
-from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, train
+from nnx_ppo.algorithms.ppo import (
+    Health,
+    IterationOutput,
+    TrainingState,
+    Trajectory,
+    check_scalar_regularization,
+    collect_rollout,
+    make_optimizer,
+    new_training_state,
+    replay_error,
+    sum_leaves,
+    update_epochs,
+)
+from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, TrainResult, train
 from nnx_ppo.envs.registry import as_env
 from nnx_ppo.networks.adapter import extras_for_actions
 from nnx_ppo.networks.feedforward import compute_precision
@@ -94,7 +101,7 @@ class TeacherStudent:
     """The network the rollout runs: student and frozen teacher side by side.
 
     Has :class:`NetworkFn`'s ``apply`` and ``reset``, so
-    :func:`~nnx_ppo.algorithms.rollout.collect_rollout` runs it unchanged.
+    :func:`~nnx_ppo.algorithms.ppo.collect_rollout` runs it unchanged.
     Carry ``{"student", "teacher"}`` (plus ``"key"``, ``[B]`` keys, with
     mixing); observations are the env's, or ``{"student", "teacher"}`` when
     ``privileged``. The output is the student's :class:`PPONetworkOutput`
@@ -283,7 +290,7 @@ def train_distillation(
         action space (any architecture); it acts in eval mode (its
         deterministic action, e.g. the mean).
       student: the network to train (any architecture), or its name, as
-        for :func:`~nnx_ppo.algorithms.ppo.train_ppo`.
+        for :func:`~nnx_ppo.algorithms.trainer.train_ppo`.
       config: the same :class:`TrainConfig` as for PPO: ``ppo.n_envs``,
         ``rollout_length``, ``n_epochs``, ``n_minibatches``,
         ``learning_rate`` (and its schedule/decay), ``gradient_clipping``,
@@ -316,7 +323,7 @@ def train_distillation(
         ``on_evaluation(policy, 0)`` and first in the result's
         ``eval_history``, and the first row of a ``run_dir``'s
         ``metrics.jsonl``. Skipped when resuming.
-      on_evaluation: as for :func:`~nnx_ppo.algorithms.ppo.train_ppo` (the
+      on_evaluation: as for :func:`~nnx_ppo.algorithms.trainer.train_ppo` (the
         evaluated policy is the student).
       **options: the :class:`~nnx_ppo.algorithms.trainer.TrainOptions`, as
         for ``train_ppo`` (evaluations and checkpoints are of the student).

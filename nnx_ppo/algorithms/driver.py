@@ -2,10 +2,12 @@
 
 The compiled part (e.g. :func:`nnx_ppo.algorithms.ppo.make_train_fn`) is a
 pure ``fn(state, n) -> (state, IterationOutput)`` running ``n`` iterations in
-one call. :class:`Driver` is the only Python loop: it calls it, checks the
-health flags, and runs the hooks (log every iteration, evaluate and
-checkpoint on their schedules, stop on request) between calls. PPO and any
-other trainer built on the same state shape share it.
+one call (:class:`~nnx_ppo.algorithms.ppo.IterationOutput`). :class:`Driver`
+is the only Python loop: it calls it, checks the health flags
+(:class:`~nnx_ppo.algorithms.ppo.Health`), and runs the hooks (log every
+iteration, evaluate and checkpoint on their schedules, stop on request)
+between calls. PPO and any other trainer built on the same state shape
+share it. The errors a failed health check raises are defined here.
 """
 
 from __future__ import annotations
@@ -24,9 +26,7 @@ __all__ = [
     "NonFiniteError",
     "ReplayMismatchError",
     "rule_breaking_module_error",
-    "Health",
     "Failure",
-    "IterationOutput",
     "Hooks",
     "DriverResult",
     "Driver",
@@ -74,74 +74,6 @@ def rule_breaking_module_error(err: BaseException, network: Any = None) -> Repla
         "update_statistics.")
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Health:
-    """Flags the driver checks after every iteration (scalars, with a seed
-    axis ``[S]`` when seeds are batched). Built by :meth:`measure`.
-
-    Attributes:
-      finite_obs, finite_reward, finite_loss: no NaN/inf in them.
-      replay_error: the largest |log ratio| or value difference between the
-        replay and the rollout on the first minibatch, before any update.
-      replay_ok: ``replay_error`` is within the tolerance (or not checked).
-    """
-
-    finite_obs: jax.Array
-    finite_reward: jax.Array
-    finite_loss: jax.Array
-    replay_error: jax.Array
-    replay_ok: jax.Array
-
-    @classmethod
-    def measure(cls, stats: Any, loss: jax.Array, replay_error: jax.Array,
-                replay_tolerance: float | None) -> "Health":
-        """The health of one iteration (traceable): ``stats`` is the rollout's
-        :class:`~nnx_ppo.algorithms.rollout.RolloutStats`, ``loss`` the mean
-        total loss, ``replay_error`` the replay measurement, checked against
-        ``replay_tolerance`` (None: not checked)."""
-        return cls(finite_obs=stats.finite_obs, finite_reward=stats.finite_reward, finite_loss=jnp.isfinite(loss),
-                   replay_error=replay_error,
-                   replay_ok=jnp.asarray(True) if replay_tolerance is None else replay_error <= replay_tolerance)
-
-    @property
-    def ok(self) -> jax.Array:
-        """Every flag holds (per seed with a seed axis; traceable)."""
-        return self.finite_obs & self.finite_reward & self.finite_loss & self.replay_ok
-
-    def error(self, iteration: int, index: int | None = None) -> NonFiniteError | ReplayMismatchError | None:
-        """The error for the first failing flag at ``iteration`` (host
-        values), or None when healthy. With a seed axis, ``index`` picks one
-        seed's flags; without it, every seed counts and the message lists
-        the failing seed indices."""
-        pick = (lambda x: np.asarray(x)) if index is None else (lambda x: np.asarray(x)[index])
-        for flag, what, hint in (
-            (self.finite_obs, "observations", "check the environment"),
-            (self.finite_reward, "rewards", "check the environment"),
-            (self.finite_loss, "the loss", "check the learning rate and the network"),
-        ):
-            flag = pick(flag)
-            if not flag.all():
-                where = f" (seed indices {np.flatnonzero(~flag).tolist()})" if flag.ndim else ""
-                return NonFiniteError(
-                    f"non-finite values (NaN or inf) in {what} at iteration {iteration}{where}; {hint}")
-        if not pick(self.replay_ok).all():
-            error = float(np.max(pick(self.replay_error)))
-            return ReplayMismatchError(
-                f"at iteration {iteration} the loss replay did not reproduce the rollout before the first update "
-                f"(max |log ratio| or value difference {error:.2e}, above PPOConfig.replay_tolerance): a module "
-                "breaks the rules of docs/custom_modules.md (it draws from a class-level nnx.Rngs or writes a "
-                "variable in __call__); nnx_ppo.check_replay_consistency(network, env) reports where the replay "
-                "departs.")
-        return None
-
-    def check(self, iteration: int) -> None:
-        """Raise :meth:`error` if there is one."""
-        error = self.error(iteration)
-        if error is not None:
-            raise error
-
-
 @dataclasses.dataclass(frozen=True)
 class Failure:
     """Where and why one seed of a batch stopped training (its state stays
@@ -156,16 +88,6 @@ class Failure:
     iteration: int
     env_steps: int
     error: Exception
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class IterationOutput:
-    """What one compiled iteration reports: ``health`` (read by the driver)
-    and ``metrics`` (scalars, only logged)."""
-
-    health: Health
-    metrics: dict[str, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,8 +141,9 @@ def _host_value(x: Any) -> Any:
     return float(x) if np.ndim(x) == 0 else np.asarray(x, np.float64)
 
 
-def _host_rows(output: IterationOutput, n: int) -> list[tuple[Health, dict[str, Any]]]:
-    """Stacked ``[max_iterations, ...]`` outputs of one call to ``n`` host rows."""
+def _host_rows(output: Any, n: int) -> list[tuple[Any, dict[str, Any]]]:
+    """Stacked ``[max_iterations, ...]`` outputs of one call (an
+    :class:`~nnx_ppo.algorithms.ppo.IterationOutput`) to ``n`` host rows ``(health, metrics)``."""
     host = jax.device_get(output)
     rows = []
     for i in range(n):
@@ -237,7 +160,7 @@ class Driver:
 
     Every member fails alone: the compiled iteration keeps a failing member
     at its last healthy state
-    (:func:`~nnx_ppo.algorithms.program.keep_last_healthy`), its first
+    (:func:`~nnx_ppo.algorithms.ppo.keep_last_healthy`), its first
     :class:`Failure` goes into ``driver.failures`` (member index -> failure)
     and the others train on; the loop ends early when every member has
     failed (one plain run: at its failure).
@@ -277,8 +200,9 @@ class Driver:
         """Env steps done so far."""
         return self.iteration * self.steps_per_iteration
 
-    def _check(self, health: Health) -> None:
-        """Note each newly failed member."""
+    def _check(self, health: Any) -> None:
+        """Note each newly failed member (``health``: one row's
+        :class:`~nnx_ppo.algorithms.ppo.Health`)."""
         for index, start in enumerate(self.member_iterations):
             own = start + self.iteration - self.start_iteration  # the member's iteration, if it has not failed
             error = None if index in self.failures else health.error(own, index if self.stacked else None)

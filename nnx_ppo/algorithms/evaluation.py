@@ -44,10 +44,9 @@ import numpy as np
 from flax import nnx
 
 from nnx_ppo.algorithms.functional import NetworkFn
-from nnx_ppo.algorithms.rollout import reset_ended, sum_leaves
+from nnx_ppo.algorithms.ppo import reset_ended, sum_leaves
 from nnx_ppo.networks.recording import Recorder
-from nnx_ppo.networks.replay import select_where
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, select_where
 
 __all__ = [
     "Episodes",

@@ -26,8 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.replay import SequenceOutput, unrolled
-from nnx_ppo.networks.types import StatefulModuleOutput
+from nnx_ppo.networks.types import SequenceOutput, StatefulModule, StatefulModuleOutput, unrolled
 
 __all__ = ["NetworkFn", "copy_leaf", "copy_tree", "donatable"]
 
@@ -99,7 +98,7 @@ class NetworkFn:
     def replay(self, trajectory: Any, unroll: int = 1) -> SequenceOutput:
         """Re-run a ``[T, M]`` slice of a rollout from its stored start carry,
         feeding back the stored extras and resets (``replay_sequence``).
-        ``trajectory`` is a :class:`~nnx_ppo.algorithms.rollout.Trajectory`;
+        ``trajectory`` is a :class:`~nnx_ppo.algorithms.ppo.Trajectory`;
         ``unroll`` is what the replay's scans over time unroll
         (:func:`~nnx_ppo.networks.types.scan_unroll`).
 
@@ -221,7 +220,6 @@ def _output_changing_write_error(view: NetworkFn, trajectory: Any, module: nnx.M
     writes it: the innermost :class:`~nnx_ppo.networks.types.StatefulModule`
     whose ``__call__`` does (:func:`_writers`), else the innermost one holding it."""
     from nnx_ppo.algorithms.driver import ReplayMismatchError
-    from nnx_ppo.networks.types import StatefulModule
 
     owners = {tuple(path): m for path, m in nnx.iter_modules(module) if isinstance(m, StatefulModule)}
     writers = _writers(view, trajectory, variable_paths)
@@ -295,8 +293,6 @@ def observing_calls(module: nnx.Module, method: str, observe: Callable[[tuple, A
     are observed too, inner ones returning first. The method is replaced on
     the classes for the duration, so use it only to trace a step that
     explains an error, never in a training program."""
-    from nnx_ppo.networks.types import StatefulModule
-
     paths = {id(m): tuple(path) for path, m in nnx.iter_modules(module) if isinstance(m, StatefulModule)}
     defining = {next((c for c in type(m).__mro__ if method in vars(c)), None)
                 for _, m in nnx.iter_modules(module) if isinstance(m, StatefulModule)}

@@ -20,8 +20,7 @@ from nnx_ppo.algorithms.config import TrainConfig
 from nnx_ppo.algorithms.distributed import replicated
 from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
 from nnx_ppo.algorithms.functional import NetworkFn
-from nnx_ppo.algorithms.program import seed_slice
-from nnx_ppo.algorithms.state import TrainingState
+from nnx_ppo.algorithms.ppo import TrainingState, seed_slice
 from nnx_ppo.networks.feedforward import compute_precision
 
 __all__ = ["evaluation_hook", "best_policy_hook", "checkpoint_hook"]

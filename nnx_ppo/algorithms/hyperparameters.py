@@ -4,12 +4,12 @@ A population (:func:`~nnx_ppo.algorithms.population.train_population`)
 trains members whose :class:`~nnx_ppo.algorithms.config.PPOConfig` differ
 only in numbers that change no array shape and no part of the program
 (:data:`PER_MEMBER`). Each member's numbers ride in its
-:class:`~nnx_ppo.algorithms.state.TrainingState` as float32 scalars
+:class:`~nnx_ppo.algorithms.ppo.TrainingState` as float32 scalars
 (``state.member``, a :class:`MemberState`; ``[N]`` stacked over the
 members), and the iteration reads them from there
-(:func:`with_hyperparameters`), so that one trace serves every member and
-population-based training (:mod:`nnx_ppo.algorithms.population`) can change them
-on device.
+(:func:`~nnx_ppo.algorithms.ppo.with_hyperparameters`), so that one trace
+serves every member and population-based training
+(:mod:`nnx_ppo.algorithms.population`) can change them on device.
 
 Anything else (``n_envs``, ``rollout_length``, the minibatches, flags such
 as ``normalize_advantages``, a field being ``None`` for one member and a
@@ -19,7 +19,6 @@ with a :class:`PopulationConfigError` naming the fields.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -30,7 +29,7 @@ import jax.numpy as jnp
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, per_member_bounds
 
 __all__ = ["PER_MEMBER", "PopulationConfigError", "MemberState", "check_population", "hyperparameters_of",
-           "initial_member_state", "with_hyperparameters", "member_entry"]
+           "initial_member_state", "member_entry"]
 
 PER_MEMBER: tuple[str, ...] = tuple(per_member_bounds())
 """The :class:`PPOConfig` fields that may differ between members (numbers
@@ -117,19 +116,6 @@ def hyperparameters_of(ppo: PPOConfig) -> dict[str, jnp.ndarray]:
         if value is not None and not callable(value):
             values[name] = jnp.asarray(value, jnp.float32)
     return values
-
-
-def with_hyperparameters(ppo: PPOConfig, values: dict[str, Any] | None) -> PPOConfig:
-    """``ppo`` with the numbers in ``values`` (traced scalars, inside the
-    compiled iteration) in place of its own; ``ppo`` itself when ``values`` is
-    None (a single run or a seed batch, whose numbers are constants). The copy
-    is not validated again: its numbers were validated as each member's config."""
-    if values is None:
-        return ppo
-    member = copy.copy(ppo)
-    for name, value in values.items():
-        object.__setattr__(member, name, value)
-    return member
 
 
 def member_entry(config: TrainConfig) -> dict[str, Any]:

@@ -53,11 +53,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from nnx_ppo.algorithms.config import TrainConfig, check_seeds, per_member_bounds
-from nnx_ppo.algorithms.driver import IterationOutput
 from nnx_ppo.algorithms.hyperparameters import PER_MEMBER, check_population
-from nnx_ppo.algorithms.ppo import PPO
-from nnx_ppo.algorithms.state import TrainingState, TrainResult
-from nnx_ppo.algorithms.trainer import TrainOptions, train
+from nnx_ppo.algorithms.ppo import IterationOutput, TrainingState
+from nnx_ppo.algorithms.trainer import PPO, TrainOptions, TrainResult, train
 
 __all__ = [
     "Member",
@@ -114,7 +112,7 @@ def train_population(
       env: the training env.
       make_network: ``make_network(nnx.Rngs(seed))`` builds a member's
         network from its seed (every member the same architecture), or a
-        network's name as for :func:`~nnx_ppo.algorithms.ppo.train_ppo`.
+        network's name as for :func:`~nnx_ppo.algorithms.trainer.train_ppo`.
       configs: the :class:`TrainConfig` of each variant; they may differ only
         in :data:`~nnx_ppo.algorithms.hyperparameters.PER_MEMBER` numbers
         (a difference elsewhere raises ``PopulationConfigError`` naming the

@@ -22,8 +22,7 @@ from flax import nnx
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import rule_breaking_module_error
 from nnx_ppo.algorithms.functional import NetworkFn, module_name, observing_calls
-from nnx_ppo.algorithms.losses import Minibatch, split_minibatches
-from nnx_ppo.algorithms.rollout import collect_rollout
+from nnx_ppo.algorithms.ppo import Minibatch, collect_rollout, new_training_state, split_minibatches
 from nnx_ppo.envs.registry import as_env
 from nnx_ppo.networks.feedforward import compute_precision
 
@@ -181,8 +180,6 @@ def diagnose_replay(network, env, *, n_envs: int = 8, rollout_length: int = 32, 
     both at ``precision`` (``PPOConfig.precision``). A module that writes a
     variable its output depends on raises
     :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError` naming it."""
-    from nnx_ppo.algorithms.state import new_training_state
-
     env = as_env(env)
     ppo = PPOConfig(n_envs=n_envs, rollout_length=rollout_length, n_minibatches=n_minibatches, total_steps=1,
                     precision=precision)

@@ -7,17 +7,19 @@ a leading member axis ``[S, ...]``; a member's failure is logged
 (:func:`failure_metrics`), remembered on resume (:func:`earlier_failures`)
 and raised by one plain run (:func:`run_failure`).
 
-PPO (:func:`~nnx_ppo.algorithms.ppo.train_ppo`), many seeds
+PPO (:func:`train_ppo`, at the end of this module), many seeds
 (:func:`~nnx_ppo.algorithms.population.train_seeds`) and distillation
 (:func:`~nnx_ppo.algorithms.distillation.train_distillation`) differ only in
-their :class:`Algorithm`: how one seed's :class:`TrainingState` starts and
-what one iteration does. :func:`train` does the rest, in this order:
+their :class:`Algorithm`: how one seed's
+:class:`~nnx_ppo.algorithms.ppo.TrainingState` starts and what one
+iteration does (PPO's: :mod:`nnx_ppo.algorithms.ppo`). :func:`train` does
+the rest, in this order:
 
 1. coerce the envs and gather the members: one plain run is one member,
    a seed batch or a population N (:class:`Members`); check that their buffers
    fit (:mod:`~nnx_ppo.algorithms.footprint`); build their states (a batch's stacked ``[S, ...]``), or resume;
 2. donate and place the state on the devices (:func:`~nnx_ppo.algorithms.distributed.place`);
-3. compile the iteration (:func:`~nnx_ppo.algorithms.program.compile_iterations`)
+3. compile the iteration (:func:`~nnx_ppo.algorithms.ppo.compile_iterations`)
    and run it in the :class:`~nnx_ppo.algorithms.driver.Driver` loop with
    its hooks: log, evaluate, checkpoint, stop;
 4. on failure a member fails alone: it stays at its last healthy state, the
@@ -50,7 +52,6 @@ from nnx_ppo.algorithms.driver import (
     Driver,
     Failure,
     Hooks,
-    IterationOutput,
     NonFiniteError,
     ReplayMismatchError,
     rule_breaking_module_error,
@@ -60,14 +61,22 @@ from nnx_ppo.algorithms.functional import NetworkFn, copy_tree, donatable
 from nnx_ppo.algorithms.hooks import best_policy_hook, checkpoint_hook, evaluation_hook
 from nnx_ppo.algorithms.hyperparameters import check_population, initial_member_state, member_entry
 from nnx_ppo.algorithms.outputs import FAILURE_KEY, RunOutput, run_layer
-from nnx_ppo.algorithms.program import compile_iterations, seed_slice, stack_trees
-from nnx_ppo.algorithms.rollout import all_finite
-from nnx_ppo.algorithms.state import TrainingState, TrainResult
+from nnx_ppo.algorithms.ppo import (
+    IterationOutput,
+    TrainingState,
+    all_finite,
+    compile_iterations,
+    make_iteration,
+    new_training_state,
+    seed_slice,
+    stack_trees,
+)
 from nnx_ppo.envs.registry import as_env
 
-__all__ = ["Algorithm", "TrainOptions", "train", "Members", "gather_members", "initial_state", "resume_state",
-           "resumed", "write_back", "member_row", "failure_metrics", "earlier_failures", "run_failure",
-           "named_replay_error", "CheckpointDirInUseError", "check_fresh_checkpoint_dir"]
+__all__ = ["Algorithm", "TrainOptions", "TrainResult", "train", "train_ppo", "Members", "gather_members",
+           "initial_state", "resume_state", "resumed", "write_back", "member_row", "failure_metrics",
+           "earlier_failures", "run_failure", "named_replay_error", "CheckpointDirInUseError",
+           "check_fresh_checkpoint_dir"]
 
 Iteration = Callable[[TrainingState], tuple[TrainingState, IterationOutput]]
 
@@ -312,7 +321,7 @@ class Algorithm:
 
 class TrainOptions(TypedDict, total=False):
     """The keyword arguments every trainer takes
-    (:func:`~nnx_ppo.algorithms.ppo.train_ppo`,
+    (:func:`train_ppo`,
     :func:`~nnx_ppo.algorithms.population.train_seeds`,
     :func:`~nnx_ppo.algorithms.distillation.train_distillation`); all optional.
 
@@ -360,6 +369,37 @@ class TrainOptions(TypedDict, total=False):
     run: RunOutput | None
 
 
+@dataclasses.dataclass
+class TrainResult:
+    """What :func:`train` returns per member: what :func:`train_ppo` returns
+    (and :func:`~nnx_ppo.algorithms.population.train_seeds` per seed).
+
+    Attributes:
+      state: the final :class:`TrainingState` (the network was updated in
+        place too); for a failed seed, the state of its last healthy iteration.
+      metrics: metrics of the last iteration.
+      eval_history: ``(env_steps, eval metrics)`` of every evaluation.
+      total_steps: env steps trained (a failed seed's: up to its last healthy iteration).
+      total_iterations: iterations run (likewise).
+      compile_seconds: time of the first (compiling) call.
+      failure: for a seed of a batch whose health failed (non-finite values or a
+        replay mismatch), where and why (a :class:`~nnx_ppo.algorithms.driver.Failure`);
+        None when it trained to the end.
+      network: the trained network (the one given, updated in place; or the
+        one the trainer built: a seed's from ``make_network``, or from a
+        network named by a string).
+    """
+
+    state: TrainingState
+    metrics: dict[str, float]
+    eval_history: list[tuple[int, dict[str, float]]]
+    total_steps: int
+    total_iterations: int
+    compile_seconds: float
+    failure: Failure | None = None
+    network: Any = None
+
+
 def _check_options(options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - set(TrainOptions.__annotations__))
     if unknown:
@@ -393,7 +433,7 @@ def train(
     numbers ride in its state; ``config`` gives everything the members share.
 
     ``state`` (continue from it) and ``on_evaluation`` (see
-    :func:`~nnx_ppo.algorithms.ppo.train_ppo`) are for a single run;
+    :func:`train_ppo`) are for a single run;
     ``options`` are the :class:`TrainOptions`.
     """
     _check_options(options)
@@ -613,3 +653,55 @@ def _results(team: Members, result, final: TrainingState, failures: dict, last_r
             network=net,
         ))
     return results
+
+
+# ----------------------------------------------------------------------------------------------------------------- PPO
+# The one trainer with PPO's first state and iteration (nnx_ppo.algorithms.ppo).
+
+PPO = Algorithm(initial_state=new_training_state, iteration=make_iteration)
+"""PPO for :func:`train`: its first state and its iteration
+(:mod:`nnx_ppo.algorithms.ppo`); also used by
+:func:`~nnx_ppo.algorithms.population.train_seeds` and
+:func:`~nnx_ppo.algorithms.population.train_population`."""
+
+
+def train_ppo(
+    env,
+    network,
+    config: TrainConfig,
+    *,
+    state: TrainingState | None = None,
+    on_evaluation: Callable[[NetworkFn, int], None] | None = None,
+    **options: Unpack[TrainOptions],
+) -> TrainResult:
+    """Train ``network`` on ``env`` with PPO; the network is updated in place.
+
+    Args:
+      env: an env with the ``reset(key)`` / ``step(state, action)`` API
+        (see :mod:`nnx_ppo.envs`), or anything :func:`~nnx_ppo.envs.as_env` accepts.
+      network: a :class:`StatefulModule` whose output is a
+        :class:`PPONetworkOutput` (e.g. from :mod:`nnx_ppo.networks.factories`),
+        or its name, built here from ``config.seed``: ``"mlp"``, ``"lstm"``,
+        ``"gru"`` (the default preset's width), your function as
+        ``"MODULE:FUNCTION"`` or ``"FILE.py:FUNCTION"`` (called as
+        ``function(env, rngs)``), or a :class:`~nnx_ppo.network_spec.NetworkSpec`.
+        A named network lets ``nnx-ppo eval`` and ``--resume`` rebuild a
+        ``run_dir``'s network; the trained one is ``result.network``.
+      config: the :class:`TrainConfig`.
+      state: continue from this training state instead of a fresh one.
+      on_evaluation: called after every evaluation as
+        ``on_evaluation(policy, env_steps)`` with the evaluated policy (a
+        :class:`NetworkFn` in eval mode), e.g. to record a video of it.
+      **options: the :class:`TrainOptions`
+        (``log_fn``, ``eval_env``, ``checkpoint_dir``, ``resume_from``,
+        ``checkpoint_metadata``, ``should_stop``, ``run_dir``, ``progress``).
+
+    Raises:
+      NonFiniteError: NaN/inf in rewards, observations or the loss, at the
+        iteration where it happened; the network then holds the last finite
+        parameters (those of the iteration before).
+      ReplayMismatchError: the loss replay did not reproduce the rollout (a
+        module breaks the randomness rules).
+    """
+    [result] = train(PPO, env, config, network=network, state=state, on_evaluation=on_evaluation, **options)
+    return result

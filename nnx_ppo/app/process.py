@@ -68,13 +68,13 @@ def quiet_library_logs() -> None:
 
 def compilation_cache() -> None:
     """Keep compiled programs on disk between runs
-    (:func:`nnx_ppo.algorithms.program.enable_compilation_cache`): in the
+    (:func:`nnx_ppo.algorithms.ppo.enable_compilation_cache`): in the
     folder ``JAX_COMPILATION_CACHE_DIR`` names, else ``~/.cache/nnx_ppo/jax``;
     ``JAX_ENABLE_COMPILATION_CACHE=false`` turns it off. A folder that cannot
     be made is a warning, not an error."""
     import jax
 
-    from nnx_ppo.algorithms.program import enable_compilation_cache
+    from nnx_ppo.algorithms.ppo import enable_compilation_cache
 
     if not jax.config.jax_enable_compilation_cache:
         return

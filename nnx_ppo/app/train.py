@@ -276,7 +276,8 @@ def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, 
 
 def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
     """Train (PPO, a seed batch, or distillation) into ``run``: ``(exit code, result)``."""
-    from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
+    from nnx_ppo.algorithms.ppo import new_training_state
+    from nnx_ppo.algorithms.trainer import train_ppo
 
     config = cmd.config
     options = dict(run=run, should_stop=stop, eval_env=env,

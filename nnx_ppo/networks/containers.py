@@ -19,8 +19,15 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.replay import SequenceOutput, flatten_time, has_fast_replay, replay_in_time, unflatten_time
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import (
+    SequenceOutput,
+    StatefulModule,
+    StatefulModuleOutput,
+    flatten_time,
+    has_fast_replay,
+    replay_in_time,
+    unflatten_time,
+)
 
 __all__ = [
     "Sequential",

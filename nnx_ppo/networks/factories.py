@@ -456,7 +456,6 @@ def make_modular_actor_critic(
       ValueError: an unknown ``observe`` or activation.
     """
     from nnx_ppo.envs.spaces import Box, Discrete, space_shape
-    from nnx_ppo.networks.factories import make_mlp_layers
 
     if observe not in ("part", "body"):
         raise ValueError(f"make_modular_actor_critic: observe must be 'part' or 'body', got {observe!r}")

@@ -28,8 +28,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from nnx_ppo.networks.feedforward import check_features, matmul
-from nnx_ppo.networks.replay import (
+from nnx_ppo.networks.types import (
     SequenceOutput,
+    StatefulModule,
+    StatefulModuleOutput,
+    batch_size_of,
     flatten_time,
     has_fast_replay,
     replay_in_time,
@@ -38,7 +41,6 @@ from nnx_ppo.networks.replay import (
     straight_through,
     unflatten_time,
 )
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, batch_size_of
 
 __all__ = ["RecurrentCell", "SimpleRNN", "LSTM", "GRU"]
 

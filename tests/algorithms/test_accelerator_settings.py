@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from nnx_ppo.algorithms.config import PPOConfig
-from nnx_ppo.algorithms.losses import minibatch_indices, split_minibatches
+from nnx_ppo.algorithms.ppo import minibatch_indices, split_minibatches
 
 
 @pytest.mark.parametrize("n_blocks", [1, 2])
@@ -44,7 +44,7 @@ def test_training_with_the_replay_unrolled_passes_the_replay_check():
     from flax import nnx
 
     from nnx_ppo.algorithms.config import EvalConfig, TrainConfig
-    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.trainer import train_ppo
     from nnx_ppo.envs import make
     from nnx_ppo.networks.factories import make_actor_critic_for_env
 

@@ -21,7 +21,8 @@ from nnx_ppo.algorithms.checkpointing import (
     save_training_state,
 )
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
+from nnx_ppo.algorithms.ppo import new_training_state
+from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.networks.containers import Sequential
 from nnx_ppo.networks.factories import make_mlp_actor_critic
 from nnx_ppo.networks.noise import GaussianNoise

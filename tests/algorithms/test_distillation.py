@@ -14,7 +14,7 @@ from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.distillation import DistillationConfig, train_distillation
 from nnx_ppo.algorithms.evaluation import evaluate
 from nnx_ppo.algorithms.functional import NetworkFn
-from nnx_ppo.algorithms.rollout import RolloutState, collect_rollout
+from nnx_ppo.algorithms.ppo import RolloutState, collect_rollout
 from nnx_ppo.envs import make
 from nnx_ppo.networks.adapter import PPOAdapter, extras_for_actions
 from nnx_ppo.networks.containers import Sequential
@@ -141,7 +141,7 @@ def test_a_privileged_teacher_teaches_memory_to_an_lstm_but_not_to_an_mlp():
 def test_a_trained_mlp_teacher_distills_into_an_lstm_student():
     """The CartPole preset's MLP, trained with PPO, distilled into an LSTM:
     the student reaches at least 95% of the teacher's return (2 seeds)."""
-    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.trainer import train_ppo
     from nnx_ppo.presets import get_preset
 
     preset = get_preset("gymnax:CartPole-v1", "mlp")

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nnx_ppo.algorithms.driver import Driver, Health, Hooks, IterationOutput
+from nnx_ppo.algorithms.driver import Driver, Hooks
+from nnx_ppo.algorithms.ppo import Health, IterationOutput
 
 
 class FakeProgram:

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nnx_ppo.algorithms.gae import compute_gae
+from nnx_ppo.algorithms.ppo import compute_gae
 
 
 def python_gae(rewards, values, last_value, terminated, truncated, final_values, gamma, lam, bootstrap=True):

@@ -20,9 +20,8 @@ from nnx_ppo.algorithms.config import (
     config_from_dict,
     config_to_dict,
 )
-from nnx_ppo.algorithms.optimization import make_optimizer
-from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
-from nnx_ppo.algorithms.trainer import resume_state
+from nnx_ppo.algorithms.ppo import make_optimizer, new_training_state
+from nnx_ppo.algorithms.trainer import resume_state, train_ppo
 from nnx_ppo.networks.factories import make_mlp_actor_critic
 from tests.algorithms.toy_envs import Target
 

@@ -10,7 +10,7 @@ from flax import nnx
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.hyperparameters import PER_MEMBER, PopulationConfigError
 from nnx_ppo.algorithms.population import population_members, train_population
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.envs import make
 from nnx_ppo.envs.wrappers import RewardScale
 from nnx_ppo.networks.factories import make_actor_critic_for_env
@@ -99,7 +99,7 @@ def _fake_population(scores):
     import jax.numpy as jnp
 
     from nnx_ppo.algorithms.hyperparameters import MemberState
-    from nnx_ppo.algorithms.state import TrainingState
+    from nnx_ppo.algorithms.ppo import TrainingState
 
     n = len(scores)
     index = jnp.arange(n, dtype=jnp.float32)
@@ -115,8 +115,8 @@ def _fake_population(scores):
 def test_pbt_worst_members_take_over_the_best_and_perturb():
     import jax.numpy as jnp
 
-    from nnx_ppo.algorithms.driver import IterationOutput
     from nnx_ppo.algorithms.population import PBTConfig, population_step
+    from nnx_ppo.algorithms.ppo import IterationOutput
 
     scores = [5.0, 1.0, 7.0, float("nan"), 3.0, 8.0, 2.0, 6.0]  # worst: 3 (no score yet), 1; best: 7, 5 ... 5 and 2
     state = _fake_population(scores)

@@ -10,8 +10,8 @@ from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.driver import NonFiniteError
-from nnx_ppo.algorithms.ppo import train_ppo
-from nnx_ppo.algorithms.program import over_seeds
+from nnx_ppo.algorithms.ppo import over_seeds
+from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.networks.factories import make_mlp_actor_critic
 from tests.algorithms.toy_envs import Constant, Target
 from tests.xla_flags import old_emitters, run_with_fusion_emitters
@@ -49,8 +49,7 @@ def test_bad_config_errors_name_the_argument():
         over_seeds(lambda state: state, "loop")  # public: compile_iterations and make_train_fn pass it on
     with pytest.raises(TypeError, match="'log_fm'.* takes log_fn, eval_env"):
         train_ppo(Target(), make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0)), TrainConfig(), log_fm=print)
-    from nnx_ppo.algorithms.ppo import PPO
-    from nnx_ppo.algorithms.trainer import train
+    from nnx_ppo.algorithms.trainer import PPO, train
 
     with pytest.raises(ValueError, match="give a network .* or make_network and seeds"):
         train(PPO, Target(), TrainConfig(), seeds=[0])
@@ -111,7 +110,7 @@ def test_log_fn_gets_flat_metrics():
 
 
 def test_advantage_normalization_is_safe_for_one_element():
-    from nnx_ppo.algorithms.losses import normalize_advantages
+    from nnx_ppo.algorithms.ppo import normalize_advantages
 
     single = normalize_advantages(jnp.array([[3.0]]))
     assert jnp.all(jnp.isfinite(single)) and float(single[0, 0]) == 0.0
@@ -254,10 +253,7 @@ def test_recomputed_advantages_equal_the_rollouts_before_the_first_update():
     before any update those equal the rollout's (an LSTM, resets and
     truncations inside the rollout), so loss and gradient are the same."""
     from nnx_ppo.algorithms.functional import NetworkFn
-    from nnx_ppo.algorithms.gae import trajectory_gae
-    from nnx_ppo.algorithms.losses import Minibatch, ppo_loss
-    from nnx_ppo.algorithms.ppo import new_training_state
-    from nnx_ppo.algorithms.rollout import collect_rollout
+    from nnx_ppo.algorithms.ppo import Minibatch, collect_rollout, new_training_state, ppo_loss, trajectory_gae
     from nnx_ppo.networks.factories import make_recurrent_actor_critic
 
     env = Target(max_steps=5, p_end=0.2)

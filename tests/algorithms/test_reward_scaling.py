@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from nnx_ppo.algorithms.reward_scaling import initial_return_statistics, scale_rewards, update_return_statistics
+from nnx_ppo.algorithms.ppo import initial_return_statistics, scale_rewards, update_return_statistics
 
 
 def python_returns(rewards, done, gamma, start):

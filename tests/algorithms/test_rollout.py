@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nnx_ppo.algorithms.rollout import reset_ended
+from nnx_ppo.algorithms.ppo import reset_ended
 from nnx_ppo.envs.types import EnvState, as_f32
 
 
@@ -68,8 +68,8 @@ def test_nonfinite_counts():
 
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.algorithms.functional import NetworkFn
-    from nnx_ppo.algorithms.ppo import new_training_state, train_ppo
-    from nnx_ppo.algorithms.rollout import collect_rollout
+    from nnx_ppo.algorithms.ppo import collect_rollout, new_training_state
+    from nnx_ppo.algorithms.trainer import train_ppo
     from nnx_ppo.networks.factories import make_mlp_actor_critic
     from tests.algorithms.toy_envs import Target
 

@@ -148,7 +148,7 @@ def test_playground_warp_impl_trains_with_exact_replay():
     from flax import nnx
 
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.trainer import train_ppo
     from nnx_ppo.networks.factories import make_actor_critic_for_env
     from nnx_ppo.testing import check_replay_consistency
 

@@ -18,7 +18,7 @@ import pytest
 from flax import nnx, struct
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.envs import Box, EnvState, TimeLimit, as_env
 from nnx_ppo.envs.adapters import EnvAdaptedWarning, OriginalEnv, PlaygroundEnv
 from nnx_ppo.envs.types import EnvCheckError, check_env_structure

@@ -220,7 +220,7 @@ def test_trainer_runs_on_a_reset_pool():
     from flax import nnx
 
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.trainer import train_ppo
     from nnx_ppo.envs import make
     from nnx_ppo.networks.factories import make_mlp_actor_critic
 

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.envs import Box, Discrete, EnvState, RLEnv
 from nnx_ppo.networks.factories import (
     INTENTION_CPU_SIZE,

@@ -380,7 +380,7 @@ def test_a_cell_of_your_own_trains():
     """PPO trains a network whose memory is the user's LeakyCell: the reward
     rises, the cell's weights move, and the replay is exact at every iteration."""
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.trainer import train_ppo
     from tests.algorithms.toy_envs import Target
 
     net = _actor_critic(lambda rngs: LeakyCell(3, 8, rngs))

@@ -112,7 +112,7 @@ def test_subclass_that_changes_call_falls_back_to_step_by_step():
 def test_unrolled_replay_equals_the_rolled_one_and_reaches_every_scan():
     """``PPOConfig.replay_unroll`` (through ``unrolled``) changes how the scans
     over time are compiled, not what they compute."""
-    from nnx_ppo.networks.replay import unrolled
+    from nnx_ppo.networks.types import unrolled
 
     net = network()
     xs = jax.random.normal(jax.random.key(1), (T, B, 3))

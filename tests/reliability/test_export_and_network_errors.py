@@ -108,7 +108,7 @@ def test_a_network_function_that_returns_no_network_is_one_line(function, return
 
 def test_train_ppo_names_a_network_function_that_returns_no_network(not_networks):
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-    from nnx_ppo.algorithms.ppo import train_ppo
+    from nnx_ppo.algorithms.trainer import train_ppo
     from nnx_ppo.network_spec import NetworkFunctionError
 
     config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=8, n_minibatches=1, total_steps=64),

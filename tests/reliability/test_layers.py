@@ -138,3 +138,87 @@ def test_no_import_cycle():
 def test_the_cycle_check_sees_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# One compiled PPO iteration reads top to bottom in these files (docs/architecture.md): the iteration
+# module, the network's functional view, the module contract and the config.
+ITERATION_FILES = {"algorithms/ppo.py", "algorithms/functional.py", "networks/types.py", "algorithms/config.py"}
+# Two helpers the iteration calls that live with the network modules sharing them: the matrix-product precision
+# of the library's layers (set around the whole iteration) and the running-moments merge of Normalizer (the
+# return statistics' too).
+SHARED_WITH_MODULES = {("networks/feedforward.py", "compute_precision"), ("networks/normalizer.py", "merge_moments")}
+
+
+def _functions_run_for_the_algorithm(run) -> dict[str, set[str]]:
+    """``{file under the package: names of its functions that ran}`` while
+    ``run()`` runs, leaving out what runs on behalf of the network or the
+    env: a method of an ``nnx.Module`` (``self``), a function of ``envs/``,
+    and everything they call."""
+    import sys
+
+    from flax import nnx
+
+    root = str(ROOT) + "/"
+    theirs = set()  # live frames of the network's and the env's code
+    found: dict[str, set[str]] = {}
+
+    def caller(frame):
+        frame = frame.f_back
+        while frame is not None and not frame.f_code.co_filename.startswith(root):
+            frame = frame.f_back
+        return frame
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if not code.co_filename.startswith(root):
+            return
+        if event == "return":
+            theirs.discard(frame)
+            return
+        if event != "call":
+            return
+        path = code.co_filename[len(root):]
+        method = code.co_argcount and code.co_varnames[0] == "self" and isinstance(frame.f_locals.get("self"),
+                                                                                   nnx.Module)
+        if method or path.startswith("envs/") or caller(frame) in theirs:
+            theirs.add(frame)
+        else:
+            found.setdefault(path, set()).add(code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return found
+
+
+def test_one_iteration_reads_four_files():
+    """Tracing PPO's compiled iteration (``make_train_fn``, two iterations a
+    call, rewards normalized) on a small env and MLP runs, besides the
+    network's and the env's own code, functions of the four files above only."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.functional import NetworkFn
+    from nnx_ppo.algorithms.ppo import make_train_fn, new_training_state
+    from nnx_ppo.networks.factories import make_mlp_actor_critic
+    from tests.algorithms.toy_envs import Target
+
+    env = Target()
+    network = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0))
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=4, total_steps=64, n_minibatches=2,
+                                       normalize_rewards=True), eval=EvalConfig(enabled=False))
+    state = new_training_state(env, network, config)
+    graphdef = NetworkFn.of(network, deterministic=False).graphdef
+
+    def trace():
+        jax.eval_shape(make_train_fn(env, graphdef, config.ppo, max_iterations=2), state, jnp.asarray(1))
+
+    found = _functions_run_for_the_algorithm(trace)
+    listing = "\n".join(f"{path}: {', '.join(sorted(names))}" for path, names in sorted(found.items()))
+    assert "algorithms/ppo.py" in found, listing  # (the profile saw the trace)
+    elsewhere = {(path, name) for path, names in found.items() if path not in ITERATION_FILES for name in names}
+    assert elsewhere <= SHARED_WITH_MODULES, f"the iteration reads {sorted(found)}:\n{listing}"

@@ -6,8 +6,7 @@ from flax import nnx
 from nnx_ppo import cli
 from nnx_ppo.algorithms import checkpointing
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import train_ppo
-from nnx_ppo.algorithms.trainer import CheckpointDirInUseError
+from nnx_ppo.algorithms.trainer import CheckpointDirInUseError, train_ppo
 from nnx_ppo.networks.factories import make_mlp_actor_critic
 from tests.algorithms.toy_envs import Target
 

@@ -11,7 +11,7 @@ import pytest
 from nnx_ppo import cli
 from nnx_ppo import run_dir as rd
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.ppo import train_ppo
+from nnx_ppo.algorithms.trainer import train_ppo
 
 TINY = ["--network", "mlp", "--hidden-size", "8", "--ppo.n-envs", "8", "--ppo.n-minibatches", "2",
         "--ppo.rollout-length", "16", "--ppo.total-steps", "256", "--eval.n-envs", "4",
