@@ -69,6 +69,7 @@ _PAIR = Replaced("use nnx_ppo.algorithms.ppo.collect_rollout with a nnx_ppo.algo
 
 #: original dotted path -> "module:attr" here, or what replaced it.
 TABLE: dict[str, str | Replaced] = {
+    "nnx_ppo.jax_dataclass.JaxDataclass": "nnx_ppo.networks.types:JaxDataclass",
     # the env protocol, the training state and the rollout's record
     "nnx_ppo.algorithms.types.EnvState": "nnx_ppo.envs.types:EnvState",
     "nnx_ppo.algorithms.types.RLEnv": "nnx_ppo.envs.types:RLEnv",

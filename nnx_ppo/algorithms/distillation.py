@@ -33,7 +33,6 @@ import optax
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
-from nnx_ppo.algorithms.hooks import evaluation_hook
 from nnx_ppo.algorithms.ppo import (
     Health,
     IterationOutput,
@@ -47,7 +46,7 @@ from nnx_ppo.algorithms.ppo import (
     sum_leaves,
     update_epochs,
 )
-from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, TrainResult, train
+from nnx_ppo.algorithms.trainer import Algorithm, TrainOptions, TrainResult, evaluation_hook, train
 from nnx_ppo.envs.registry import as_env
 from nnx_ppo.networks.adapter import extras_for_actions
 from nnx_ppo.networks.feedforward import compute_precision

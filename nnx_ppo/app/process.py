@@ -119,7 +119,7 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
     from nnx_ppo import run_dir as rd
     from nnx_ppo.algorithms.distributed import await_lost_peer, process_count
     from nnx_ppo.algorithms.driver import NonFiniteError
-    from nnx_ppo.algorithms.footprint import FootprintError
+    from nnx_ppo.algorithms.ppo import FootprintError
     from nnx_ppo.progress import StopFlag, pretty_path
 
     stop = StopFlag(run.write)

@@ -57,7 +57,7 @@ def test_public_face_exports_the_starting_names():
 
 
 def test_no_module_imports_from_a_layer_above_it():
-    """jax_dataclass < envs < networks < algorithms (beside it the run directory, the network
+    """envs < networks < algorithms (beside it the run directory, the network
     spec and the progress bar, which the trainers write and show) < testing
     < presets < app < cli: every module-level or function-level ``import
     nnx_ppo.X`` goes down the layers (or stays in its own)."""
@@ -65,7 +65,7 @@ def test_no_module_imports_from_a_layer_above_it():
     import pathlib
 
     root = pathlib.Path(importlib.import_module("nnx_ppo").__file__).parent
-    rank = {"_lazy": -1, "jax_dataclass": -1, "envs": 0, "networks": 1, "algorithms": 2, "network_spec": 2,
+    rank = {"_lazy": -1, "envs": 0, "networks": 1, "algorithms": 2, "network_spec": 2,
             "run_dir": 2, "progress": 2, "testing": 3, "presets": 4, "app": 5, "cli": 6}
     bad = []
     for path in root.rglob("*.py"):

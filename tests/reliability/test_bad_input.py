@@ -144,7 +144,7 @@ def test_a_stopped_distillation_suggests_what_works(tmp_path, capsys):
 def test_a_checkpoint_directory_replaced_during_the_run_is_one_error(tmp_path):
     """Probed through the CLI (checkpoints/ replaced by a file while training):
     exit 1 with this one line; here the hook alone."""
-    from nnx_ppo.algorithms.hooks import checkpoint_hook
+    from nnx_ppo.algorithms.trainer import checkpoint_hook
 
     replaced = tmp_path / "checkpoints"
     replaced.write_text("not a directory")

@@ -286,20 +286,20 @@ def test_a_config_too_large_for_the_memory_is_refused_before_anything_is_allocat
     for (whole iterations) is warned about."""
     from flax import nnx
 
-    from nnx_ppo.algorithms import footprint
+    from nnx_ppo.algorithms import ppo
     from nnx_ppo.algorithms.config import PPOConfig
     from nnx_ppo.envs import make
     from nnx_ppo.networks.factories import make_actor_critic_for_env
 
     env = make("cue_memory")
     network = make_actor_critic_for_env(env, "lstm", nnx.Rngs(0), hidden_size=8, encoder_sizes=[8])
-    small = footprint.estimate_bytes(env, network, 8, 16)
-    assert footprint.estimate_bytes(env, network, 80, 16) == 10 * small > 0
-    monkeypatch.setattr(footprint, "available_bytes", lambda device=None: (10**6, "test memory"))
+    small = ppo.estimate_bytes(env, network, 8, 16)
+    assert ppo.estimate_bytes(env, network, 80, 16) == 10 * small > 0
+    monkeypatch.setattr(ppo, "available_bytes", lambda device=None: (10**6, "test memory"))
     assert cli.main(["train", *TINY, "--ppo.n-envs", "1024", "--run-dir", str(tmp_path / "big")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs at least" in err and "than the 1 MB of test memory" in err
     assert "n_envs 1,024 x rollout_length 8" in err and "lower n_envs" in err
     assert not (tmp_path / "big" / "config.json").exists()
-    with pytest.warns(footprint.FootprintWarning, match=r"total_steps 100 is rounded up to one iteration of 1,024"):
-        footprint.check_footprint(env, network, PPOConfig(n_envs=64, rollout_length=16, total_steps=100))
+    with pytest.warns(ppo.FootprintWarning, match=r"total_steps 100 is rounded up to one iteration of 1,024"):
+        ppo.check_footprint(env, network, PPOConfig(n_envs=64, rollout_length=16, total_steps=100))
