@@ -244,7 +244,7 @@ class PPOConfig:
         measurement is logged as `replay/...` either way).
       normalize_rewards: divide the rewards GAE sees by a running standard
         deviation of the discounted return (see
-        :class:`~nnx_ppo.algorithms.ppo.ReturnStatistics`), so value targets have a
+        `nnx_ppo.algorithms.ppo.ReturnStatistics`), so value targets have a
         scale near one; logged returns stay in the env's units.
       target_kl: stop an iteration's updates early once a minibatch's
         approximate KL between the current and the rollout policy
