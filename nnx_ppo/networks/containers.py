@@ -31,6 +31,7 @@ __all__ = [
     "MissingKeyError",
     "resolve_components",
     "combine_sequences",
+    "combine_outputs",
 ]
 
 
@@ -62,26 +63,33 @@ def resolve_components(
     return components
 
 
-def combine_sequences(results: dict[Any, SequenceOutput], output: Any) -> SequenceOutput:
-    """A container's :class:`SequenceOutput` from its children's: summed
-    regularization, prefixed metrics, carries under the children's keys."""
+def _regularization_and_metrics(results: dict[Any, Any]) -> tuple[Any, dict[str, Any]]:
+    """The children's ``regularization_loss`` summed (in the order of
+    ``results``) and their metrics under ``"{key}/{metric}"``."""
     metrics: dict[str, Any] = {}
     regularization = jnp.zeros((), jnp.float32)
     for key, result in results.items():
         regularization = regularization + result.regularization_loss
-        prefix_metrics(metrics, key, result.metrics)
-    return SequenceOutput(
-        output=output,
-        regularization_loss=regularization,
-        metrics=metrics,
-        carry={key: result.carry for key, result in results.items()},
-    )
+        metrics.update({f"{key}/{name}": value for name, value in result.metrics.items()})
+    return regularization, metrics
 
 
-def prefix_metrics(metrics: dict[str, Any], prefix: Any, child_metrics: dict[str, Any]) -> None:
-    """Add ``child_metrics`` to ``metrics`` under ``"{prefix}/{key}"``."""
-    for key, value in child_metrics.items():
-        metrics[f"{prefix}/{key}"] = value
+def combine_sequences(results: dict[Any, SequenceOutput], output: Any) -> SequenceOutput:
+    """A container's :class:`SequenceOutput` from its children's: summed
+    regularization, prefixed metrics, carries under the children's keys."""
+    regularization, metrics = _regularization_and_metrics(results)
+    return SequenceOutput(output=output, regularization_loss=regularization, metrics=metrics,
+                          carry={key: result.carry for key, result in results.items()})
+
+
+def combine_outputs(results: dict[Any, StatefulModuleOutput], output: Any) -> StatefulModuleOutput:
+    """A container's step output from its children's (in the order they ran):
+    summed regularization, prefixed metrics, carries and extras under the
+    children's keys."""
+    regularization, metrics = _regularization_and_metrics(results)
+    return StatefulModuleOutput(next_state={key: result.next_state for key, result in results.items()},
+                                output=output, regularization_loss=regularization, metrics=metrics,
+                                rollout_extras={key: result.rollout_extras for key, result in results.items()})
 
 
 def child_extras(rollout_extras: Any, key: Any) -> Any:
@@ -118,22 +126,9 @@ class DictContainer(StatefulModule):
 
     def __call__(self, state, x, rollout_extras=None):
         inputs = self._inputs(x)
-        next_state, outputs, extras, metrics = {}, {}, {}, {}
-        regularization = jnp.zeros((), jnp.float32)
-        for name, child in self._children():
-            out = child(state[name], inputs[name], child_extras(rollout_extras, name))
-            next_state[name] = out.next_state
-            outputs[name] = out.output
-            extras[name] = out.rollout_extras
-            regularization = regularization + out.regularization_loss
-            prefix_metrics(metrics, name, out.metrics)
-        return StatefulModuleOutput(
-            next_state=next_state,
-            output=self._combine(outputs),
-            regularization_loss=regularization,
-            metrics=metrics,
-            rollout_extras=extras,
-        )
+        results = {name: child(state[name], inputs[name], child_extras(rollout_extras, name))
+                   for name, child in self._children()}
+        return combine_outputs(results, self._combine({name: out.output for name, out in results.items()}))
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Replay each child on its own (stateless children without a time scan)."""
@@ -199,22 +194,13 @@ class Sequential(StatefulModule):
         self.layers = nnx.List(layers)
 
     def __call__(self, state, x, rollout_extras=None):
-        next_state, extras, metrics = [], [], {}
-        regularization = jnp.zeros((), jnp.float32)
+        results = {}
         for i, layer in enumerate(self.layers):
-            out = layer(state[i], x, child_extras(rollout_extras, i))
-            x = out.output
-            next_state.append(out.next_state)
-            extras.append(out.rollout_extras)
-            regularization = regularization + out.regularization_loss
-            prefix_metrics(metrics, i, out.metrics)
-        return StatefulModuleOutput(
-            next_state=tuple(next_state),
-            output=x,
-            regularization_loss=regularization,
-            metrics=metrics,
-            rollout_extras=tuple(extras),
-        )
+            results[i] = layer(state[i], x, child_extras(rollout_extras, i))
+            x = results[i].output
+        combined = combine_outputs(results, x)
+        return combined.replace(next_state=tuple(combined.next_state.values()),
+                                rollout_extras=tuple(combined.rollout_extras.values()))
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Replay layer by layer: stateless layers run on the flattened batch,
@@ -226,7 +212,7 @@ class Sequential(StatefulModule):
             results[i] = layer.replay_sequence(carry[i], xs, child_extras(rollout_extras, i), reset, stored_carry[i])
             xs = results[i].output
         combined = combine_sequences(results, xs)
-        return dataclasses.replace(combined, carry=tuple(combined.carry[i] for i in range(len(self.layers))))
+        return dataclasses.replace(combined, carry=tuple(combined.carry.values()))
 
     def initialize_state(self, batch_size):
         return tuple(layer.initialize_state(batch_size) for layer in self.layers)

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.containers import child_extras, prefix_metrics
+from nnx_ppo.networks.containers import child_extras, combine_outputs
 from nnx_ppo.networks.feedforward import Dense
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, activation_metrics
 
@@ -70,23 +70,6 @@ def _check_name(kind: str, name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError(f"PopulationGraph: {kind} name must be a non-empty str, got {name!r}")
     return name
-
-
-def _check_size(name: str, size: Any) -> int:
-    """``size`` if it is a positive int (else a ValueError naming the population)."""
-    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-        raise ValueError(f"PopulationGraph: size of population {name!r} must be a positive int, got {size!r}")
-    return size
-
-
-def _check_activation(name: str, activation: Any) -> Any:
-    """``activation`` if it is callable or None (else a TypeError naming the population)."""
-    if activation is not None and not callable(activation):
-        raise TypeError(
-            f"PopulationGraph: activation of population {name!r} must be callable or None, "
-            f"got {type(activation).__name__}"
-        )
-    return activation
 
 
 def _topological_sort(names: list[str], edges: list[tuple[str, str]]) -> tuple[str, ...]:
@@ -199,10 +182,6 @@ def _check_connection(populations: tuple[Population, ...], connections: tuple[Co
     return name
 
 
-def _has_leaves(tree: Any) -> bool:
-    return bool(jax.tree.leaves(tree))
-
-
 class PopulationGraph(StatefulModule):
     """Named neural populations connected by projections with synaptic delays.
 
@@ -275,8 +254,12 @@ class PopulationGraph(StatefulModule):
                 if p.kind == _OUTPUT and (p.io_key or p.name) == key:
                     raise ValueError(f"PopulationGraph: output populations {p.name!r} and {name!r} "
                                      f"both write output key {key!r}")
-        pop = Population(name, kind, _check_size(name, size), _check_activation(name, activation), io_key)
-        self._populations = self._populations + (pop,)
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"PopulationGraph: size of population {name!r} must be a positive int, got {size!r}")
+        if activation is not None and not callable(activation):
+            raise TypeError(f"PopulationGraph: activation of population {name!r} must be callable or None, "
+                            f"got {type(activation).__name__}")
+        self._populations = self._populations + (Population(name, kind, size, activation, io_key),)
 
     def add_input(self, name: str, size: int, *, input_from: str | None = None,
                   activation: Callable[[jax.Array], jax.Array] | None = None) -> None:
@@ -340,15 +323,12 @@ class PopulationGraph(StatefulModule):
         output population is accepted. Returns ``self``.
         """
         self._check_building("call finalize() twice: finalize()")
-        order = self._topological_order()
-        pops = self._populations
-        by_name = {p.name: p for p in pops}
-        transforms = {}
-        for c, t in zip(self._connections, list(self._pending_transforms)):
-            transforms[c.name] = t if t is not None else Dense(by_name[c.src].size, by_name[c.dst].size,
-                                                               self._rngs)
-
-        self.transforms = nnx.Dict(transforms)
+        order = _topological_sort([p.name for p in self._populations],
+                                  [(c.src, c.dst) for c in self._connections if c.delay == 0])
+        size = {p.name: p.size for p in self._populations}
+        # the default Dense transforms drawn from rngs in the order of the connections
+        self.transforms = nnx.Dict({c.name: Dense(size[c.src], size[c.dst], self._rngs) if t is None else t
+                                    for c, t in zip(self._connections, list(self._pending_transforms))})
         del self._pending_transforms
         del self._rngs
         # Static wiring, kept as tuples (nnx.split/merge sorts dict keys).
@@ -356,18 +336,11 @@ class PopulationGraph(StatefulModule):
         self._incoming = tuple(
             (name, tuple(c for c in self._connections if c.dst == name)) for name in order
         )
-        self._buffers = tuple(
-            (p.name, max(c.delay for c in self._connections if c.src == p.name))
-            for p in pops
-            if any(c.src == p.name and c.delay > 0 for c in self._connections)
-        )
+        self._buffers = tuple((p.name, max(c.delay for c in self._connections if c.src == p.name))
+                              for p in self._populations
+                              if any(c.src == p.name and c.delay > 0 for c in self._connections))
         self._finalized = True
         return self
-
-    def _topological_order(self) -> tuple[str, ...]:
-        """The populations in an order that respects the delay-0 connections."""
-        return _topological_sort([p.name for p in self._populations],
-                                  [(c.src, c.dst) for c in self._connections if c.delay == 0])
 
     # --------------------------------------------------------------- running
 
@@ -409,10 +382,7 @@ class PopulationGraph(StatefulModule):
         :class:`ConnectionInfo`); after
         :meth:`finalize` each ``transform`` is the module in
         ``self.transforms[name]``."""
-        if self._finalized:
-            built = [self.transforms[c.name] for c in self._connections]
-        else:
-            built = list(self._pending_transforms)
+        built = [self.transforms[c.name] for c in self._connections] if self._finalized else self._pending_transforms
         return tuple(ConnectionInfo(name=c.name, src=c.src, dst=c.dst, delay=c.delay, transform=t)
                      for c, t in zip(self._connections, built))
 
@@ -459,12 +429,9 @@ class PopulationGraph(StatefulModule):
             name: jnp.zeros((batch_size, depth, self._population(name).size), jnp.float32)
             for name, depth in self._buffers
         }
-        transforms = {}
-        for c in self._connections:
-            carry = self.transforms[c.name].initialize_state(batch_size)
-            if _has_leaves(carry):
-                transforms[c.name] = carry
-        return {"buffers": buffers, "transforms": transforms}
+        carries = {c.name: self.transforms[c.name].initialize_state(batch_size) for c in self._connections}
+        stateful = {name: carry for name, carry in carries.items() if jax.tree.leaves(carry)}
+        return {"buffers": buffers, "transforms": stateful}
 
     def reset_state(self, prev_state: Any) -> Any:
         self._require_finalized("reset_state()")
@@ -497,8 +464,7 @@ class PopulationGraph(StatefulModule):
         transform_state = state["transforms"]
 
         values: dict[str, jax.Array] = {}
-        next_transforms, extras, metrics = {}, {}, {}
-        regularization = jnp.zeros((), jnp.float32)
+        results = {}  # the connections' outputs, in the order they ran
         for name, incoming in self._incoming:
             pop = self._population(name)
             total = inputs.get(name)
@@ -514,31 +480,21 @@ class PopulationGraph(StatefulModule):
                     got = tuple(jnp.shape(y)) if isinstance(y, jax.Array) else type(y).__name__
                     raise ValueError(f"PopulationGraph: connection {c.name!r} produced output {got}, expected "
                                      f"({batch}, {pop.size}) (B, size of target population {name!r})")
-                if c.name in transform_state:
-                    next_transforms[c.name] = out.next_state
-                elif _has_leaves(out.next_state):
+                if c.name not in transform_state and jax.tree.leaves(out.next_state):
                     raise ValueError(f"PopulationGraph: transform of connection {c.name!r} returned a carry "
                                      "but its initialize_state() returned none")
-                extras[c.name] = out.rollout_extras
-                regularization = regularization + out.regularization_loss
-                prefix_metrics(metrics, c.name, out.metrics)
+                results[c.name] = out
                 total = y if total is None else total + y
             if total is None:  # no input and no incoming connection
                 total = jnp.zeros((batch, pop.size), jnp.float32)
             values[name] = total if pop.activation is None else pop.activation(total)
 
-        next_buffers = {
-            name: jnp.concatenate([buffers[name][:, 1:], values[name][:, None].astype(buffers[name].dtype)],
-                                  axis=1)
-            for name, _ in self._buffers
-        }
+        next_buffers = {name: jnp.concatenate([buffers[name][:, 1:], values[name][:, None].astype(buffers[name].dtype)],
+                                              axis=1) for name, _ in self._buffers}
         output = {p.io_key or p.name: values[p.name] for p in self._populations if p.kind == _OUTPUT}
+        combined = combine_outputs(results, output)
         if self.record_activations:
-            metrics.update(activation_metrics(dict(values)))
-        return StatefulModuleOutput(
-            next_state={"buffers": next_buffers, "transforms": next_transforms},
-            output=output,
-            regularization_loss=regularization,
-            metrics=metrics,
-            rollout_extras={c.name: extras[c.name] for c in self._connections},
-        )
+            combined.metrics.update(activation_metrics(dict(values)))
+        next_transforms = {name: carry for name, carry in combined.next_state.items() if name in transform_state}
+        return combined.replace(next_state={"buffers": next_buffers, "transforms": next_transforms},
+                                rollout_extras={c.name: combined.rollout_extras[c.name] for c in self._connections})
