@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ from flax import nnx
 
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["Dense", "check_features", "matmul", "compute_precision", "PRECISIONS"]
+__all__ = ["Dense", "check_features", "check_argument", "is_int", "matmul", "compute_precision", "PRECISIONS"]
 
 PRECISIONS = ("default", "bfloat16")
 """The values of ``PPOConfig.precision`` (:func:`compute_precision`)."""
@@ -52,6 +53,18 @@ def check_features(owner: str, x: jax.Array, features: int, argument: str = "in_
             f"{owner}: x has shape {tuple(jnp.shape(x))}, expected (B, {features}) "
             f"({argument}={features})"
         )
+
+
+def check_argument(owner: str, name: str, value: Any, ok: bool, rule: str) -> None:
+    """The modules' check of a constructor argument: a ValueError
+    ``"{owner}: {name} must be {rule}, got {value!r}"`` unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{owner}: {name} must be {rule}, got {value!r}")
+
+
+def is_int(value: Any, minimum: int) -> bool:
+    """Whether ``value`` is an int (a bool is not) of at least ``minimum``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 class Dense(StatefulModule):

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from nnx_ppo.networks.containers import child_extras, combine_outputs
-from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.feedforward import Dense, check_argument, is_int
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, activation_metrics
 
 __all__ = ["PopulationGraph", "PopulationInfo", "ConnectionInfo", "Population", "Connection"]
@@ -154,9 +154,7 @@ def _check_connection(populations: tuple[Population, ...], connections: tuple[Co
     :meth:`~nnx_ppo.networks.graph.PopulationGraph.connect` for what is refused)."""
     _check_name("source population", src)
     _check_name("target population", dst)
-    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
-        raise ValueError(f"PopulationGraph: delay of connection {src!r} -> {dst!r} must be an int >= 0, "
-                         f"got {delay!r}")
+    check_argument("PopulationGraph", f"delay of connection {src!r} -> {dst!r}", delay, is_int(delay, 0), "an int >= 0")
     if transform is not None and not isinstance(transform, StatefulModule):
         raise TypeError(f"PopulationGraph: transform of connection {src!r} -> {dst!r} must be a "
                         f"StatefulModule, got {type(transform).__name__}")
@@ -254,8 +252,7 @@ class PopulationGraph(StatefulModule):
                 if p.kind == _OUTPUT and (p.io_key or p.name) == key:
                     raise ValueError(f"PopulationGraph: output populations {p.name!r} and {name!r} "
                                      f"both write output key {key!r}")
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ValueError(f"PopulationGraph: size of population {name!r} must be a positive int, got {size!r}")
+        check_argument("PopulationGraph", f"size of population {name!r}", size, is_int(size, 1), "a positive int")
         if activation is not None and not callable(activation):
             raise TypeError(f"PopulationGraph: activation of population {name!r} must be callable or None, "
                             f"got {type(activation).__name__}")
