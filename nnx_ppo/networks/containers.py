@@ -46,20 +46,24 @@ class MissingKeyError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
-def resolve_components(
-    owner: str, modules: Mapping[str, StatefulModule] | None, kwargs: dict[str, StatefulModule]
-) -> dict[str, StatefulModule]:
-    """Accept ``Container({"a": m})`` or ``Container(a=m)`` (not both, not empty)."""
-    if modules is not None and kwargs:
+def _named(owner: str, positional: Mapping[str, Any] | None, kwargs: dict[str, Any], what: str) -> dict[str, Any]:
+    """``owner``'s entries given as a positional dict or as keyword arguments
+    (not both, not empty: ``what`` names one entry in the error)."""
+    if positional is not None and kwargs:
         raise ValueError(f"{owner}: pass either a positional dict or keyword arguments, not both")
-    components = dict(modules if modules is not None else kwargs)
-    if not components:
-        raise ValueError(f"{owner}: needs at least one child module")
+    entries = dict(positional if positional is not None else kwargs)
+    if not entries:
+        raise ValueError(f"{owner}: needs at least one {what}")
+    return entries
+
+
+def resolve_components(owner: str, modules: Mapping[str, StatefulModule] | None,
+                       kwargs: dict[str, StatefulModule]) -> dict[str, StatefulModule]:
+    """Accept ``Container({"a": m})`` or ``Container(a=m)`` (not both, not empty)."""
+    components = _named(owner, modules, kwargs, "child module")
     for name, child in components.items():
         if not isinstance(child, StatefulModule):
-            raise TypeError(
-                f"{owner}: child {name!r} must be a StatefulModule, got {type(child).__name__}"
-            )
+            raise TypeError(f"{owner}: child {name!r} must be a StatefulModule, got {type(child).__name__}")
     return components
 
 
@@ -117,8 +121,16 @@ class DictContainer(StatefulModule):
         return [(name, self.components[name]) for name in self.names]
 
     def _inputs(self, x):
-        """What each child sees: ``{name: input}`` (default: per-key dispatch)."""
-        return self._dispatch(x)
+        """What each child sees: ``{name: input}`` (default: per-key
+        dispatch, child ``name`` sees ``x[name]``)."""
+        if not isinstance(x, Mapping):
+            raise ValueError(f"{type(self).__name__}: x must be a dict with keys {list(self.names)}, "
+                             f"got {type(x).__name__}")
+        missing = [k for k in self.names if k not in x]
+        if missing:
+            raise MissingKeyError(f"{type(self).__name__}: x is missing keys {missing}; expected at least "
+                                  f"{list(self.names)}, got {list(x)}")
+        return {name: x[name] for name in self.names}
 
     def _combine(self, outputs):
         """The container's output from ``{name: child_output}`` (default: the dict)."""
@@ -135,30 +147,12 @@ class DictContainer(StatefulModule):
         if not has_fast_replay(self, DictContainer):
             return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         inputs = self._inputs(xs)
-        results = {
-            name: child.replay_sequence(
-                carry[name], inputs[name], child_extras(rollout_extras, name), reset, stored_carry[name]
-            )
-            for name, child in self._children()
-        }
+        results = {name: child.replay_sequence(carry[name], inputs[name], child_extras(rollout_extras, name), reset,
+                                               stored_carry[name])
+                   for name, child in self._children()}
         T, M = reset.shape
         outputs = flatten_time({name: r.output for name, r in results.items()}, T, M)
         return combine_sequences(results, unflatten_time(self._combine(outputs), T, M))
-
-    def _dispatch(self, x):
-        """Per-key dispatch: child ``name`` sees ``x[name]``."""
-        if not isinstance(x, Mapping):
-            raise ValueError(
-                f"{type(self).__name__}: x must be a dict with keys {list(self.names)}, "
-                f"got {type(x).__name__}"
-            )
-        missing = [k for k in self.names if k not in x]
-        if missing:
-            raise MissingKeyError(
-                f"{type(self).__name__}: x is missing keys {missing}; expected at least "
-                f"{list(self.names)}, got {list(x)}"
-            )
-        return {name: x[name] for name in self.names}
 
     def initialize_state(self, batch_size):
         return {name: c.initialize_state(batch_size) for name, c in self._children()}
@@ -188,9 +182,7 @@ class Sequential(StatefulModule):
             raise ValueError("Sequential: needs at least one layer")
         for i, layer in enumerate(layers):
             if not isinstance(layer, StatefulModule):
-                raise TypeError(
-                    f"Sequential: layer {i} must be a StatefulModule, got {type(layer).__name__}"
-                )
+                raise TypeError(f"Sequential: layer {i} must be a StatefulModule, got {type(layer).__name__}")
         self.layers = nnx.List(layers)
 
     def __call__(self, state, x, rollout_extras=None):
@@ -261,11 +253,7 @@ class Splitter(StatefulModule):
     """
 
     def __init__(self, sizes: Mapping[str, int] | None = None, /, **kwargs: int):
-        if sizes is not None and kwargs:
-            raise ValueError("Splitter: pass either a positional dict or keyword arguments, not both")
-        sizes = dict(sizes if sizes is not None else kwargs)
-        if not sizes:
-            raise ValueError("Splitter: needs at least one named slice")
+        sizes = _named("Splitter", sizes, kwargs, "named slice")
         for name, size in sizes.items():
             if int(size) <= 0:
                 raise ValueError(f"Splitter: size of slice {name!r} must be positive, got {size}")
@@ -274,10 +262,8 @@ class Splitter(StatefulModule):
     def __call__(self, state, x, rollout_extras=None):
         total = sum(size for _, size in self.sizes)
         if jnp.ndim(x) < 2 or x.shape[-1] < total:
-            raise ValueError(
-                f"Splitter: x has shape {jnp.shape(x)}, expected (B, >= {total}) "
-                f"for slices {dict(self.sizes)}"
-            )
+            raise ValueError(f"Splitter: x has shape {jnp.shape(x)}, expected (B, >= {total}) for slices "
+                             f"{dict(self.sizes)}")
         output, start = {}, 0
         for name, size in self.sizes:
             output[name] = x[..., start : start + size]
