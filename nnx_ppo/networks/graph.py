@@ -360,15 +360,12 @@ class PopulationGraph(StatefulModule):
     def populations(self) -> Mapping[str, PopulationInfo]:
         """``{name: PopulationInfo}`` in the order the populations were added
         (read-only; see :class:`PopulationInfo`)."""
-        delays: dict[str, int] = {}
-        for c in self._connections:
-            delays[c.src] = max(delays.get(c.src, 0), c.delay)
         return MappingProxyType({
             p.name: PopulationInfo(
                 name=p.name, kind=p.kind, size=p.size, activation=p.activation,
                 input_from=(p.io_key or p.name) if p.kind == _INPUT else None,
                 output_to=(p.io_key or p.name) if p.kind == _OUTPUT else None,
-                max_outgoing_delay=delays.get(p.name, 0),
+                max_outgoing_delay=max((c.delay for c in self._connections if c.src == p.name), default=0),
             )
             for p in self._populations
         })
@@ -402,17 +399,14 @@ class PopulationGraph(StatefulModule):
                 raise ValueError(f"PopulationGraph: x is missing keys {missing}; input populations read "
                                  f"{wanted}, got keys {list(x)}")
             values = {name: x[key] for name, key in wanted.items()}
+        elif len(inputs) != 1:
+            raise ValueError(f"PopulationGraph: x is a {type(x).__name__} but the graph has {len(inputs)} input "
+                             f"populations; pass a dict with keys {[p.io_key or p.name for p in inputs]}")
         else:
-            if len(inputs) != 1:
-                raise ValueError(
-                    f"PopulationGraph: x is a {type(x).__name__} but the graph has {len(inputs)} input "
-                    f"populations; pass a dict with keys {[p.io_key or p.name for p in inputs]}"
-                )
             values = {inputs[0].name: x}
         batch = None
         for p in inputs:
-            v = values[p.name]
-            shape = tuple(jnp.shape(v))
+            shape = tuple(jnp.shape(values[p.name]))
             if len(shape) != 2 or shape[1] != p.size or (batch is not None and shape[0] != batch):
                 expected = f"({'B' if batch is None else batch}, {p.size})"
                 raise ValueError(f"PopulationGraph: input population {p.name!r} got x of shape {shape}, "
