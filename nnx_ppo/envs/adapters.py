@@ -227,11 +227,9 @@ class PlaygroundEnv(_JaxPhysicsEnv):
         try:
             return self.env.render(trajectory, **kwargs)
         except Exception as e:  # noqa: BLE001 -- re-raise with guidance
-            raise RuntimeError(
-                f"Rendering playground:{self.name} failed ({type(e).__name__}: {e}). "
-                "Headless machines need an OpenGL backend, e.g. set MUJOCO_GL=egl "
-                "(or osmesa) before importing mujoco."
-            ) from e
+            raise RuntimeError(f"Rendering playground:{self.name} failed ({type(e).__name__}: {e}). "
+                               "Headless machines need an OpenGL backend, e.g. set MUJOCO_GL=egl "
+                               "(or osmesa) before importing mujoco.") from e
 
 
 # --------------------------------------------------------------------------- brax
@@ -298,11 +296,10 @@ class OriginalEnv(_JaxPhysicsEnv):
     @property
     def action_space(self):
         if getattr(self.env, "action_size", None) is None:
-            raise AttributeError(
-                f"{self.name} (an env written for the original nnx-ppo) has no action_size, so its action space "
-                "is unknown: give the env an action_size (an int, a shape tuple or a dict of them), or build the "
-                "network by hand (training passes the network's actions to the env as they are)"
-            )
+            raise AttributeError(f"{self.name} (an env written for the original nnx-ppo) has no action_size, so its "
+                                 "action space is unknown: give the env an action_size (an int, a shape tuple or a "
+                                 "dict of them), or build the network by hand (training passes the network's actions "
+                                 "to the env as they are)")
         return super().action_space
 
     def describe(self, reset_shapes: Any = None) -> str:

@@ -218,10 +218,8 @@ def is_known(spec: str) -> bool:
 
 
 def _missing(extra: str, package: str, err: ImportError) -> ImportError:
-    return ImportError(
-        f"{package} is needed for '{extra}:' environments but could not be imported ({err}). "
-        f'Install it with: pip install "nnx_ppo[{extra}]"'
-    )
+    return ImportError(f"{package} is needed for '{extra}:' environments but could not be imported ({err}). "
+                       f'Install it with: pip install "nnx_ppo[{extra}]"')
 
 
 def playground_episode_length(pg_env) -> int:
@@ -309,11 +307,9 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
         if original is None:
             return env  # duck-typed: the env checks before training validate it
         return _time_limit(original, episode_length, *limits)
-    raise TypeError(
-        f"expected an env with this library's API (an nnx_ppo.envs.RLEnv: reset(key) / step(state, action) "
-        f"returning EnvState with info['truncated']), a MuJoCo Playground, Brax or gymnax env; got {name} "
-        f"from {type(env).__module__}. See docs/environments.md"
-    )
+    raise TypeError(f"expected an env with this library's API (an nnx_ppo.envs.RLEnv: reset(key) / step(state, action) "
+                    f"returning EnvState with info['truncated']), a MuJoCo Playground, Brax or gymnax env; got {name} "
+                    f"from {type(env).__module__}. See docs/environments.md")
 
 
 def _time_limit(env: RLEnv, episode_length, random_initial_steps: bool = False, random_reset_steps: int = 0) -> RLEnv:
@@ -424,11 +420,9 @@ def _make_env(spec: str, kwargs: dict[str, Any]) -> RLEnv:
     if source is None and name:
         return _make_own(spec, kwargs, reset_options)
     if source is None or not name:
-        raise ValueError(
-            f"Unknown environment spec {spec!r}: expected a built-in name, one of the prefixes "
-            f"{', '.join(p + ':' for p in _SOURCES)}, or your own env as FILE.py:NAME or MODULE:NAME. "
-            f"Available: {', '.join(list_envs())}"
-        )
+        raise ValueError(f"Unknown environment spec {spec!r}: expected a built-in name, one of the prefixes "
+                         f"{', '.join(p + ':' for p in _SOURCES)}, or your own env as FILE.py:NAME or MODULE:NAME. "
+                         f"Available: {', '.join(list_envs())}")
     if source._takes_reset_options:
         return source.factory(name, **reset_options, **kwargs)
     return _with_reset_options(source.factory(name, **kwargs), reset_options)

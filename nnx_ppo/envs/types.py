@@ -91,10 +91,8 @@ class RLEnv:
 
     def render(self, states, **kwargs):
         """Render a trajectory (a sequence of un-batched states) to frames."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not support rendering; only environments "
-            "built on MuJoCo Playground (make('playground:...')) can render."
-        )
+        raise NotImplementedError(f"{type(self).__name__} does not support rendering; only environments "
+                                  "built on MuJoCo Playground (make('playground:...')) can render.")
 
     @property
     def unwrapped(self) -> "RLEnv":

@@ -78,9 +78,8 @@ class TimeLimit(Wrapper):
         if int(max_steps) < 1:
             raise ValueError(f"TimeLimit max_steps must be >= 1, got {max_steps}")
         if not 0 <= int(random_reset_steps) <= int(max_steps):
-            raise ValueError(
-                f"TimeLimit random_reset_steps must be in [0, max_steps={max_steps}], got {random_reset_steps}"
-            )
+            raise ValueError(f"TimeLimit random_reset_steps must be in [0, max_steps={max_steps}], "
+                             f"got {random_reset_steps}")
         self.max_steps = int(max_steps)
         self.random_initial_steps = bool(random_initial_steps)
         self.random_reset_steps = int(random_reset_steps)

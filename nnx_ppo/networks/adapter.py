@@ -105,7 +105,5 @@ def extras_for_actions(network: StatefulModule, extras: Any, actions: Any) -> An
             raise TypeError(f"extras_for_actions: {type(network).__name__} with children {list(network.names)} "
                             f"needs actions with the same keys, got {jax.tree.structure(actions)}")
         return {name: extras_for_actions(child, extras[name], actions[name]) for name, child in network._children()}
-    raise TypeError(
-        f"extras_for_actions: cannot find the action samplers inside {type(network).__name__}; expected an "
-        "ActionSampler, reached through PPOAdapter, Sequential (last layer) or Map/Parallel of samplers"
-    )
+    raise TypeError(f"extras_for_actions: cannot find the action samplers inside {type(network).__name__}; expected an "
+                    "ActionSampler, reached through PPOAdapter, Sequential (last layer) or Map/Parallel of samplers")

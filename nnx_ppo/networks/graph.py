@@ -81,11 +81,9 @@ def _topological_sort(names: list[str], edges: list[tuple[str, str]]) -> tuple[s
         ready = next((n for n in remaining
                       if not any(dst == n and src in remaining for src, dst in edges)), None)
         if ready is None:
-            raise ValueError(
-                "PopulationGraph: delay-0 connections form a cycle "
-                f"{' -> '.join(_find_cycle(remaining, edges))}; "
-                "give at least one connection on it delay >= 1"
-            )
+            raise ValueError("PopulationGraph: delay-0 connections form a cycle "
+                             f"{' -> '.join(_find_cycle(remaining, edges))}; "
+                             "give at least one connection on it delay >= 1")
         order.append(ready)
         remaining.remove(ready)
     return tuple(order)
@@ -330,9 +328,7 @@ class PopulationGraph(StatefulModule):
         del self._rngs
         # Static wiring, kept as tuples (nnx.split/merge sorts dict keys).
         self._order = order
-        self._incoming = tuple(
-            (name, tuple(c for c in self._connections if c.dst == name)) for name in order
-        )
+        self._incoming = tuple((name, tuple(c for c in self._connections if c.dst == name)) for name in order)
         self._buffers = tuple((p.name, max(c.delay for c in self._connections if c.src == p.name))
                               for p in self._populations
                               if any(c.src == p.name and c.delay > 0 for c in self._connections))

@@ -140,7 +140,7 @@ class RecurrentCell(StatefulModule):
         return self.initialize_state(batch_size_of(prev_state))
 
     def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
-        self._check_x(x)
+        check_features(type(self).__name__, x, self.in_features)
         self._check_state(state, x.shape[0])
         next_state, output = self.step(state, self.project_input(x))
         return StatefulModuleOutput(next_state=next_state, output=output)
@@ -155,7 +155,7 @@ class RecurrentCell(StatefulModule):
             return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         T, M = reset.shape
         flat_x = flatten_time(xs, T, M)
-        self._check_x(flat_x)
+        check_features(type(self).__name__, flat_x, self.in_features)
         zx = unflatten_time(self.project_input(flat_x), T, M)
 
         def step(carry, inputs):
@@ -167,9 +167,6 @@ class RecurrentCell(StatefulModule):
         _, (outputs, carries) = jax.lax.scan(step, carry, (zx, reset, stored_carry), unroll=scan_unroll())
         return SequenceOutput(output=outputs, regularization_loss=jnp.zeros((), jnp.float32), metrics={},
                               carry=carries)
-
-    def _check_x(self, x: jax.Array) -> None:
-        check_features(type(self).__name__, x, self.in_features)
 
     def _check_state(self, state: Any, batch: int) -> None:
         """The carry has the layout of :attr:`carry_keys` and ``[B, H]`` entries."""
@@ -197,9 +194,8 @@ class RecurrentCell(StatefulModule):
             raise ValueError(f"{type(self).__name__}: {name} has shape {shape}, expected (B, {hidden}) "
                              f"(hidden_features={hidden})")
         if h.shape[0] != batch_size:
-            raise ValueError(
-                f"{type(self).__name__}: {name} has batch size {h.shape[0]}, expected {batch_size} "
-                "(the batch size of x)")
+            raise ValueError(f"{type(self).__name__}: {name} has batch size {h.shape[0]}, expected {batch_size} "
+                             "(the batch size of x)")
 
 
 class _ProjectedCell(RecurrentCell):
