@@ -133,17 +133,16 @@ class Normalizer(StatefulModule):
             if len(got) != n_lead + len(shape) or got[n_lead:] != shape:
                 where = "" if len(leaves) == 1 else f" leaf {i}"
                 expected = "(" + ", ".join([lead] + [str(d) for d in shape]) + ")"
-                raise ValueError(f"Normalizer: {name}{where} has shape {got}, expected "
-                                 f"{expected} (shape={shape})")
+                raise ValueError(f"Normalizer: {name}{where} has shape {got}, expected {expected} (shape={shape})")
         return leaves
 
     def update_statistics(self, rollout_extras: Any) -> None:
         """Fold ``[T, B, *shape]`` samples (the emitted inputs) into the statistics."""
         if rollout_extras is None:
-            return None
+            return
         leaves = self._check("rollout_extras", rollout_extras, 2, "T, B")
         if leaves[0].shape[0] * leaves[0].shape[1] == 0:
-            return None
+            return
         n_a = self.counter[...]
         n_b = jnp.asarray(leaves[0].shape[0] * leaves[0].shape[1], jnp.float32)
         means, m2s = [], []
@@ -158,7 +157,6 @@ class Normalizer(StatefulModule):
         self.mean.set_value(self._tree(means))
         self.M2.set_value(self._tree(m2s))
         self.counter[...] = n_a + n_b
-        return None
 
     # -- forward -----------------------------------------------------------------------
 
