@@ -25,17 +25,6 @@ class EnvAdaptedWarning(UserWarning):
     env written for the original nnx-ppo (see :class:`OriginalEnv`)."""
 
 
-def _f32_tree(tree):
-    return jax.tree_util.tree_map(as_f32, tree)
-
-
-def _rescale_action(action, low, high):
-    """Map an action in [-1, 1] to [low, high] (clipped)."""
-    a = jnp.clip(jnp.asarray(action, jnp.float32), -1.0, 1.0)
-    low, high = jnp.asarray(low, jnp.float32), jnp.asarray(high, jnp.float32)
-    return low + (a + 1.0) * 0.5 * (high - low)
-
-
 # --------------------------------------------------------------------------- gymnax
 
 
@@ -63,23 +52,16 @@ class GymnaxEnv(RLEnv):
         else:
             env, default_params = name_or_env, name_or_env.default_params
             self.name = type(env).__name__
-        params = default_params if params is None else params
-        if param_overrides:
-            params = params.replace(**param_overrides)
         self.env = env
-        self.params = params
-
-        self._act_space, self._to_env_action = self._convert_action_space(env.action_space(params), gspaces)
-
-        gobs = env.observation_space(params)
-        self._obs_space = self._convert_obs_space(gobs, gspaces)
+        self.params = default_params if params is None else params
+        if param_overrides:
+            self.params = self.params.replace(**param_overrides)
+        self._act_space, self._to_env_action = self._convert_action_space(env.action_space(self.params), gspaces)
+        self._obs_space = self._convert_obs_space(env.observation_space(self.params), gspaces)
 
     def _convert_obs_space(self, s, gspaces):
         if isinstance(s, gspaces.Box):
-            shape = tuple(s.shape) if s.shape is not None else ()
-            low = np.broadcast_to(np.asarray(s.low, np.float64), shape)
-            high = np.broadcast_to(np.asarray(s.high, np.float64), shape)
-            return Box(shape, low, high)
+            return Box(tuple(s.shape) if s.shape is not None else (), s.low, s.high)
         if isinstance(s, gspaces.Discrete):
             return Box((), 0, s.n - 1)
         if isinstance(s, gspaces.Dict):
@@ -104,8 +86,9 @@ class GymnaxEnv(RLEnv):
             low = np.broadcast_to(np.asarray(s.low, np.float32), shape).reshape(-1)
             high = np.broadcast_to(np.asarray(s.high, np.float32), shape).reshape(-1)
 
-            def to_env(a):
-                return _rescale_action(jnp.reshape(a, (-1,)), low, high).reshape(shape)
+            def to_env(a):  # [-1, 1] (clipped) to [low, high]
+                a = jnp.clip(jnp.asarray(jnp.reshape(a, (-1,)), jnp.float32), -1.0, 1.0)
+                return (jnp.asarray(low) + (a + 1.0) * 0.5 * (jnp.asarray(high) - jnp.asarray(low))).reshape(shape)
 
             return Box((int(np.prod(shape)) if shape else 1,), -1.0, 1.0), to_env
         if isinstance(s, gspaces.Dict):
@@ -117,33 +100,20 @@ class GymnaxEnv(RLEnv):
     def reset(self, key):
         key, sub = jax.random.split(key)
         obs, gstate = self.env.reset_env(sub, self.params)
-        return EnvState(
-            obs=_f32_tree(obs),
-            reward=as_f32(0.0),
-            done=as_f32(0.0),
-            metrics={},
-            info={"truncated": as_f32(0.0)},
-            data=(gstate, key),
-        )
+        return EnvState(obs=jax.tree.map(as_f32, obs), reward=as_f32(0.0), done=as_f32(0.0), metrics={},
+                        info={"truncated": as_f32(0.0)}, data=(gstate, key))
 
     def step(self, state, action):
         gstate, key = state.data
         key, sub = jax.random.split(key)
-        obs, gstate2, reward, terminated, _ = self.env.step_env(
-            sub, gstate, self._to_env_action(action), self.params
-        )
+        obs, gstate2, reward, terminated, _ = self.env.step_env(sub, gstate, self._to_env_action(action), self.params)
         terminated = jnp.asarray(terminated).reshape(()).astype(bool)
         out_of_time = jnp.asarray(gstate2.time >= self.params.max_steps_in_episode).reshape(())
         truncated = jnp.logical_and(out_of_time, jnp.logical_not(terminated))
         done = jnp.logical_or(terminated, truncated)
-        return EnvState(
-            obs=_f32_tree(obs),
-            reward=as_f32(jnp.asarray(reward).reshape(())),
-            done=as_f32(done),
-            metrics={},
-            info={**state.info, "truncated": as_f32(truncated)},
-            data=(gstate2, key),
-        )
+        return EnvState(obs=jax.tree.map(as_f32, obs), reward=as_f32(jnp.asarray(reward).reshape(())),
+                        done=as_f32(done), metrics={}, info={**state.info, "truncated": as_f32(truncated)},
+                        data=(gstate2, key))
 
     def __repr__(self):
         return f"GymnaxEnv({self.name!r})"
@@ -152,13 +122,8 @@ class GymnaxEnv(RLEnv):
 # --------------------------------------------------------------------------- playground
 
 
-def _allow_rank_promotion():
-    """MuJoCo/MJX and Brax rely on implicit rank promotion; allow it while tracing them."""
-    return jax.numpy_rank_promotion("allow")
-
-
-def _is_shape(size) -> bool:
-    return isinstance(size, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in size)
+# MuJoCo/MJX and Brax rely on implicit rank promotion: the adapters allow it
+# (jax.numpy_rank_promotion("allow")) while tracing them.
 
 
 def _space_from_size(size, low=-np.inf, high=np.inf, what="observation") -> Any:
@@ -167,7 +132,7 @@ def _space_from_size(size, low=-np.inf, high=np.inf, what="observation") -> Any:
     ``(n,)``), a shape tuple, or a dict (nested) of those."""
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         return Box((int(size),), low, high)
-    if _is_shape(size):
+    if isinstance(size, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in size):
         return Box(tuple(int(d) for d in size), low, high)
     if isinstance(size, dict) or hasattr(size, "items"):
         return {k: _space_from_size(v, low, high, what) for k, v in size.items()}
@@ -185,24 +150,11 @@ def _strong(x):
     return x
 
 
-def _f32_actions(action):
-    """Floating action leaves as float32 (integer leaves, a categorical
-    head's choices, are passed unchanged)."""
-
-    def leaf(a):
-        a = jnp.asarray(a)
-        return a if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_ else a.astype(jnp.float32)
-
-    return jax.tree_util.tree_map(leaf, action)
-
-
-def _truncated_of(inner, done):
-    """``info["truncated"]`` of the wrapped state (where it has one) as
-    float32 and only where ``done``; 0 otherwise."""
-    info = getattr(inner, "info", None)
-    if isinstance(info, dict) and "truncated" in info:
-        return as_f32(jnp.logical_and(jnp.asarray(info["truncated"]) > 0, done > 0))
-    return as_f32(0.0)
+def _f32_action(a):
+    """A floating action leaf as float32 (an integer leaf, a categorical
+    head's choice, is passed unchanged)."""
+    a = jnp.asarray(a)
+    return a if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_ else a.astype(jnp.float32)
 
 
 class _JaxPhysicsEnv(RLEnv):
@@ -223,7 +175,7 @@ class _JaxPhysicsEnv(RLEnv):
 
     @property
     def observation_space(self):
-        with _allow_rank_promotion():
+        with jax.numpy_rank_promotion("allow"):
             return _space_from_size(self.env.observation_size)
 
     @property
@@ -231,25 +183,25 @@ class _JaxPhysicsEnv(RLEnv):
         return _space_from_size(self.env.action_size, -1.0, 1.0, what="action")
 
     def _wrap(self, inner, info):
-        inner = jax.tree_util.tree_map(_strong, inner)
+        inner = jax.tree.map(_strong, inner)
         done = as_f32(inner.done)
-        return EnvState(
-            obs=_f32_tree(inner.obs),
-            reward=_f32_tree(inner.reward),
-            done=done,
-            metrics=_f32_tree(dict(getattr(inner, "metrics", None) or {})),
-            info={**info, "truncated": _truncated_of(inner, done)},
-            data=inner,
-        )
+        # the wrapped state's info["truncated"] (where it has one), only where done
+        inner_info = getattr(inner, "info", None)
+        truncated = as_f32(0.0)
+        if isinstance(inner_info, dict) and "truncated" in inner_info:
+            truncated = as_f32(jnp.logical_and(jnp.asarray(inner_info["truncated"]) > 0, done > 0))
+        return EnvState(obs=jax.tree.map(as_f32, inner.obs), reward=jax.tree.map(as_f32, inner.reward), done=done,
+                        metrics=jax.tree.map(as_f32, dict(getattr(inner, "metrics", None) or {})),
+                        info={**info, "truncated": truncated}, data=inner)
 
     def reset(self, key):
-        with _allow_rank_promotion():
+        with jax.numpy_rank_promotion("allow"):
             inner = self.env.reset(key)
         return self._wrap(inner, {})
 
     def step(self, state, action):
-        with _allow_rank_promotion():
-            inner = self.env.step(state.data, _f32_actions(action))
+        with jax.numpy_rank_promotion("allow"):
+            inner = self.env.step(state.data, jax.tree.map(_f32_action, action))
         return self._wrap(inner, state.info)
 
     def __repr__(self):
@@ -275,11 +227,9 @@ class PlaygroundEnv(_JaxPhysicsEnv):
         try:
             return self.env.render(trajectory, **kwargs)
         except Exception as e:  # noqa: BLE001 -- re-raise with guidance
-            raise RuntimeError(
-                f"Rendering playground:{self.name} failed ({type(e).__name__}: {e}). "
-                "Headless machines need an OpenGL backend, e.g. set MUJOCO_GL=egl "
-                "(or osmesa) before importing mujoco."
-            ) from e
+            raise RuntimeError(f"Rendering playground:{self.name} failed ({type(e).__name__}: {e}). "
+                               "Headless machines need an OpenGL backend, e.g. set MUJOCO_GL=egl "
+                               "(or osmesa) before importing mujoco.") from e
 
 
 # --------------------------------------------------------------------------- brax
@@ -333,7 +283,7 @@ class OriginalEnv(_JaxPhysicsEnv):
 
     def reset_shapes(self) -> Any:
         """The shapes of one reset state of the wrapped env (``jax.eval_shape``: nothing runs)."""
-        with _allow_rank_promotion():
+        with jax.numpy_rank_promotion("allow"):
             return jax.eval_shape(self.env.reset, jax.random.key(0))
 
     @property
@@ -346,11 +296,10 @@ class OriginalEnv(_JaxPhysicsEnv):
     @property
     def action_space(self):
         if getattr(self.env, "action_size", None) is None:
-            raise AttributeError(
-                f"{self.name} (an env written for the original nnx-ppo) has no action_size, so its action space "
-                "is unknown: give the env an action_size (an int, a shape tuple or a dict of them), or build the "
-                "network by hand (training passes the network's actions to the env as they are)"
-            )
+            raise AttributeError(f"{self.name} (an env written for the original nnx-ppo) has no action_size, so its "
+                                 "action space is unknown: give the env an action_size (an int, a shape tuple or a "
+                                 "dict of them), or build the network by hand (training passes the network's actions "
+                                 "to the env as they are)")
         return super().action_space
 
     def describe(self, reset_shapes: Any = None) -> str:

@@ -19,6 +19,7 @@ import difflib
 import functools
 import importlib
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -217,10 +218,8 @@ def is_known(spec: str) -> bool:
 
 
 def _missing(extra: str, package: str, err: ImportError) -> ImportError:
-    return ImportError(
-        f"{package} is needed for '{extra}:' environments but could not be imported ({err}). "
-        f'Install it with: pip install "nnx_ppo[{extra}]"'
-    )
+    return ImportError(f"{package} is needed for '{extra}:' environments but could not be imported ({err}). "
+                       f'Install it with: pip install "nnx_ppo[{extra}]"')
 
 
 def playground_episode_length(pg_env) -> int:
@@ -235,8 +234,6 @@ def _as_original_env(env) -> RLEnv | None:
     ``obs``, ``reward`` and ``done`` but is not an
     :class:`~nnx_ppo.envs.types.EnvState`; None otherwise (this library's
     API, or something the env checks will name). The reset is traced, not run."""
-    import warnings
-
     from nnx_ppo.envs.adapters import EnvAdaptedWarning, OriginalEnv
     from nnx_ppo.envs.types import EnvState
 
@@ -283,7 +280,6 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
     ``check_replay_consistency`` call it on the envs they are given.
     """
     from nnx_ppo.envs.types import RLEnv
-    from nnx_ppo.envs.wrappers import TimeLimit
 
     if isinstance(env, RLEnv):
         return env
@@ -291,17 +287,17 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
         return make(env)
     module = type(env).__module__.split(".")[0]
     name = type(env).__name__
+    limits = (random_initial_steps, random_reset_steps)
     # a Playground env, or a subclass of one (vnl-playground's, the rodent tasks)
     if any(cls.__module__.split(".")[0] == "mujoco_playground" for cls in type(env).__mro__):
         from nnx_ppo.envs.adapters import PlaygroundEnv
 
-        length = episode_length if episode_length is not None else playground_episode_length(env)
-        return TimeLimit(PlaygroundEnv(env, name), int(length), random_initial_steps, random_reset_steps)
+        length = playground_episode_length(env) if episode_length is None else episode_length
+        return _time_limit(PlaygroundEnv(env, name), length, *limits)
     if module == "brax":
         from nnx_ppo.envs.adapters import BraxEnv
 
-        length = episode_length if episode_length is not None else 1000
-        return TimeLimit(BraxEnv(env, name), int(length), random_initial_steps, random_reset_steps)
+        return _time_limit(BraxEnv(env, name), 1000 if episode_length is None else episode_length, *limits)
     if module == "gymnax":
         from nnx_ppo.envs.adapters import GymnaxEnv
 
@@ -310,17 +306,14 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
         original = _as_original_env(env)
         if original is None:
             return env  # duck-typed: the env checks before training validate it
-        if episode_length is None:
-            return original
-        return TimeLimit(original, int(episode_length), random_initial_steps, random_reset_steps)
-    raise TypeError(
-        f"expected an env with this library's API (an nnx_ppo.envs.RLEnv: reset(key) / step(state, action) "
-        f"returning EnvState with info['truncated']), a MuJoCo Playground, Brax or gymnax env; got {name} "
-        f"from {type(env).__module__}. See docs/environments.md"
-    )
+        return _time_limit(original, episode_length, *limits)
+    raise TypeError(f"expected an env with this library's API (an nnx_ppo.envs.RLEnv: reset(key) / step(state, action) "
+                    f"returning EnvState with info['truncated']), a MuJoCo Playground, Brax or gymnax env; got {name} "
+                    f"from {type(env).__module__}. See docs/environments.md")
 
 
-def _time_limit(env: RLEnv, episode_length, random_initial_steps: bool, random_reset_steps: int) -> RLEnv:
+def _time_limit(env: RLEnv, episode_length, random_initial_steps: bool = False, random_reset_steps: int = 0) -> RLEnv:
+    """``env`` in a :class:`~nnx_ppo.envs.wrappers.TimeLimit` of ``episode_length`` steps (unchanged for None)."""
     from nnx_ppo.envs.wrappers import TimeLimit
 
     if episode_length is None:
@@ -368,23 +361,16 @@ def make(spec: str, **kwargs) -> RLEnv:
     from nnx_ppo.user_code import normalized
 
     env = _make(spec, dict(kwargs))
-    _remember_spec(env, normalized(spec), kwargs)
+    # remember which call built env while it lives, for spec_of (one that is not weakly referenceable is not)
+    try:
+        weakref.finalize(env, _SPECS.pop, id(env), None)
+    except TypeError:
+        return env
+    _SPECS[id(env)] = (normalized(spec), dict(kwargs))
     return env
 
 
 _SPECS: dict[int, tuple[str, dict[str, Any]]] = {}
-
-
-def _remember_spec(env, spec: str, kwargs: dict[str, Any]) -> None:
-    """Note which ``make`` call built ``env`` (while it lives), for :func:`spec_of`."""
-    import weakref
-
-    key = id(env)
-    try:
-        weakref.finalize(env, _SPECS.pop, key, None)
-    except TypeError:  # not weakly referenceable: not remembered
-        return
-    _SPECS[key] = (spec, dict(kwargs))
 
 
 def spec_of(env) -> tuple[str, dict[str, Any]] | None:
@@ -395,41 +381,29 @@ def spec_of(env) -> tuple[str, dict[str, Any]] | None:
 
 
 def _make(spec: str, kwargs: dict[str, Any]) -> RLEnv:
+    from nnx_ppo.envs.wrappers import ObservationMask, ResetPool, TimeLimit
+
     pool_size = kwargs.pop("reset_pool", None)
     hidden = kwargs.pop("hide_obs", None)
     env = _make_env(spec, kwargs)
-    env = env if pool_size is None else _with_reset_pool(env, pool_size)
-    return env if hidden is None else _with_hidden_obs(env, hidden)
-
-
-def _with_hidden_obs(env: RLEnv, hide: Any) -> RLEnv:
-    """``env`` without the observation entries ``hide`` (indices of a flat
-    observation's last axis, or keys of a dict observation), by an
-    :class:`~nnx_ppo.envs.wrappers.ObservationMask` outside everything else:
-    ``make("gymnax:CartPole-v1", hide_obs=[1, 3])`` is cart-pole without its
-    velocities, a memory task."""
-    from nnx_ppo.envs.wrappers import ObservationMask
-
-    if isinstance(hide, (str, int)) or not isinstance(hide, Sequence) or not hide:
-        raise ValueError(f"hide_obs must be a non-empty list of observation indices or keys, got {hide!r}")
-    return ObservationMask(env, hide)
-
-
-def _with_reset_pool(env: RLEnv, size: int) -> RLEnv:
-    """``env`` whose resets come from a :class:`~nnx_ppo.envs.wrappers.ResetPool`
-    of ``size`` states, put under its time limit (so the limit's random
-    start steps are still drawn at every reset)."""
-    from nnx_ppo.envs.wrappers import ResetPool, TimeLimit
-
-    if isinstance(env, TimeLimit):
-        return TimeLimit(ResetPool(env.env, size), env.max_steps, env.random_initial_steps, env.random_reset_steps)
-    return ResetPool(env, size)
+    # the pool goes under the time limit, so the limit's random start steps are still drawn at every reset
+    if pool_size is not None and isinstance(env, TimeLimit):
+        env = TimeLimit(ResetPool(env.env, pool_size), env.max_steps, env.random_initial_steps, env.random_reset_steps)
+    elif pool_size is not None:
+        env = ResetPool(env, pool_size)
+    if hidden is None:
+        return env
+    # the mask goes outside everything else: make("gymnax:CartPole-v1", hide_obs=[1, 3]) is cart-pole without
+    # its velocities, a memory task
+    if isinstance(hidden, (str, int)) or not isinstance(hidden, Sequence) or not hidden:
+        raise ValueError(f"hide_obs must be a non-empty list of observation indices or keys, got {hidden!r}")
+    return ObservationMask(env, hidden)
 
 
 def _make_env(spec: str, kwargs: dict[str, Any]) -> RLEnv:
-    reset_options = {k: kwargs.pop(k) for k in ("random_initial_steps", "random_reset_steps") if k in kwargs}
-    random_initial_steps = bool(reset_options.get("random_initial_steps", False))
-    random_reset_steps = int(reset_options.get("random_reset_steps", 0))
+    # make's random_initial_steps / random_reset_steps, where given
+    reset_options = {key: cast(kwargs.pop(key)) for key, cast in
+                     (("random_initial_steps", bool), ("random_reset_steps", int)) if key in kwargs}
     prefix, sep, name = spec.partition(":")
 
     if not sep:
@@ -438,7 +412,7 @@ def _make_env(spec: str, kwargs: dict[str, Any]) -> RLEnv:
                              f"Available: {', '.join(list_envs())}")
         ctor, default_len = _BUILTINS[spec]
         episode_length = kwargs.pop("episode_length", default_len)
-        return _time_limit(ctor(**kwargs), episode_length, random_initial_steps, random_reset_steps)
+        return _time_limit(ctor(**kwargs), episode_length, **reset_options)
 
     if prefix not in _SOURCES:
         _read_entry_points()
@@ -446,14 +420,11 @@ def _make_env(spec: str, kwargs: dict[str, Any]) -> RLEnv:
     if source is None and name:
         return _make_own(spec, kwargs, reset_options)
     if source is None or not name:
-        raise ValueError(
-            f"Unknown environment spec {spec!r}: expected a built-in name, one of the prefixes "
-            f"{', '.join(p + ':' for p in _SOURCES)}, or your own env as FILE.py:NAME or MODULE:NAME. "
-            f"Available: {', '.join(list_envs())}"
-        )
+        raise ValueError(f"Unknown environment spec {spec!r}: expected a built-in name, one of the prefixes "
+                         f"{', '.join(p + ':' for p in _SOURCES)}, or your own env as FILE.py:NAME or MODULE:NAME. "
+                         f"Available: {', '.join(list_envs())}")
     if source._takes_reset_options:
-        return source.factory(name, random_initial_steps=random_initial_steps,
-                              random_reset_steps=random_reset_steps, **kwargs)
+        return source.factory(name, **reset_options, **kwargs)
     return _with_reset_options(source.factory(name, **kwargs), reset_options)
 
 
@@ -486,11 +457,7 @@ def _make_own(spec: str, kwargs: dict[str, Any], reset_options: dict[str, Any]) 
     episode_length = kwargs.pop("episode_length", None)
     env = ctor(**kwargs)
     if episode_length is not None:
-        from nnx_ppo.envs.types import RLEnv
-
-        env = env if isinstance(env, RLEnv) else as_env(env)
-        return _time_limit(env, episode_length, bool(reset_options.get("random_initial_steps", False)),
-                           int(reset_options.get("random_reset_steps", 0)))
+        return _time_limit(as_env(env), episode_length, **reset_options)
     return _with_reset_options(env, reset_options)
 
 
@@ -504,11 +471,15 @@ def _with_reset_options(env, reset_options: dict[str, Any]) -> RLEnv:
     if not isinstance(env, RLEnv):
         return as_env(env, **reset_options)
     if reset_options and isinstance(env, TimeLimit):
-        options = {"random_initial_steps": env.random_initial_steps, "random_reset_steps": env.random_reset_steps,
-                   **reset_options}
-        return TimeLimit(env.env, env.max_steps, bool(options["random_initial_steps"]),
-                         int(options["random_reset_steps"]))
+        options = {"random_initial_steps": env.random_initial_steps, "random_reset_steps": env.random_reset_steps}
+        return TimeLimit(env.env, env.max_steps, **{**options, **reset_options})
     return env
+
+
+def _unknown_name(source: str, name: str, library: str, names, available: str = "Available") -> ValueError:
+    """The error for a ``name`` the library behind the source ``source`` does not have."""
+    spec = f"{source}:{name}"
+    return ValueError(f"Unknown environment {spec!r}: {library} has no {name!r}. {available}: {', '.join(names)}")
 
 
 def _make_gymnax(name: str, *, random_initial_steps: bool = False, random_reset_steps: int = 0, **kwargs) -> RLEnv:
@@ -517,12 +488,8 @@ def _make_gymnax(name: str, *, random_initial_steps: bool = False, random_reset_
     from nnx_ppo.envs.adapters import GymnaxEnv
     from nnx_ppo.envs.wrappers import TimeLimit
 
-    spec = f"gymnax:{name}"
     if name not in gymnax.registered_envs:
-        raise ValueError(
-            f"Unknown environment {spec!r}: gymnax has no {name!r}. "
-            f"Available gymnax envs: {', '.join(gymnax.registered_envs)}"
-        )
+        raise _unknown_name("gymnax", name, "gymnax", gymnax.registered_envs, "Available gymnax envs")
     episode_length = kwargs.pop("episode_length", None)
     if episode_length is not None:
         kwargs["max_steps_in_episode"] = int(episode_length)
@@ -534,43 +501,33 @@ def _make_gymnax(name: str, *, random_initial_steps: bool = False, random_reset_
 
 def _make_playground(name: str, *, random_initial_steps: bool = False, random_reset_steps: int = 0,
                      **kwargs) -> RLEnv:
-    spec = f"playground:{name}"
     try:
         from mujoco_playground import registry as pg_registry
     except ImportError as e:
         raise _missing("playground", "mujoco_playground", e) from e
     from nnx_ppo.envs.adapters import PlaygroundEnv
-    from nnx_ppo.envs.wrappers import TimeLimit
 
     if name not in pg_registry.ALL_ENVS:
-        raise ValueError(
-            f"Unknown environment {spec!r}: MuJoCo Playground has no {name!r}. "
-            f"Available: {', '.join(pg_registry.ALL_ENVS)}"
-        )
+        raise _unknown_name("playground", name, "MuJoCo Playground", pg_registry.ALL_ENVS)
     episode_length = kwargs.pop("episode_length", None)
-    overrides = {"impl": "jax", **kwargs}
-    pg_env = pg_registry.load(name, config_overrides=overrides)
+    pg_env = pg_registry.load(name, config_overrides={"impl": "jax", **kwargs})
     if episode_length is None:
         episode_length = playground_episode_length(pg_env)
-    return TimeLimit(PlaygroundEnv(pg_env, name), int(episode_length), random_initial_steps, random_reset_steps)
+    return _time_limit(PlaygroundEnv(pg_env, name), episode_length, random_initial_steps, random_reset_steps)
 
 
 def _make_brax(name: str, *, random_initial_steps: bool = False, random_reset_steps: int = 0, **kwargs) -> RLEnv:
-    spec = f"brax:{name}"
     try:
         import brax.envs as brax_envs
     except ImportError as e:
         raise _missing("brax", "brax", e) from e
     from nnx_ppo.envs.adapters import BraxEnv
-    from nnx_ppo.envs.wrappers import TimeLimit
 
     if name not in brax_envs._envs:  # noqa: SLF001 -- brax exposes no public listing
-        raise ValueError(
-            f"Unknown environment {spec!r}: brax has no {name!r}. Available: {', '.join(sorted(brax_envs._envs))}"
-        )
+        raise _unknown_name("brax", name, "brax", sorted(brax_envs._envs))
     episode_length = kwargs.pop("episode_length", 1000)
     env = BraxEnv(brax_envs.get_environment(name, **kwargs), name)
-    return TimeLimit(env, int(episode_length), random_initial_steps, random_reset_steps)
+    return _time_limit(env, episode_length, random_initial_steps, random_reset_steps)
 
 
 _add_source(

@@ -53,13 +53,8 @@ class Box:
         return x.shape == self.shape and bool(np.all(x >= self.low) and np.all(x <= self.high))
 
     def __eq__(self, other):
-        return (
-            isinstance(other, Box)
-            and self.shape == other.shape
-            and self.dtype == other.dtype
-            and np.array_equal(self.low, other.low)
-            and np.array_equal(self.high, other.high)
-        )
+        return (isinstance(other, Box) and self.shape == other.shape and self.dtype == other.dtype
+                and np.array_equal(self.low, other.low) and np.array_equal(self.high, other.high))
 
     def __hash__(self):
         return hash((Box, self.shape, str(self.dtype)))
@@ -106,15 +101,11 @@ def is_space(x: Any) -> bool:
     return isinstance(x, (Box, Discrete))
 
 
-def _leaves(space_tree) -> list:
-    return jax.tree_util.tree_leaves(space_tree, is_leaf=is_space)
-
-
 def space_shape(space):
     """Shape of one value of ``space``; for a pytree of spaces, the same pytree of shapes."""
     if is_space(space):
         return space.shape
-    return jax.tree_util.tree_map(lambda s: s.shape, space, is_leaf=is_space)
+    return jax.tree.map(lambda s: s.shape, space, is_leaf=is_space)
 
 
 def flat_size(space_tree) -> int:
@@ -124,7 +115,7 @@ def flat_size(space_tree) -> int:
     one-hot encoding, or the number of logits a policy head needs).
     """
     total = 0
-    for s in _leaves(space_tree):
+    for s in jax.tree.leaves(space_tree, is_leaf=is_space):
         if isinstance(s, Discrete):
             total += s.n
         elif isinstance(s, Box):
@@ -136,6 +127,6 @@ def flat_size(space_tree) -> int:
 
 def sample(space_tree, key: jax.Array):
     """Sample a value from a space or a pytree of spaces."""
-    leaves, treedef = jax.tree_util.tree_flatten(space_tree, is_leaf=is_space)
+    leaves, treedef = jax.tree.flatten(space_tree, is_leaf=is_space)
     keys = jax.random.split(key, len(leaves))
-    return jax.tree_util.tree_unflatten(treedef, [s.sample(k) for s, k in zip(leaves, keys)])
+    return jax.tree.unflatten(treedef, [s.sample(k) for s, k in zip(leaves, keys)])

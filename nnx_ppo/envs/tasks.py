@@ -30,27 +30,15 @@ __all__ = ["CueMemory", "CartpoleNoVelocity", "ConstantReward", "LimbReacher"]
 
 def _first_state(obs, data, metrics: dict | None = None) -> EnvState:
     """An episode's first state: no reward, not done, not truncated."""
-    return EnvState(
-        obs=obs,
-        reward=as_f32(0.0),
-        done=as_f32(0.0),
-        metrics={} if metrics is None else metrics,
-        info={"truncated": as_f32(0.0)},
-        data=data,
-    )
+    return EnvState(obs=obs, reward=as_f32(0.0), done=as_f32(0.0), metrics={} if metrics is None else metrics,
+                    info={"truncated": as_f32(0.0)}, data=data)
 
 
 def _next_state(state: EnvState, obs, reward, done, data, metrics: dict | None = None) -> EnvState:
     """The state after ``state``. These tasks never truncate by themselves (a
     ``TimeLimit`` wrapper may), so ``info["truncated"]`` is 0."""
-    return EnvState(
-        obs=obs,
-        reward=reward,
-        done=done,
-        metrics={} if metrics is None else metrics,
-        info={**state.info, "truncated": as_f32(0.0)},
-        data=data,
-    )
+    return EnvState(obs=obs, reward=reward, done=done, metrics={} if metrics is None else metrics,
+                    info={**state.info, "truncated": as_f32(0.0)}, data=data)
 
 
 class CueMemory(RLEnv):
@@ -172,11 +160,6 @@ class CartpoleNoVelocity(RLEnv):
             return phys
         return jnp.stack([phys[0], phys[2]])
 
-    def _terminated(self, phys):
-        return jnp.logical_or(
-            jnp.abs(phys[0]) > self.x_threshold, jnp.abs(phys[2]) > self.theta_threshold
-        )
-
     def reset(self, key):
         phys = jax.random.uniform(key, (4,), minval=-0.05, maxval=0.05, dtype=jnp.float32)
         return _first_state(self._obs(phys), phys)
@@ -190,22 +173,16 @@ class CartpoleNoVelocity(RLEnv):
         polemass_length = self.masspole * self.length
         cos, sin = jnp.cos(theta), jnp.sin(theta)
         temp = (force + polemass_length * theta_dot**2 * sin) / total_mass
-        theta_acc = (self.gravity * sin - cos * temp) / (
-            self.length * (4.0 / 3.0 - self.masspole * cos**2 / total_mass)
-        )
+        effective_length = self.length * (4.0 / 3.0 - self.masspole * cos**2 / total_mass)
+        theta_acc = (self.gravity * sin - cos * temp) / effective_length
         x_acc = temp - polemass_length * theta_acc * cos / total_mass
-        new = jnp.stack(
-            [
-                x + self.tau * x_dot,
-                x_dot + self.tau * x_acc,
-                theta + self.tau * theta_dot,
-                theta_dot + self.tau * theta_acc,
-            ]
-        ).astype(jnp.float32)
+        new = jnp.stack([x + self.tau * x_dot, x_dot + self.tau * x_acc, theta + self.tau * theta_dot,
+                         theta_dot + self.tau * theta_acc]).astype(jnp.float32)
         was_done = state.done > 0
         new = jnp.where(was_done, phys, new)  # frozen once the pole has fallen
         reward = as_f32(jnp.logical_not(was_done))
-        done = jnp.maximum(state.done, as_f32(self._terminated(new)))
+        terminated = jnp.logical_or(jnp.abs(new[0]) > self.x_threshold, jnp.abs(new[2]) > self.theta_threshold)
+        done = jnp.maximum(state.done, as_f32(terminated))
         return _next_state(state, self._obs(new), reward, done, new)
 
     def __repr__(self):

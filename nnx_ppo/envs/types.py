@@ -91,10 +91,8 @@ class RLEnv:
 
     def render(self, states, **kwargs):
         """Render a trajectory (a sequence of un-batched states) to frames."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not support rendering; only environments "
-            "built on MuJoCo Playground (make('playground:...')) can render."
-        )
+        raise NotImplementedError(f"{type(self).__name__} does not support rendering; only environments "
+                                  "built on MuJoCo Playground (make('playground:...')) can render.")
 
     @property
     def unwrapped(self) -> "RLEnv":
@@ -135,19 +133,14 @@ def leaves_with_paths(tree, prefix):
 def compare_structure(name, a, b):
     pa, pb = leaves_with_paths(a, name), leaves_with_paths(b, name)
     only_a, only_b = sorted(set(pa) - set(pb)), sorted(set(pb) - set(pa))
-    if only_a or only_b or jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b):
-        parts = []
-        if only_a:
-            parts.append(f"only in reset: {only_a}")
-        if only_b:
-            parts.append(f"only in step: {only_b}")
-        if not parts:
-            parts.append(f"{jax.tree_util.tree_structure(a)} vs {jax.tree_util.tree_structure(b)}")
+    structure_a, structure_b = jax.tree.structure(a), jax.tree.structure(b)
+    if only_a or only_b or structure_a != structure_b:
+        parts = [f"only in {where}: {keys}" for where, keys in (("reset", only_a), ("step", only_b)) if keys]
+        parts = parts or [f"{structure_a} vs {structure_b}"]
         fail(f"{name}: pytree structure differs between reset and step states ({'; '.join(parts)})")
-    for k in pa:
-        xa, xb = pa[k], pb[k]
-        sa, sb = shape_of(xa), shape_of(xb)
-        da, db = dtype_of(xa), dtype_of(xb)
+    for k, xa in pa.items():
+        sa, sb = shape_of(xa), shape_of(pb[k])
+        da, db = dtype_of(xa), dtype_of(pb[k])
         if sa != sb:
             fail(f"{k}: shape differs between reset {sa} and step {sb}")
         if da != db:
@@ -157,10 +150,8 @@ def compare_structure(name, a, b):
 def check_scalar_per_env(name, tree, n_envs):
     for k, x in leaves_with_paths(tree, name).items():
         if shape_of(x) != (n_envs,):
-            fail(
-                f"{k}: must be a scalar per environment (batched shape ({n_envs},)), "
-                f"got per-env shape {shape_of(x)[1:]}"
-            )
+            fail(f"{k}: must be a scalar per environment (batched shape ({n_envs},)), "
+                 f"got per-env shape {shape_of(x)[1:]}")
         if dtype_of(x) != jnp.float32:
             fail(f"{k}: dtype must be float32, got {dtype_of(x)}")
 
@@ -200,18 +191,12 @@ def check_actions(env, actions, B: int) -> None:
         expected = (B, *space.shape)
         if not hasattr(actions, "shape") or tuple(actions.shape) != expected:
             got = getattr(actions, "shape", type(actions).__name__)
-            raise ValueError(
-                f"the network's actions have shape {got}, expected {expected} (n_envs, *action_space.shape) "
-                f"for the env's action space {space}; check the policy head's action_size"
-            )
+            raise ValueError(f"the network's actions have shape {got}, expected {expected} (n_envs, "
+                             f"*action_space.shape) for the env's action space {space}; check the policy head's "
+                             "action_size")
     elif isinstance(space, Discrete):
-        if (
-            not hasattr(actions, "shape")
-            or tuple(actions.shape) != (B,)
-            or not jnp.issubdtype(actions.dtype, jnp.integer)
-        ):
+        if not (hasattr(actions, "shape") and tuple(actions.shape) == (B,)
+                and jnp.issubdtype(actions.dtype, jnp.integer)):
             got = (getattr(actions, "shape", None), getattr(actions, "dtype", type(actions).__name__))
-            raise ValueError(
-                f"the network's actions are {got}, expected integer actions of shape ({B},) for the env's "
-                f"discrete action space {space}; use a CategoricalSampler head"
-            )
+            raise ValueError(f"the network's actions are {got}, expected integer actions of shape ({B},) for the "
+                             f"env's discrete action space {space}; use a CategoricalSampler head")

@@ -78,9 +78,8 @@ class TimeLimit(Wrapper):
         if int(max_steps) < 1:
             raise ValueError(f"TimeLimit max_steps must be >= 1, got {max_steps}")
         if not 0 <= int(random_reset_steps) <= int(max_steps):
-            raise ValueError(
-                f"TimeLimit random_reset_steps must be in [0, max_steps={max_steps}], got {random_reset_steps}"
-            )
+            raise ValueError(f"TimeLimit random_reset_steps must be in [0, max_steps={max_steps}], "
+                             f"got {random_reset_steps}")
         self.max_steps = int(max_steps)
         self.random_initial_steps = bool(random_initial_steps)
         self.random_reset_steps = int(random_reset_steps)
@@ -123,9 +122,7 @@ class RewardScale(Wrapper):
         self.scale = float(scale)
 
     def _scale(self, state):
-        return state.replace(
-            reward=jax.tree_util.tree_map(lambda r: (r * self.scale).astype(r.dtype), state.reward)
-        )
+        return state.replace(reward=jax.tree.map(lambda r: (r * self.scale).astype(r.dtype), state.reward))
 
     def reset(self, key):
         return self._scale(self.env.reset(key))
@@ -163,31 +160,25 @@ class ObservationMask(Wrapper):
         else:
             raise TypeError(f"ObservationMask: unsupported observation space {space!r}")
 
-    def _mask(self, obs):
+    def _mask(self, state):
         if self._keep is None:
-            return {k: v for k, v in obs.items() if k not in self.hide}
-        return jnp.take(obs, jnp.asarray(self._keep), axis=-1)
+            return state.replace(obs={k: v for k, v in state.obs.items() if k not in self.hide})
+        return state.replace(obs=jnp.take(state.obs, jnp.asarray(self._keep), axis=-1))
 
     def reset(self, key):
-        s = self.env.reset(key)
-        return s.replace(obs=self._mask(s.obs))
+        return self._mask(self.env.reset(key))
 
     def step(self, state, action):
         # Inner envs keep their own state in `data`, so they never read the masked obs.
-        s = self.env.step(state, action)
-        return s.replace(obs=self._mask(s.obs))
+        return self._mask(self.env.step(state, action))
 
     @property
     def observation_space(self):
         space = self.env.observation_space
         if self._keep is None:
             return {k: v for k, v in space.items() if k not in self.hide}
-        return Box(
-            space.shape[:-1] + (len(self._keep),),
-            space.low[..., self._keep],
-            space.high[..., self._keep],
-            space.dtype,
-        )
+        return Box(space.shape[:-1] + (len(self._keep),), space.low[..., self._keep], space.high[..., self._keep],
+                   space.dtype)
 
 
 class ActionRepeat(Wrapper):
@@ -212,10 +203,8 @@ class ActionRepeat(Wrapper):
             s, total = carry
             nxt = self.env.step(s, action)
             ended = s.done > 0
-            total = jax.tree_util.tree_map(
-                lambda t, r: jnp.where(ended, t, t + r).astype(t.dtype), total, nxt.reward
-            )
-            s = jax.tree_util.tree_map(lambda a, b: jnp.where(ended, a, b), s, nxt)
+            total = jax.tree.map(lambda t, r: jnp.where(ended, t, t + r).astype(t.dtype), total, nxt.reward)
+            s = jax.tree.map(lambda a, b: jnp.where(ended, a, b), s, nxt)
             return s, total
 
         last, total = jax.lax.fori_loop(0, self.repeat - 1, body, (first, first.reward))
@@ -254,7 +243,7 @@ class ResetPool(Wrapper):
 
     def reset(self, key):
         index = jax.random.randint(key, (), 0, self.size)
-        return jax.tree_util.tree_map(lambda x: x[index], self.pool)
+        return jax.tree.map(lambda x: x[index], self.pool)
 
     def __repr__(self):
         return f"ResetPool({self.env!r}, size={self.size}, seed={self.seed})"

@@ -24,9 +24,7 @@ def _squeeze_value(v: jax.Array) -> jax.Array:
     if jnp.ndim(v) == 2 and v.shape[-1] == 1:
         return v[:, 0]
     if jnp.ndim(v) != 1:
-        raise ValueError(
-            f"PPOAdapter: the value port output has shape {tuple(jnp.shape(v))}, expected (B,) or (B, 1)"
-        )
+        raise ValueError(f"PPOAdapter: the value port output has shape {tuple(jnp.shape(v))}, expected (B,) or (B, 1)")
     return v
 
 
@@ -69,19 +67,13 @@ class PPOAdapter(DictContainer):
     def _combine(self, outputs) -> PPONetworkOutput:
         """``PPONetworkOutput`` from the ports' ``[B, ...]`` outputs."""
         samples, values = outputs["action"], outputs["value"]
-        if not (is_sampler_dict(samples) or (
-            isinstance(samples, dict) and samples and all(is_sampler_dict(v) for v in samples.values())
-        )):
-            raise ValueError(
-                "PPOAdapter: the action port must output a sampler dict {'action', 'log_likelihood'} "
-                f"or a dict of them; got {jax.tree.map(jnp.shape, samples)}"
-            )
+        several = isinstance(samples, dict) and samples and all(is_sampler_dict(v) for v in samples.values())
+        if not (is_sampler_dict(samples) or several):
+            raise ValueError("PPOAdapter: the action port must output a sampler dict {'action', 'log_likelihood'} "
+                             f"or a dict of them; got {jax.tree.map(jnp.shape, samples)}")
         pick = lambda field: jax.tree.map(lambda d: d[field], samples, is_leaf=is_sampler_dict)
-        return PPONetworkOutput(
-            actions=pick("action"),
-            loglikelihoods=pick("log_likelihood"),
-            value_estimates=jax.tree.map(_squeeze_value, values),
-        )
+        return PPONetworkOutput(actions=pick("action"), loglikelihoods=pick("log_likelihood"),
+                                value_estimates=jax.tree.map(_squeeze_value, values))
 
 
 def extras_for_actions(network: StatefulModule, extras: Any, actions: Any) -> Any:
@@ -113,7 +105,5 @@ def extras_for_actions(network: StatefulModule, extras: Any, actions: Any) -> An
             raise TypeError(f"extras_for_actions: {type(network).__name__} with children {list(network.names)} "
                             f"needs actions with the same keys, got {jax.tree.structure(actions)}")
         return {name: extras_for_actions(child, extras[name], actions[name]) for name, child in network._children()}
-    raise TypeError(
-        f"extras_for_actions: cannot find the action samplers inside {type(network).__name__}; expected an "
-        "ActionSampler, reached through PPOAdapter, Sequential (last layer) or Map/Parallel of samplers"
-    )
+    raise TypeError(f"extras_for_actions: cannot find the action samplers inside {type(network).__name__}; expected an "
+                    "ActionSampler, reached through PPOAdapter, Sequential (last layer) or Map/Parallel of samplers")

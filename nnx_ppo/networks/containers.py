@@ -38,6 +38,7 @@ __all__ = [
     "MissingKeyError",
     "resolve_components",
     "combine_sequences",
+    "combine_outputs",
 ]
 
 
@@ -52,43 +53,54 @@ class MissingKeyError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
-def resolve_components(
-    owner: str, modules: Mapping[str, StatefulModule] | None, kwargs: dict[str, StatefulModule]
-) -> dict[str, StatefulModule]:
-    """Accept ``Container({"a": m})`` or ``Container(a=m)`` (not both, not empty)."""
-    if modules is not None and kwargs:
+def _named(owner: str, positional: Mapping[str, Any] | None, kwargs: dict[str, Any], what: str) -> dict[str, Any]:
+    """``owner``'s entries given as a positional dict or as keyword arguments
+    (not both, not empty: ``what`` names one entry in the error)."""
+    if positional is not None and kwargs:
         raise ValueError(f"{owner}: pass either a positional dict or keyword arguments, not both")
-    components = dict(modules if modules is not None else kwargs)
-    if not components:
-        raise ValueError(f"{owner}: needs at least one child module")
+    entries = dict(positional if positional is not None else kwargs)
+    if not entries:
+        raise ValueError(f"{owner}: needs at least one {what}")
+    return entries
+
+
+def resolve_components(owner: str, modules: Mapping[str, StatefulModule] | None,
+                       kwargs: dict[str, StatefulModule]) -> dict[str, StatefulModule]:
+    """Accept ``Container({"a": m})`` or ``Container(a=m)`` (not both, not empty)."""
+    components = _named(owner, modules, kwargs, "child module")
     for name, child in components.items():
         if not isinstance(child, StatefulModule):
-            raise TypeError(
-                f"{owner}: child {name!r} must be a StatefulModule, got {type(child).__name__}"
-            )
+            raise TypeError(f"{owner}: child {name!r} must be a StatefulModule, got {type(child).__name__}")
     return components
+
+
+def _regularization_and_metrics(results: dict[Any, Any]) -> tuple[Any, dict[str, Any]]:
+    """The children's ``regularization_loss`` summed (in the order of
+    ``results``) and their metrics under ``"{key}/{metric}"``."""
+    metrics: dict[str, Any] = {}
+    regularization = jnp.zeros((), jnp.float32)
+    for key, result in results.items():
+        regularization = regularization + result.regularization_loss
+        metrics.update({f"{key}/{name}": value for name, value in result.metrics.items()})
+    return regularization, metrics
 
 
 def combine_sequences(results: dict[Any, SequenceOutput], output: Any) -> SequenceOutput:
     """A container's :class:`SequenceOutput` from its children's: summed
     regularization, prefixed metrics, carries under the children's keys."""
-    metrics: dict[str, Any] = {}
-    regularization = jnp.zeros((), jnp.float32)
-    for key, result in results.items():
-        regularization = regularization + result.regularization_loss
-        prefix_metrics(metrics, key, result.metrics)
-    return SequenceOutput(
-        output=output,
-        regularization_loss=regularization,
-        metrics=metrics,
-        carry={key: result.carry for key, result in results.items()},
-    )
+    regularization, metrics = _regularization_and_metrics(results)
+    return SequenceOutput(output=output, regularization_loss=regularization, metrics=metrics,
+                          carry={key: result.carry for key, result in results.items()})
 
 
-def prefix_metrics(metrics: dict[str, Any], prefix: Any, child_metrics: dict[str, Any]) -> None:
-    """Add ``child_metrics`` to ``metrics`` under ``"{prefix}/{key}"``."""
-    for key, value in child_metrics.items():
-        metrics[f"{prefix}/{key}"] = value
+def combine_outputs(results: dict[Any, StatefulModuleOutput], output: Any) -> StatefulModuleOutput:
+    """A container's step output from its children's (in the order they ran):
+    summed regularization, prefixed metrics, carries and extras under the
+    children's keys."""
+    regularization, metrics = _regularization_and_metrics(results)
+    return StatefulModuleOutput(next_state={key: result.next_state for key, result in results.items()},
+                                output=output, regularization_loss=regularization, metrics=metrics,
+                                rollout_extras={key: result.rollout_extras for key, result in results.items()})
 
 
 def child_extras(rollout_extras: Any, key: Any) -> Any:
@@ -116,8 +128,16 @@ class DictContainer(StatefulModule):
         return [(name, self.components[name]) for name in self.names]
 
     def _inputs(self, x):
-        """What each child sees: ``{name: input}`` (default: per-key dispatch)."""
-        return self._dispatch(x)
+        """What each child sees: ``{name: input}`` (default: per-key
+        dispatch, child ``name`` sees ``x[name]``)."""
+        if not isinstance(x, Mapping):
+            raise ValueError(f"{type(self).__name__}: x must be a dict with keys {list(self.names)}, "
+                             f"got {type(x).__name__}")
+        missing = [k for k in self.names if k not in x]
+        if missing:
+            raise MissingKeyError(f"{type(self).__name__}: x is missing keys {missing}; expected at least "
+                                  f"{list(self.names)}, got {list(x)}")
+        return {name: x[name] for name in self.names}
 
     def _combine(self, outputs):
         """The container's output from ``{name: child_output}`` (default: the dict)."""
@@ -125,52 +145,21 @@ class DictContainer(StatefulModule):
 
     def __call__(self, state, x, rollout_extras=None):
         inputs = self._inputs(x)
-        next_state, outputs, extras, metrics = {}, {}, {}, {}
-        regularization = jnp.zeros((), jnp.float32)
-        for name, child in self._children():
-            out = child(state[name], inputs[name], child_extras(rollout_extras, name))
-            next_state[name] = out.next_state
-            outputs[name] = out.output
-            extras[name] = out.rollout_extras
-            regularization = regularization + out.regularization_loss
-            prefix_metrics(metrics, name, out.metrics)
-        return StatefulModuleOutput(
-            next_state=next_state,
-            output=self._combine(outputs),
-            regularization_loss=regularization,
-            metrics=metrics,
-            rollout_extras=extras,
-        )
+        results = {name: child(state[name], inputs[name], child_extras(rollout_extras, name))
+                   for name, child in self._children()}
+        return combine_outputs(results, self._combine({name: out.output for name, out in results.items()}))
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Replay each child on its own (stateless children without a time scan)."""
         if not has_fast_replay(self, DictContainer):
             return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         inputs = self._inputs(xs)
-        results = {
-            name: child.replay_sequence(
-                carry[name], inputs[name], child_extras(rollout_extras, name), reset, stored_carry[name]
-            )
-            for name, child in self._children()
-        }
+        results = {name: child.replay_sequence(carry[name], inputs[name], child_extras(rollout_extras, name), reset,
+                                               stored_carry[name])
+                   for name, child in self._children()}
         T, M = reset.shape
         outputs = flatten_time({name: r.output for name, r in results.items()}, T, M)
         return combine_sequences(results, unflatten_time(self._combine(outputs), T, M))
-
-    def _dispatch(self, x):
-        """Per-key dispatch: child ``name`` sees ``x[name]``."""
-        if not isinstance(x, Mapping):
-            raise ValueError(
-                f"{type(self).__name__}: x must be a dict with keys {list(self.names)}, "
-                f"got {type(x).__name__}"
-            )
-        missing = [k for k in self.names if k not in x]
-        if missing:
-            raise MissingKeyError(
-                f"{type(self).__name__}: x is missing keys {missing}; expected at least "
-                f"{list(self.names)}, got {list(x)}"
-            )
-        return {name: x[name] for name in self.names}
 
     def initialize_state(self, batch_size):
         return {name: c.initialize_state(batch_size) for name, c in self._children()}
@@ -200,28 +189,17 @@ class Sequential(StatefulModule):
             raise ValueError("Sequential: needs at least one layer")
         for i, layer in enumerate(layers):
             if not isinstance(layer, StatefulModule):
-                raise TypeError(
-                    f"Sequential: layer {i} must be a StatefulModule, got {type(layer).__name__}"
-                )
+                raise TypeError(f"Sequential: layer {i} must be a StatefulModule, got {type(layer).__name__}")
         self.layers = nnx.List(layers)
 
     def __call__(self, state, x, rollout_extras=None):
-        next_state, extras, metrics = [], [], {}
-        regularization = jnp.zeros((), jnp.float32)
+        results = {}
         for i, layer in enumerate(self.layers):
-            out = layer(state[i], x, child_extras(rollout_extras, i))
-            x = out.output
-            next_state.append(out.next_state)
-            extras.append(out.rollout_extras)
-            regularization = regularization + out.regularization_loss
-            prefix_metrics(metrics, i, out.metrics)
-        return StatefulModuleOutput(
-            next_state=tuple(next_state),
-            output=x,
-            regularization_loss=regularization,
-            metrics=metrics,
-            rollout_extras=tuple(extras),
-        )
+            results[i] = layer(state[i], x, child_extras(rollout_extras, i))
+            x = results[i].output
+        combined = combine_outputs(results, x)
+        return combined.replace(next_state=tuple(combined.next_state.values()),
+                                rollout_extras=tuple(combined.rollout_extras.values()))
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Replay layer by layer: stateless layers run on the flattened batch,
@@ -233,7 +211,7 @@ class Sequential(StatefulModule):
             results[i] = layer.replay_sequence(carry[i], xs, child_extras(rollout_extras, i), reset, stored_carry[i])
             xs = results[i].output
         combined = combine_sequences(results, xs)
-        return dataclasses.replace(combined, carry=tuple(combined.carry[i] for i in range(len(self.layers))))
+        return dataclasses.replace(combined, carry=tuple(combined.carry.values()))
 
     def initialize_state(self, batch_size):
         return tuple(layer.initialize_state(batch_size) for layer in self.layers)
@@ -282,11 +260,7 @@ class Splitter(StatefulModule):
     """
 
     def __init__(self, sizes: Mapping[str, int] | None = None, /, **kwargs: int):
-        if sizes is not None and kwargs:
-            raise ValueError("Splitter: pass either a positional dict or keyword arguments, not both")
-        sizes = dict(sizes if sizes is not None else kwargs)
-        if not sizes:
-            raise ValueError("Splitter: needs at least one named slice")
+        sizes = _named("Splitter", sizes, kwargs, "named slice")
         for name, size in sizes.items():
             if int(size) <= 0:
                 raise ValueError(f"Splitter: size of slice {name!r} must be positive, got {size}")
@@ -295,10 +269,8 @@ class Splitter(StatefulModule):
     def __call__(self, state, x, rollout_extras=None):
         total = sum(size for _, size in self.sizes)
         if jnp.ndim(x) < 2 or x.shape[-1] < total:
-            raise ValueError(
-                f"Splitter: x has shape {jnp.shape(x)}, expected (B, >= {total}) "
-                f"for slices {dict(self.sizes)}"
-            )
+            raise ValueError(f"Splitter: x has shape {jnp.shape(x)}, expected (B, >= {total}) for slices "
+                             f"{dict(self.sizes)}")
         output, start = {}, 0
         for name, size in self.sizes:
             output[name] = x[..., start : start + size]

@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from nnx_ppo.networks.feedforward import check_argument, is_int
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["Delay"]
@@ -41,8 +42,7 @@ class Delay(StatefulModule):
     """
 
     def __init__(self, sample_input: Any, k_steps: int, initial_value: float = 0.0):
-        if isinstance(k_steps, bool) or not isinstance(k_steps, int) or k_steps < 0:
-            raise ValueError(f"Delay: k_steps must be an int >= 0, got {k_steps!r}")
+        check_argument("Delay", "k_steps", k_steps, is_int(k_steps, 0), "an int >= 0")
         leaves, treedef = jax.tree.flatten(sample_input)
         if not leaves:
             raise ValueError("Delay: sample_input must contain at least one array leaf")
@@ -101,8 +101,7 @@ class Delay(StatefulModule):
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         x_leaves = self._check_x(x)
         if self.k_steps == 0:
-            return StatefulModuleOutput(next_state=(), output=x, regularization_loss=0.0,
-                                        metrics={}, rollout_extras=None)
+            return StatefulModuleOutput(next_state=(), output=x)
         buffers, idx = self._check_state(state, x_leaves[0].shape[0])
         out_leaves, next_leaves = [], []
         for buf, xl in zip(buffers, x_leaves):
@@ -112,7 +111,4 @@ class Delay(StatefulModule):
             next_leaves.append(jnp.where(at, xl[:, None].astype(buf.dtype), buf))
         next_state = {"buffer": jax.tree.unflatten(self._treedef, next_leaves),
                       "idx": ((idx + 1) % self.k_steps).astype(jnp.int32)}
-        return StatefulModuleOutput(
-            next_state=next_state,
-            output=jax.tree.unflatten(self._treedef, out_leaves),
-            regularization_loss=0.0, metrics={}, rollout_extras=None)
+        return StatefulModuleOutput(next_state=next_state, output=jax.tree.unflatten(self._treedef, out_leaves))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ from flax import nnx
 
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["Dense", "check_features", "matmul", "compute_precision", "PRECISIONS"]
+__all__ = ["Dense", "check_features", "check_argument", "is_int", "matmul", "compute_precision", "PRECISIONS"]
 
 PRECISIONS = ("default", "bfloat16")
 """The values of ``PPOConfig.precision`` (:func:`compute_precision`)."""
@@ -48,10 +49,20 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
 def check_features(owner: str, x: jax.Array, features: int, argument: str = "in_features") -> None:
     """Raise a ValueError naming ``owner`` unless ``x`` has shape ``[B, features]``."""
     if jnp.ndim(x) != 2 or x.shape[-1] != features:
-        raise ValueError(
-            f"{owner}: x has shape {tuple(jnp.shape(x))}, expected (B, {features}) "
-            f"({argument}={features})"
-        )
+        raise ValueError(f"{owner}: x has shape {tuple(jnp.shape(x))}, expected (B, {features}) "
+                         f"({argument}={features})")
+
+
+def check_argument(owner: str, name: str, value: Any, ok: bool, rule: str) -> None:
+    """The modules' check of a constructor argument: a ValueError
+    ``"{owner}: {name} must be {rule}, got {value!r}"`` unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{owner}: {name} must be {rule}, got {value!r}")
+
+
+def is_int(value: Any, minimum: int) -> bool:
+    """Whether ``value`` is an int (a bool is not) of at least ``minimum``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 class Dense(StatefulModule):
@@ -65,41 +76,24 @@ class Dense(StatefulModule):
     The bias starts at zero.
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        rngs: nnx.Rngs,
-        *,
-        activation: Callable[[jax.Array], jax.Array] | None = None,
-        use_bias: bool = True,
-        init_scale: float = 1.0,
-        kernel_init: nnx.Initializer | None = None,
-    ):
+    def __init__(self, in_features: int, out_features: int, rngs: nnx.Rngs, *,
+                 activation: Callable[[jax.Array], jax.Array] | None = None, use_bias: bool = True,
+                 init_scale: float = 1.0, kernel_init: nnx.Initializer | None = None):
         if in_features <= 0 or out_features <= 0:
-            raise ValueError(
-                f"Dense: in_features and out_features must be positive, got "
-                f"{in_features} and {out_features}"
-            )
+            raise ValueError(f"Dense: in_features and out_features must be positive, got {in_features} and "
+                             f"{out_features}")
         self.in_features = in_features
         self.out_features = out_features
         self.activation = activation
-        init = kernel_init or nnx.initializers.variance_scaling(
-            init_scale**2, "fan_in", "truncated_normal"
-        )
+        init = kernel_init or nnx.initializers.variance_scaling(init_scale**2, "fan_in", "truncated_normal")
         # One draw from ``rngs`` per layer (the bias needs none), so a network
         # built from one nnx.Rngs gets the same parameters as before the
         # parameters moved into ``self.linear``.
         key = rngs.params()
-        self.linear = nnx.Linear(
-            in_features,
-            out_features,
-            use_bias=use_bias,
-            kernel_init=lambda _key, shape, dtype: init(key, shape, dtype),
-            bias_init=nnx.initializers.zeros_init(),
-            param_dtype=jnp.float32,
-            rngs=nnx.Rngs(params=key),
-        )
+        self.linear = nnx.Linear(in_features, out_features, use_bias=use_bias,
+                                 kernel_init=lambda _key, shape, dtype: init(key, shape, dtype),
+                                 bias_init=nnx.initializers.zeros_init(), param_dtype=jnp.float32,
+                                 rngs=nnx.Rngs(params=key))
 
     @property
     def kernel(self) -> nnx.Param:

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.containers import child_extras, prefix_metrics
-from nnx_ppo.networks.feedforward import Dense
+from nnx_ppo.networks.containers import child_extras, combine_outputs
+from nnx_ppo.networks.feedforward import Dense, check_argument, is_int
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, activation_metrics
 
 __all__ = ["PopulationGraph", "PopulationInfo", "ConnectionInfo", "Population", "Connection"]
@@ -72,23 +72,6 @@ def _check_name(kind: str, name: Any) -> str:
     return name
 
 
-def _check_size(name: str, size: Any) -> int:
-    """``size`` if it is a positive int (else a ValueError naming the population)."""
-    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-        raise ValueError(f"PopulationGraph: size of population {name!r} must be a positive int, got {size!r}")
-    return size
-
-
-def _check_activation(name: str, activation: Any) -> Any:
-    """``activation`` if it is callable or None (else a TypeError naming the population)."""
-    if activation is not None and not callable(activation):
-        raise TypeError(
-            f"PopulationGraph: activation of population {name!r} must be callable or None, "
-            f"got {type(activation).__name__}"
-        )
-    return activation
-
-
 def _topological_sort(names: list[str], edges: list[tuple[str, str]]) -> tuple[str, ...]:
     """Kahn's algorithm on the delay-0 ``(src, dst)`` edges, the earliest of
     ``names`` first; a ValueError names a cycle."""
@@ -98,11 +81,9 @@ def _topological_sort(names: list[str], edges: list[tuple[str, str]]) -> tuple[s
         ready = next((n for n in remaining
                       if not any(dst == n and src in remaining for src, dst in edges)), None)
         if ready is None:
-            raise ValueError(
-                "PopulationGraph: delay-0 connections form a cycle "
-                f"{' -> '.join(_find_cycle(remaining, edges))}; "
-                "give at least one connection on it delay >= 1"
-            )
+            raise ValueError("PopulationGraph: delay-0 connections form a cycle "
+                             f"{' -> '.join(_find_cycle(remaining, edges))}; "
+                             "give at least one connection on it delay >= 1")
         order.append(ready)
         remaining.remove(ready)
     return tuple(order)
@@ -171,9 +152,7 @@ def _check_connection(populations: tuple[Population, ...], connections: tuple[Co
     :meth:`~nnx_ppo.networks.graph.PopulationGraph.connect` for what is refused)."""
     _check_name("source population", src)
     _check_name("target population", dst)
-    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
-        raise ValueError(f"PopulationGraph: delay of connection {src!r} -> {dst!r} must be an int >= 0, "
-                         f"got {delay!r}")
+    check_argument("PopulationGraph", f"delay of connection {src!r} -> {dst!r}", delay, is_int(delay, 0), "an int >= 0")
     if transform is not None and not isinstance(transform, StatefulModule):
         raise TypeError(f"PopulationGraph: transform of connection {src!r} -> {dst!r} must be a "
                         f"StatefulModule, got {type(transform).__name__}")
@@ -197,10 +176,6 @@ def _check_connection(populations: tuple[Population, ...], connections: tuple[Co
             raise ValueError(f"PopulationGraph: connection {name!r}: transform has out_features={out_f}, "
                              f"expected {dst_size} (size of target population {dst!r})")
     return name
-
-
-def _has_leaves(tree: Any) -> bool:
-    return bool(jax.tree.leaves(tree))
 
 
 class PopulationGraph(StatefulModule):
@@ -275,8 +250,11 @@ class PopulationGraph(StatefulModule):
                 if p.kind == _OUTPUT and (p.io_key or p.name) == key:
                     raise ValueError(f"PopulationGraph: output populations {p.name!r} and {name!r} "
                                      f"both write output key {key!r}")
-        pop = Population(name, kind, _check_size(name, size), _check_activation(name, activation), io_key)
-        self._populations = self._populations + (pop,)
+        check_argument("PopulationGraph", f"size of population {name!r}", size, is_int(size, 1), "a positive int")
+        if activation is not None and not callable(activation):
+            raise TypeError(f"PopulationGraph: activation of population {name!r} must be callable or None, "
+                            f"got {type(activation).__name__}")
+        self._populations = self._populations + (Population(name, kind, size, activation, io_key),)
 
     def add_input(self, name: str, size: int, *, input_from: str | None = None,
                   activation: Callable[[jax.Array], jax.Array] | None = None) -> None:
@@ -340,34 +318,22 @@ class PopulationGraph(StatefulModule):
         output population is accepted. Returns ``self``.
         """
         self._check_building("call finalize() twice: finalize()")
-        order = self._topological_order()
-        pops = self._populations
-        by_name = {p.name: p for p in pops}
-        transforms = {}
-        for c, t in zip(self._connections, list(self._pending_transforms)):
-            transforms[c.name] = t if t is not None else Dense(by_name[c.src].size, by_name[c.dst].size,
-                                                               self._rngs)
-
-        self.transforms = nnx.Dict(transforms)
+        order = _topological_sort([p.name for p in self._populations],
+                                  [(c.src, c.dst) for c in self._connections if c.delay == 0])
+        size = {p.name: p.size for p in self._populations}
+        # the default Dense transforms drawn from rngs in the order of the connections
+        self.transforms = nnx.Dict({c.name: Dense(size[c.src], size[c.dst], self._rngs) if t is None else t
+                                    for c, t in zip(self._connections, list(self._pending_transforms))})
         del self._pending_transforms
         del self._rngs
         # Static wiring, kept as tuples (nnx.split/merge sorts dict keys).
         self._order = order
-        self._incoming = tuple(
-            (name, tuple(c for c in self._connections if c.dst == name)) for name in order
-        )
-        self._buffers = tuple(
-            (p.name, max(c.delay for c in self._connections if c.src == p.name))
-            for p in pops
-            if any(c.src == p.name and c.delay > 0 for c in self._connections)
-        )
+        self._incoming = tuple((name, tuple(c for c in self._connections if c.dst == name)) for name in order)
+        self._buffers = tuple((p.name, max(c.delay for c in self._connections if c.src == p.name))
+                              for p in self._populations
+                              if any(c.src == p.name and c.delay > 0 for c in self._connections))
         self._finalized = True
         return self
-
-    def _topological_order(self) -> tuple[str, ...]:
-        """The populations in an order that respects the delay-0 connections."""
-        return _topological_sort([p.name for p in self._populations],
-                                  [(c.src, c.dst) for c in self._connections if c.delay == 0])
 
     # --------------------------------------------------------------- running
 
@@ -390,15 +356,12 @@ class PopulationGraph(StatefulModule):
     def populations(self) -> Mapping[str, PopulationInfo]:
         """``{name: PopulationInfo}`` in the order the populations were added
         (read-only; see :class:`PopulationInfo`)."""
-        delays: dict[str, int] = {}
-        for c in self._connections:
-            delays[c.src] = max(delays.get(c.src, 0), c.delay)
         return MappingProxyType({
             p.name: PopulationInfo(
                 name=p.name, kind=p.kind, size=p.size, activation=p.activation,
                 input_from=(p.io_key or p.name) if p.kind == _INPUT else None,
                 output_to=(p.io_key or p.name) if p.kind == _OUTPUT else None,
-                max_outgoing_delay=delays.get(p.name, 0),
+                max_outgoing_delay=max((c.delay for c in self._connections if c.src == p.name), default=0),
             )
             for p in self._populations
         })
@@ -409,10 +372,7 @@ class PopulationGraph(StatefulModule):
         :class:`ConnectionInfo`); after
         :meth:`finalize` each ``transform`` is the module in
         ``self.transforms[name]``."""
-        if self._finalized:
-            built = [self.transforms[c.name] for c in self._connections]
-        else:
-            built = list(self._pending_transforms)
+        built = [self.transforms[c.name] for c in self._connections] if self._finalized else self._pending_transforms
         return tuple(ConnectionInfo(name=c.name, src=c.src, dst=c.dst, delay=c.delay, transform=t)
                      for c, t in zip(self._connections, built))
 
@@ -435,17 +395,14 @@ class PopulationGraph(StatefulModule):
                 raise ValueError(f"PopulationGraph: x is missing keys {missing}; input populations read "
                                  f"{wanted}, got keys {list(x)}")
             values = {name: x[key] for name, key in wanted.items()}
+        elif len(inputs) != 1:
+            raise ValueError(f"PopulationGraph: x is a {type(x).__name__} but the graph has {len(inputs)} input "
+                             f"populations; pass a dict with keys {[p.io_key or p.name for p in inputs]}")
         else:
-            if len(inputs) != 1:
-                raise ValueError(
-                    f"PopulationGraph: x is a {type(x).__name__} but the graph has {len(inputs)} input "
-                    f"populations; pass a dict with keys {[p.io_key or p.name for p in inputs]}"
-                )
             values = {inputs[0].name: x}
         batch = None
         for p in inputs:
-            v = values[p.name]
-            shape = tuple(jnp.shape(v))
+            shape = tuple(jnp.shape(values[p.name]))
             if len(shape) != 2 or shape[1] != p.size or (batch is not None and shape[0] != batch):
                 expected = f"({'B' if batch is None else batch}, {p.size})"
                 raise ValueError(f"PopulationGraph: input population {p.name!r} got x of shape {shape}, "
@@ -459,12 +416,9 @@ class PopulationGraph(StatefulModule):
             name: jnp.zeros((batch_size, depth, self._population(name).size), jnp.float32)
             for name, depth in self._buffers
         }
-        transforms = {}
-        for c in self._connections:
-            carry = self.transforms[c.name].initialize_state(batch_size)
-            if _has_leaves(carry):
-                transforms[c.name] = carry
-        return {"buffers": buffers, "transforms": transforms}
+        carries = {c.name: self.transforms[c.name].initialize_state(batch_size) for c in self._connections}
+        stateful = {name: carry for name, carry in carries.items() if jax.tree.leaves(carry)}
+        return {"buffers": buffers, "transforms": stateful}
 
     def reset_state(self, prev_state: Any) -> Any:
         self._require_finalized("reset_state()")
@@ -497,8 +451,7 @@ class PopulationGraph(StatefulModule):
         transform_state = state["transforms"]
 
         values: dict[str, jax.Array] = {}
-        next_transforms, extras, metrics = {}, {}, {}
-        regularization = jnp.zeros((), jnp.float32)
+        results = {}  # the connections' outputs, in the order they ran
         for name, incoming in self._incoming:
             pop = self._population(name)
             total = inputs.get(name)
@@ -514,31 +467,21 @@ class PopulationGraph(StatefulModule):
                     got = tuple(jnp.shape(y)) if isinstance(y, jax.Array) else type(y).__name__
                     raise ValueError(f"PopulationGraph: connection {c.name!r} produced output {got}, expected "
                                      f"({batch}, {pop.size}) (B, size of target population {name!r})")
-                if c.name in transform_state:
-                    next_transforms[c.name] = out.next_state
-                elif _has_leaves(out.next_state):
+                if c.name not in transform_state and jax.tree.leaves(out.next_state):
                     raise ValueError(f"PopulationGraph: transform of connection {c.name!r} returned a carry "
                                      "but its initialize_state() returned none")
-                extras[c.name] = out.rollout_extras
-                regularization = regularization + out.regularization_loss
-                prefix_metrics(metrics, c.name, out.metrics)
+                results[c.name] = out
                 total = y if total is None else total + y
             if total is None:  # no input and no incoming connection
                 total = jnp.zeros((batch, pop.size), jnp.float32)
             values[name] = total if pop.activation is None else pop.activation(total)
 
-        next_buffers = {
-            name: jnp.concatenate([buffers[name][:, 1:], values[name][:, None].astype(buffers[name].dtype)],
-                                  axis=1)
-            for name, _ in self._buffers
-        }
+        next_buffers = {name: jnp.concatenate([buffers[name][:, 1:], values[name][:, None].astype(buffers[name].dtype)],
+                                              axis=1) for name, _ in self._buffers}
         output = {p.io_key or p.name: values[p.name] for p in self._populations if p.kind == _OUTPUT}
+        combined = combine_outputs(results, output)
         if self.record_activations:
-            metrics.update(activation_metrics(dict(values)))
-        return StatefulModuleOutput(
-            next_state={"buffers": next_buffers, "transforms": next_transforms},
-            output=output,
-            regularization_loss=regularization,
-            metrics=metrics,
-            rollout_extras={c.name: extras[c.name] for c in self._connections},
-        )
+            combined.metrics.update(activation_metrics(dict(values)))
+        next_transforms = {name: carry for name, carry in combined.next_state.items() if name in transform_state}
+        return combined.replace(next_state={"buffers": next_buffers, "transforms": next_transforms},
+                                rollout_extras={c.name: combined.rollout_extras[c.name] for c in self._connections})

@@ -29,16 +29,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo.networks.feedforward import check_argument
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, as_rngs, batch_size_of, split_key_carry
 
 __all__ = ["GaussianNoise", "DropoutMask", "BernoulliGate"]
-
-
-def _checked(layer: object, name: str, value: Any, ok: bool, rule: str) -> float:
-    """``float(value)``, or a ValueError naming ``layer``'s class when not ``ok``."""
-    if not ok:
-        raise ValueError(f"{type(layer).__name__}: {name} must be {rule}, got {value!r}")
-    return float(value)
 
 
 class _PerEnvKeyModule(StatefulModule):
@@ -61,19 +55,13 @@ class _PerEnvKeyModule(StatefulModule):
             return jax.random.split(self.rngs(), batch_size_of(prev_state))
         return prev_state
 
-    def _split(self, keys: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Validate and split: ``[B]`` keys -> (next keys ``[B]``, sample keys ``[B]``)."""
+    def __call__(self, state: jax.Array, x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
         name = type(self).__name__
         if jnp.ndim(x) < 1:
             raise ValueError(f"{name}: x has shape {tuple(jnp.shape(x))}, expected (B, ...)")
-        return split_key_carry(name, keys, x.shape[0])
-
-    def __call__(self, state: jax.Array, x: jax.Array,
-                 rollout_extras: Any = None) -> StatefulModuleOutput:
-        next_keys, sample_keys = self._split(state, x)
+        next_keys, sample_keys = split_key_carry(name, state, x.shape[0])  # [B] keys -> next keys, sample keys
         output, metrics = self._transform(x, sample_keys)
-        return StatefulModuleOutput(next_state=next_keys, output=output, regularization_loss=0.0,
-                                    metrics=metrics, rollout_extras=None)
+        return StatefulModuleOutput(next_state=next_keys, output=output, metrics=metrics)
 
     def _transform(self, x: jax.Array, sample_keys: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         """``(output, metrics)`` for input ``x`` ``[B, ...]`` and one sample key per env."""
@@ -101,9 +89,9 @@ class GaussianNoise(_PerEnvKeyModule):
 
     def __init__(self, stddev: float, rngs: nnx.Rngs, *, fresh_keys_on_reset: bool = False,
                  deterministic: bool = False):
-        stddev = _checked(self, "stddev", stddev, stddev >= 0, ">= 0")
+        check_argument(type(self).__name__, "stddev", stddev, stddev >= 0, ">= 0")
         super().__init__(rngs, fresh_keys_on_reset, deterministic)
-        self.stddev = stddev
+        self.stddev = float(stddev)
 
     def _transform(self, x, sample_keys):
         if self.deterministic or self.stddev == 0.0:
@@ -128,9 +116,9 @@ class DropoutMask(_PerEnvKeyModule):
 
     def __init__(self, rate: float, rngs: nnx.Rngs, *, fresh_keys_on_reset: bool = False,
                  deterministic: bool = False):
-        rate = _checked(self, "rate", rate, 0.0 <= rate < 1.0, "in [0, 1)")
+        check_argument(type(self).__name__, "rate", rate, 0.0 <= rate < 1.0, "in [0, 1)")
         super().__init__(rngs, fresh_keys_on_reset, deterministic)
-        self.rate = rate
+        self.rate = float(rate)
 
     def _transform(self, x, sample_keys):
         if self.deterministic or self.rate == 0.0:
@@ -174,12 +162,12 @@ class BernoulliGate(_PerEnvKeyModule):
     def __init__(self, rngs: nnx.Rngs, *, temperature: float = 1.0,
                  estimator: str = "straight_through", fresh_keys_on_reset: bool = False,
                  deterministic: bool = False):
-        temperature = _checked(self, "temperature", temperature, temperature > 0, "> 0")
+        check_argument(type(self).__name__, "temperature", temperature, temperature > 0, "> 0")
         if estimator not in self.ESTIMATORS:
             raise ValueError(f"BernoulliGate: estimator must be one of {self.ESTIMATORS}, "
                              f"got {estimator!r}")
         super().__init__(rngs, fresh_keys_on_reset, deterministic)
-        self.temperature = temperature
+        self.temperature = float(temperature)
         self.estimator = estimator
 
     def _transform(self, x, sample_keys):

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo.networks.feedforward import check_argument
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
 __all__ = ["Normalizer", "NormalizerStatistics", "merge_moments"]
@@ -90,10 +91,8 @@ class Normalizer(StatefulModule):
         if not shapes or not all(_is_shape(s) for s in shapes):
             raise ValueError(f"Normalizer: shape must be an int, a tuple of ints or a pytree of "
                              f"those, got {shape!r}")
-        if epsilon < 0:
-            raise ValueError(f"Normalizer: epsilon must be >= 0, got {epsilon!r}")
-        if clip is not None and clip <= 0:
-            raise ValueError(f"Normalizer: clip must be > 0 or None, got {clip!r}")
+        check_argument("Normalizer", "epsilon", epsilon, not epsilon < 0, ">= 0")
+        check_argument("Normalizer", "clip", clip, clip is None or not clip <= 0, "> 0 or None")
         self._treedef = treedef
         self._shapes = tuple(_as_shape(s) for s in shapes)
         self.epsilon = float(epsilon)
@@ -134,17 +133,16 @@ class Normalizer(StatefulModule):
             if len(got) != n_lead + len(shape) or got[n_lead:] != shape:
                 where = "" if len(leaves) == 1 else f" leaf {i}"
                 expected = "(" + ", ".join([lead] + [str(d) for d in shape]) + ")"
-                raise ValueError(f"Normalizer: {name}{where} has shape {got}, expected "
-                                 f"{expected} (shape={shape})")
+                raise ValueError(f"Normalizer: {name}{where} has shape {got}, expected {expected} (shape={shape})")
         return leaves
 
     def update_statistics(self, rollout_extras: Any) -> None:
         """Fold ``[T, B, *shape]`` samples (the emitted inputs) into the statistics."""
         if rollout_extras is None:
-            return None
+            return
         leaves = self._check("rollout_extras", rollout_extras, 2, "T, B")
         if leaves[0].shape[0] * leaves[0].shape[1] == 0:
-            return None
+            return
         n_a = self.counter[...]
         n_b = jnp.asarray(leaves[0].shape[0] * leaves[0].shape[1], jnp.float32)
         means, m2s = [], []
@@ -159,7 +157,6 @@ class Normalizer(StatefulModule):
         self.mean.set_value(self._tree(means))
         self.M2.set_value(self._tree(m2s))
         self.counter[...] = n_a + n_b
-        return None
 
     # -- forward -----------------------------------------------------------------------
 
@@ -171,5 +168,4 @@ class Normalizer(StatefulModule):
             if self.clip is not None:
                 y = jnp.clip(y, -self.clip, self.clip)
             outs.append(y)
-        return StatefulModuleOutput(next_state=(), output=self._tree(outs),
-                                    regularization_loss=0.0, metrics={}, rollout_extras=x)
+        return StatefulModuleOutput(next_state=(), output=self._tree(outs), rollout_extras=x)

@@ -25,7 +25,6 @@ which needs no copy of this kind.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import warnings
 from collections.abc import Mapping
@@ -51,7 +50,7 @@ class Recorder(StatefulModule):
 
     def __call__(self, state: Any, x: Any, rollout_extras: Any = None) -> StatefulModuleOutput:
         out = self.wrapped(state, x, rollout_extras)
-        return dataclasses.replace(out, metrics={**out.metrics, **activation_metrics(out.output)})
+        return out.replace(metrics={**out.metrics, **activation_metrics(out.output)})
 
     def initialize_state(self, batch_size: int) -> Any:
         return self.wrapped.initialize_state(batch_size)

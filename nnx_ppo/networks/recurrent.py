@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_ppo.networks.feedforward import check_features, matmul
+from nnx_ppo.networks.feedforward import check_argument, check_features, is_int, matmul
 from nnx_ppo.networks.types import (
     SequenceOutput,
     StatefulModule,
@@ -43,17 +43,6 @@ from nnx_ppo.networks.types import (
 )
 
 __all__ = ["RecurrentCell", "SimpleRNN", "LSTM", "GRU"]
-
-
-def _check_positive_int(cls_name: str, name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{cls_name}: {name} must be a positive int, got {value!r}")
-    return value
-
-
-def _tile(vector: jax.Array, batch_size: int) -> jax.Array:
-    """``[H] -> [B, H]`` (explicit, no rank promotion); differentiable."""
-    return jnp.tile(vector[None, :], (batch_size, 1))
 
 
 class RecurrentCell(StatefulModule):
@@ -112,8 +101,9 @@ class RecurrentCell(StatefulModule):
 
     def __init__(self, in_features: int, hidden_features: int, *, trainable_initial_state: bool = False):
         name = type(self).__name__
-        self.in_features = _check_positive_int(name, "in_features", in_features)
-        self.hidden_features = _check_positive_int(name, "hidden_features", hidden_features)
+        check_argument(name, "in_features", in_features, is_int(in_features, 1), "a positive int")
+        check_argument(name, "hidden_features", hidden_features, is_int(hidden_features, 1), "a positive int")
+        self.in_features, self.hidden_features = in_features, hidden_features
         self.trainable_initial_state = bool(trainable_initial_state)
         if self.trainable_initial_state:
             for key in self._carry_names():
@@ -138,8 +128,9 @@ class RecurrentCell(StatefulModule):
     def initialize_state(self, batch_size: int) -> Any:
         """The carry of ``batch_size`` fresh envs: zeros, or the learnable
         ``initial_<key>`` vectors tiled over the batch."""
-        if self.trainable_initial_state:
-            entries = {key: _tile(getattr(self, f"initial_{key}")[...], batch_size) for key in self._carry_names()}
+        if self.trainable_initial_state:  # [H] -> [B, H] (explicit, no rank promotion); differentiable
+            entries = {key: jnp.tile(getattr(self, f"initial_{key}")[...][None, :], (batch_size, 1))
+                       for key in self._carry_names()}
         else:
             shape = (batch_size, self.hidden_features)
             entries = {key: jnp.zeros(shape, jnp.float32) for key in self._carry_names()}
@@ -150,16 +141,11 @@ class RecurrentCell(StatefulModule):
     def reset_state(self, prev_state: Any) -> Any:
         return self.initialize_state(batch_size_of(prev_state))
 
-    def update_statistics(self, rollout_extras: Any) -> None:
-        """Nothing to fold in: a cell has no running statistics."""
-        return None
-
     def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
-        self._check_x(x)
+        check_features(type(self).__name__, x, self.in_features)
         self._check_state(state, x.shape[0])
         next_state, output = self.step(state, self.project_input(x))
-        return StatefulModuleOutput(next_state=next_state, output=output,
-                                    regularization_loss=0.0, metrics={}, rollout_extras=None)
+        return StatefulModuleOutput(next_state=next_state, output=output)
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Loss replay. With :meth:`project_input` overridden, it is computed
@@ -171,7 +157,7 @@ class RecurrentCell(StatefulModule):
             return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
         T, M = reset.shape
         flat_x = flatten_time(xs, T, M)
-        self._check_x(flat_x)
+        check_features(type(self).__name__, flat_x, self.in_features)
         zx = unflatten_time(self.project_input(flat_x), T, M)
 
         def step(carry, inputs):
@@ -183,9 +169,6 @@ class RecurrentCell(StatefulModule):
         _, (outputs, carries) = jax.lax.scan(step, carry, (zx, reset, stored_carry), unroll=scan_unroll())
         return SequenceOutput(output=outputs, regularization_loss=jnp.zeros((), jnp.float32), metrics={},
                               carry=carries)
-
-    def _check_x(self, x: jax.Array) -> None:
-        check_features(type(self).__name__, x, self.in_features)
 
     def _check_state(self, state: Any, batch: int) -> None:
         """The carry has the layout of :attr:`carry_keys` and ``[B, H]`` entries."""
@@ -213,9 +196,8 @@ class RecurrentCell(StatefulModule):
             raise ValueError(f"{type(self).__name__}: {name} has shape {shape}, expected (B, {hidden}) "
                              f"(hidden_features={hidden})")
         if h.shape[0] != batch_size:
-            raise ValueError(
-                f"{type(self).__name__}: {name} has batch size {h.shape[0]}, expected {batch_size} "
-                "(the batch size of x)")
+            raise ValueError(f"{type(self).__name__}: {name} has batch size {h.shape[0]}, expected {batch_size} "
+                             "(the batch size of x)")
 
 
 class _ProjectedCell(RecurrentCell):
@@ -274,8 +256,7 @@ class SimpleRNN(_ProjectedCell):
 
     def __init__(self, in_features: int, hidden_features: int, rngs: nnx.Rngs, *,
                  activation: Callable[[jax.Array], jax.Array] = jnp.tanh, trainable_initial_state: bool = False):
-        if not callable(activation):
-            raise ValueError(f"SimpleRNN: activation must be callable, got {activation!r}")
+        check_argument("SimpleRNN", "activation", activation, callable(activation), "callable")
         self.activation = activation
         super().__init__(in_features, hidden_features, rngs, trainable_initial_state=trainable_initial_state)
 

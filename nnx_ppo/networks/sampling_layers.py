@@ -84,14 +84,10 @@ class ActionSampler(StatefulModule):
     def __call__(self, state, x, rollout_extras=None):
         self._check_input(x)
         raw, action, loglik, entropy, metrics = self._sample_and_score(x, rollout_extras)
-        metrics = {"entropy": jnp.mean(entropy), **metrics}
-        return StatefulModuleOutput(
-            next_state=(),
-            output={"action": action, "log_likelihood": loglik},
-            regularization_loss=-self.entropy_weight * jnp.mean(entropy),
-            metrics=metrics,
-            rollout_extras=jax.lax.stop_gradient(raw),
-        )
+        return StatefulModuleOutput(next_state=(), output={"action": action, "log_likelihood": loglik},
+                                    regularization_loss=-self.entropy_weight * jnp.mean(entropy),
+                                    metrics={"entropy": jnp.mean(entropy), **metrics},
+                                    rollout_extras=jax.lax.stop_gradient(raw))
 
 
 def _normal_logpdf(x, mean, std):
@@ -115,45 +111,29 @@ class NormalSampler(ActionSampler):
       std_scale: factor on the std, ``> 0``.
     """
 
-    def __init__(
-        self,
-        rng: nnx.Rngs,
-        entropy_weight: float = 0.0,
-        min_std: float = 1e-3,
-        std_scale: float = 1.0,
-    ):
+    def __init__(self, rng: nnx.Rngs, entropy_weight: float = 0.0, min_std: float = 1e-3, std_scale: float = 1.0):
         super().__init__(rng, entropy_weight)
         if not min_std >= 0 or not std_scale > 0:
-            raise ValueError(
-                f"{type(self).__name__}: min_std must be >= 0 and std_scale > 0, got "
-                f"{min_std} and {std_scale}"
-            )
+            raise ValueError(f"{type(self).__name__}: min_std must be >= 0 and std_scale > 0, got "
+                             f"{min_std} and {std_scale}")
         self.min_std = float(min_std)
         self.std_scale = float(std_scale)
 
     def _check_input(self, x):
         if jnp.ndim(x) != 2 or x.shape[-1] % 2:
-            raise ValueError(
-                f"{type(self).__name__}: x has shape {tuple(jnp.shape(x))}, expected (B, 2 * action_size) "
-                "(means then std pre-activations)"
-            )
-
-    def _distribution(self, x):
-        mean, pre_std = jnp.split(x, 2, axis=-1)
-        std = (jax.nn.softplus(pre_std) + self.min_std) * self.std_scale
-        return mean, std
-
-    def _raw(self, mean, std, stored):
-        if stored is not None:
-            return stored
-        if self.deterministic:
-            return mean
-        return mean + std * jax.random.normal(self.rng.action(), mean.shape)
+            raise ValueError(f"{type(self).__name__}: x has shape {tuple(jnp.shape(x))}, expected "
+                             "(B, 2 * action_size) (means then std pre-activations)")
 
     def _sample_and_score(self, x, stored):
-        mean, std = self._distribution(x)
-        raw = jax.lax.stop_gradient(self._raw(mean, std, stored))
-        return self._score(mean, std, raw)
+        mean, pre_std = jnp.split(x, 2, axis=-1)
+        std = (jax.nn.softplus(pre_std) + self.min_std) * self.std_scale
+        if stored is not None:
+            raw = stored
+        elif self.deterministic:
+            raw = mean
+        else:
+            raw = mean + std * jax.random.normal(self.rng.action(), mean.shape)
+        return self._score(mean, std, jax.lax.stop_gradient(raw))
 
     def _score(self, mean, std, raw):
         """``(raw, action, log_likelihood, entropy, metrics)`` of a raw sample."""
@@ -201,10 +181,8 @@ class CategoricalSampler(ActionSampler):
 
     def _check_input(self, x):
         if jnp.ndim(x) != 2 or x.shape[-1] < 2:
-            raise ValueError(
-                f"CategoricalSampler: x has shape {tuple(jnp.shape(x))}, expected (B, n_actions) logits "
-                "with n_actions >= 2"
-            )
+            raise ValueError(f"CategoricalSampler: x has shape {tuple(jnp.shape(x))}, expected (B, n_actions) "
+                             "logits with n_actions >= 2")
         if _CHOICES is not None:
             _CHOICES.append(int(x.shape[-1]))
 

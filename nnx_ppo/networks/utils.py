@@ -43,10 +43,8 @@ def _flatten_below(x: Any, levels: int, preserve_levels: int) -> Any:
     if isinstance(x, (list, tuple)):
         return type(x)(_flatten_below(v, levels - 1, preserve_levels) for v in x)
     depth = preserve_levels - levels
-    raise TypeError(
-        f"Flattener: preserve_levels={preserve_levels} keeps {preserve_levels} levels of dict/list/tuple "
-        f"structure, but the input has a leaf ({type(x).__name__}) at depth {depth}"
-    )
+    raise TypeError(f"Flattener: preserve_levels={preserve_levels} keeps {preserve_levels} levels of dict/list/tuple "
+                    f"structure, but the input has a leaf ({type(x).__name__}) at depth {depth}")
 
 
 class Flattener(StatefulModule):
@@ -84,9 +82,7 @@ class Filter(StatefulModule):
             raise TypeError(f"Filter: spec must be a non-empty dict, got {spec!r}")
         for key, sub in spec.items():
             if not (isinstance(sub, (str, tuple)) or callable(sub)):
-                raise TypeError(
-                    f"Filter: spec[{key!r}] must be a key, a tuple path or a callable, got {sub!r}"
-                )
+                raise TypeError(f"Filter: spec[{key!r}] must be a key, a tuple path or a callable, got {sub!r}")
         self.spec = dict(spec)
 
     def __call__(self, state, x, rollout_extras=None):
@@ -101,9 +97,7 @@ class Filter(StatefulModule):
                 try:
                     value = value[part]
                 except (KeyError, IndexError, TypeError) as err:
-                    raise ValueError(
-                        f"Filter: spec[{key!r}] path {path[: i + 1]} not found in the input"
-                    ) from err
+                    raise ValueError(f"Filter: spec[{key!r}] path {path[: i + 1]} not found in the input") from err
             output[key] = value
         return StatefulModuleOutput(next_state=(), output=output)
 

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo.networks.feedforward import check_argument, is_int
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, as_rngs, batch_size_of, split_key_carry
 
 __all__ = ["VariationalBottleneck", "AR1VariationalBottleneck"]
@@ -52,12 +53,9 @@ class VariationalBottleneck(StatefulModule):
     def __init__(self, latent_size: int, rng: nnx.Rngs, kl_weight: float = 1.0, min_std: float = 1e-6,
                  *, fresh_keys_on_reset: bool = False):
         name = type(self).__name__
-        if isinstance(latent_size, bool) or not isinstance(latent_size, int) or latent_size <= 0:
-            raise ValueError(f"{name}: latent_size must be a positive int, got {latent_size!r}")
-        if kl_weight < 0:
-            raise ValueError(f"{name}: kl_weight must be >= 0, got {kl_weight!r}")
-        if min_std < 0:
-            raise ValueError(f"{name}: min_std must be >= 0, got {min_std!r}")
+        check_argument(name, "latent_size", latent_size, is_int(latent_size, 1), "a positive int")
+        check_argument(name, "kl_weight", kl_weight, not kl_weight < 0, ">= 0")
+        check_argument(name, "min_std", min_std, not min_std < 0, ">= 0")
         self.latent_size = latent_size
         self.rng = as_rngs(rng)
         self.kl_weight = float(kl_weight)
@@ -67,17 +65,12 @@ class VariationalBottleneck(StatefulModule):
     def _fresh_keys(self, batch_size: int) -> jax.Array:
         return jax.random.split(self.rng(), batch_size)
 
-    def _check_x(self, x: jax.Array) -> None:
-        shape = tuple(jnp.shape(x))
-        if len(shape) != 2 or shape[1] != 2 * self.latent_size:
-            raise ValueError(f"{type(self).__name__}: x has shape {shape}, expected "
-                             f"(B, {2 * self.latent_size}) (2 * latent_size, latent_size="
-                             f"{self.latent_size})")
-
     def _sample(self, keys: jax.Array, x: jax.Array):
         """Shared maths: returns (next_keys, z, kl per env [B])."""
-        self._check_x(x)
         latent = self.latent_size
+        if len(jnp.shape(x)) != 2 or jnp.shape(x)[1] != 2 * latent:
+            raise ValueError(f"{type(self).__name__}: x has shape {tuple(jnp.shape(x))}, expected (B, {2 * latent}) "
+                             f"(2 * latent_size, latent_size={latent})")
         mean = x[:, :latent]
         std = jax.nn.softplus(x[:, latent:]) + self.min_std
         next_keys, sample_keys = split_key_carry(type(self).__name__, keys, x.shape[0], "key carry")
@@ -94,13 +87,11 @@ class VariationalBottleneck(StatefulModule):
             return self._fresh_keys(batch_size_of(prev_state))
         return prev_state
 
-    def __call__(self, state: jax.Array, x: jax.Array,
-                 rollout_extras: Any = None) -> StatefulModuleOutput:
+    def __call__(self, state: jax.Array, x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
         next_keys, z, kl = self._sample(state, x)
         kl_mean = jnp.mean(kl)
-        return StatefulModuleOutput(next_state=next_keys, output=z,
-                                    regularization_loss=self.kl_weight * kl_mean,
-                                    metrics={"kl_divergence": kl_mean}, rollout_extras=None)
+        return StatefulModuleOutput(next_state=next_keys, output=z, regularization_loss=self.kl_weight * kl_mean,
+                                    metrics={"kl_divergence": kl_mean})
 
 
 class AR1VariationalBottleneck(VariationalBottleneck):
@@ -143,11 +134,9 @@ class AR1VariationalBottleneck(VariationalBottleneck):
 
     def __init__(self, latent_size: int, rng: nnx.Rngs, kl_weight: float = 1.0, min_std: float = 1e-6, *,
                  smoothness_weight: float, fresh_keys_on_reset: bool = False):
-        super().__init__(latent_size, rng, kl_weight, min_std,
-                         fresh_keys_on_reset=fresh_keys_on_reset)
-        if smoothness_weight < 0:
-            raise ValueError(f"AR1VariationalBottleneck: smoothness_weight must be >= 0, got "
-                             f"{smoothness_weight!r}")
+        super().__init__(latent_size, rng, kl_weight, min_std, fresh_keys_on_reset=fresh_keys_on_reset)
+        check_argument("AR1VariationalBottleneck", "smoothness_weight", smoothness_weight,
+                       not smoothness_weight < 0, ">= 0")
         self.smoothness_weight = float(smoothness_weight)
 
     def initialize_state(self, batch_size: int) -> dict[str, jax.Array]:
@@ -156,24 +145,19 @@ class AR1VariationalBottleneck(VariationalBottleneck):
                 "has_previous": jnp.zeros((batch_size,), jnp.bool_)}
 
     def reset_state(self, prev_state: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        keys = prev_state["key"]
-        if self.fresh_keys_on_reset:
-            keys = self._fresh_keys(keys.shape[0])
-        return {"key": keys,
+        return {"key": super().reset_state(prev_state["key"]),  # the chain kept, or fresh keys
                 "prev_z": jnp.zeros_like(prev_state["prev_z"]),
                 "has_previous": jnp.zeros_like(prev_state["has_previous"])}
 
-    def __call__(self, state: dict[str, jax.Array], x: jax.Array,
-                 rollout_extras: Any = None) -> StatefulModuleOutput:
+    def __call__(self, state: dict[str, jax.Array], x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
         if not isinstance(state, dict) or set(state) != {"key", "prev_z", "has_previous"}:
             raise ValueError("AR1VariationalBottleneck: state must be the dict "
                              "{'key', 'prev_z', 'has_previous'} from initialize_state")
         next_keys, z, kl = self._sample(state["key"], x)
         batch = x.shape[0]
         if tuple(state["prev_z"].shape) != (batch, self.latent_size):
-            raise ValueError(f"AR1VariationalBottleneck: state['prev_z'] has shape "
-                             f"{tuple(state['prev_z'].shape)}, expected ({batch}, "
-                             f"{self.latent_size}) (B, latent_size)")
+            raise ValueError(f"AR1VariationalBottleneck: state['prev_z'] has shape {tuple(state['prev_z'].shape)}, "
+                             f"expected ({batch}, {self.latent_size}) (B, latent_size)")
         if tuple(state["has_previous"].shape) != (batch,):
             raise ValueError(f"AR1VariationalBottleneck: state['has_previous'] has shape "
                              f"{tuple(state['has_previous'].shape)}, expected ({batch},)")
@@ -182,8 +166,6 @@ class AR1VariationalBottleneck(VariationalBottleneck):
         kl_mean = jnp.mean(kl)
         smooth_mean = jnp.mean(smooth)
         loss = self.kl_weight * kl_mean + self.smoothness_weight * smooth_mean
-        next_state = {"key": next_keys, "prev_z": z,
-                      "has_previous": jnp.ones_like(state["has_previous"])}
+        next_state = {"key": next_keys, "prev_z": z, "has_previous": jnp.ones_like(state["has_previous"])}
         return StatefulModuleOutput(next_state=next_state, output=z, regularization_loss=loss,
-                                    metrics={"kl_divergence": kl_mean, "smoothness": smooth_mean},
-                                    rollout_extras=None)
+                                    metrics={"kl_divergence": kl_mean, "smoothness": smooth_mean})

@@ -139,16 +139,6 @@ def _add_proxy(spec: mujoco.MjSpec, geom_name: str, kind: str) -> str:
     return proxy.name
 
 
-def _set_options(spec: mujoco.MjSpec, sim_dt: float, solver: str, iterations: int, ls_iterations: int) -> None:
-    opt = spec.option
-    opt.timestep = sim_dt
-    opt.solver = {"cg": mujoco.mjtSolver.mjSOL_CG, "newton": mujoco.mjtSolver.mjSOL_NEWTON}[solver]
-    opt.iterations = iterations
-    opt.ls_iterations = ls_iterations
-    opt.cone = mujoco.mjtCone.mjCONE_PYRAMIDAL
-    opt.jacobian = mujoco.mjtJacobian.mjJAC_SPARSE  # no LAPACK Cholesky (module docstring)
-
-
 def build_spec(sim_dt: float = 0.002, solver: str = "cg", iterations: int = 4, ls_iterations: int = 4,
                body_contacts: bool = True) -> mujoco.MjSpec:
     """The edited rodent as an ``MjSpec`` (see the module docstring).
@@ -178,7 +168,13 @@ def build_spec(sim_dt: float = 0.002, solver: str = "cg", iterations: int = 4, l
         proxy = _add_proxy(spec, geom_name, kind)
         spec.add_pair(name=f"floor_{proxy}", geomname1="floor", geomname2=proxy, condim=condim,
                       friction=[1.0, 1.0, 0.005, 0.0001, 0.0001])
-    _set_options(spec, sim_dt, solver, iterations, ls_iterations)
+    opt = spec.option
+    opt.timestep = sim_dt
+    opt.solver = {"cg": mujoco.mjtSolver.mjSOL_CG, "newton": mujoco.mjtSolver.mjSOL_NEWTON}[solver]
+    opt.iterations = iterations
+    opt.ls_iterations = ls_iterations
+    opt.cone = mujoco.mjtCone.mjCONE_PYRAMIDAL
+    opt.jacobian = mujoco.mjtJacobian.mjJAC_SPARSE  # no LAPACK Cholesky (module docstring)
     spec.compiler.fusestatic = True
     return spec
 

@@ -76,8 +76,7 @@ class Clips:
         return int(self.qpos.shape[1])
 
 
-def _signal(rng: np.random.Generator, model: mujoco.MjModel, gait_ids: np.ndarray, n_frames: int,
-            fps: float):
+def _signal(rng: np.random.Generator, model: mujoco.MjModel, gait_ids: np.ndarray):
     """A function ``t -> ctrl [nu]``: rest posture + a gait rhythm + slow drift."""
     freq = rng.uniform(1.5, 3.5)
     amp = rng.uniform(0.15, 0.45)
@@ -106,7 +105,7 @@ def _simulate(model: mujoco.MjModel, rng: np.random.Generator, n_frames: int, fp
         mujoco.mj_step(model, data)
     data.time = 0.0
     per_frame = max(1, int(round(1.0 / (fps * model.opt.timestep))))
-    ctrl = _signal(rng, model, gait_ids, n_frames, fps)
+    ctrl = _signal(rng, model, gait_ids)
     qpos, qvel, act, pos = [], [], [], []
     for _ in range(n_frames):
         mujoco.mj_kinematics(model, data)  # positions of this qpos (mj_step leaves the previous ones)

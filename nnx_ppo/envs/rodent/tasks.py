@@ -148,10 +148,7 @@ class RodentBase(mjx_env.MjxEnv):
     def _physics_step(self, data: mjx.Data, action: jax.Array) -> tuple[mjx.Data, Pose]:
         """``n_substeps`` physics steps with ``ctrl = action`` (clipped to [-1, 1]); the new data and pose."""
         data = mjx_env.step(self._mjx_model, data, jnp.clip(action, -1.0, 1.0), self.n_substeps)
-        return data, self._pose(data)
-
-    def _pose(self, data: mjx.Data) -> Pose:
-        return Pose(qpos=data.qpos, qvel=data.qvel, act=data.act, body_pos=data.site_xpos[self._sites])
+        return data, Pose(qpos=data.qpos, qvel=data.qvel, act=data.act, body_pos=data.site_xpos[self._sites])
 
     # ------------------------------------------------------------------ observations
 
@@ -280,7 +277,7 @@ class RodentRun(RodentBase):
 
 def imitation_config() -> config_dict.ConfigDict:
     """Physics (:func:`base_config`), clips, reward terms and termination thresholds."""
-    cfg = base_config(
+    return base_config(
         n_clips=8, clip_frames=150, clip_seed=0, clip_min_speed=0.05, reference_length=5, max_start_frame=50,
         reward_terms=config_dict.create(
             root_pos=config_dict.create(weight=1.0, scale=0.035),       # m
@@ -293,11 +290,6 @@ def imitation_config() -> config_dict.ConfigDict:
         control_cost=0.02, control_diff_cost=0.02,
         max_root_distance=0.1, max_root_degrees=60.0, max_pose_error=4.5,
     )
-    return cfg
-
-
-def _gauss(distance: jax.Array, weight: float, scale: float) -> jax.Array:
-    return weight * jnp.exp(-0.5 * jnp.square(distance / scale))
 
 
 def _angle_between(q1: jax.Array, q2: jax.Array) -> jax.Array:
@@ -381,9 +373,9 @@ class RodentImitation(RodentBase):
     # ------------------------------------------------------------------ reward and termination
 
     def _tracking(self, pose: Pose, ref: Pose) -> dict[str, jax.Array]:
-        """The exp-Gaussian tracking terms (scalars)."""
+        """The exp-Gaussian tracking terms (scalars): ``weight * exp(-(distance / scale)^2 / 2)``."""
         terms = self._config.reward_terms
-        g = lambda name, d: _gauss(d, float(terms[name].weight), float(terms[name].scale))  # noqa: E731
+        g = lambda name, d: float(terms[name].weight) * jnp.exp(-0.5 * jnp.square(d / float(terms[name].scale)))
         body_err = pose.body_pos - ref.body_pos
         return {
             "root_pos": g("root_pos", jnp.linalg.norm(pose.root_pos - ref.root_pos)),
