@@ -30,40 +30,12 @@ from typing import Any
 from nnx_ppo.algorithms.config import TrainConfig, config_from_dict, config_to_dict
 from nnx_ppo.algorithms.outputs import FAILURE_KEY  # (the key of a failure row of metrics.jsonl)
 
-__all__ = [
-    "CONFIG_FILE",
-    "METRICS_FILE",
-    "CURVE_FILE",
-    "TB_DIR",
-    "CHECKPOINT_DIR",
-    "default_run_dir",
-    "train_config_to_dict",
-    "train_config_from_dict",
-    "write_run_config",
-    "read_run_config",
-    "read_metrics",
-    "truncate_metrics",
-    "check_writable",
-    "clear_run",
-    "run_data",
-    "RUN_ENTRIES",
-    "RunOutputWarning",
-    "RunDataWarning",
-    "MetricsError",
-    "FAILURE_KEY",
-    "failure_rows",
-    "RunLock",
-    "RunDirInUseError",
-    "append_resumed",
-    "training_env_kwargs",
-    "make_run_envs",
-    "RunLogger",
-    "plot_learning_curve",
-    "seed_curves",
-    "seed_band",
-    "save_figure",
-    "CURVE_INTERVAL",
-]
+__all__ = ["CONFIG_FILE", "METRICS_FILE", "CURVE_FILE", "TB_DIR", "CHECKPOINT_DIR", "default_run_dir",
+           "train_config_to_dict", "train_config_from_dict", "write_run_config", "read_run_config", "read_metrics",
+           "truncate_metrics", "check_writable", "clear_run", "run_data", "RUN_ENTRIES", "RunOutputWarning",
+           "RunDataWarning", "MetricsError", "FAILURE_KEY", "failure_rows", "RunLock", "RunDirInUseError",
+           "append_resumed", "training_env_kwargs", "make_run_envs", "RunLogger", "plot_learning_curve", "seed_curves",
+           "seed_band", "save_figure", "CURVE_INTERVAL"]
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -570,17 +542,8 @@ class RunLogger:
     (a failure row's, see :data:`~nnx_ppo.algorithms.outputs.FAILURE_KEY`) go into ``metrics.jsonl`` only.
     """
 
-    def __init__(
-        self,
-        run_dir: str | os.PathLike,
-        *,
-        steps_per_iteration: int,
-        title: str = "",
-        tensorboard: bool = True,
-        wandb_run: Any = None,
-        resumed: bool = False,
-        config: dict[str, Any] | None = None,
-    ):
+    def __init__(self, run_dir: str | os.PathLike, *, steps_per_iteration: int, title: str = "", tensorboard: bool = True,
+                 wandb_run: Any = None, resumed: bool = False, config: dict[str, Any] | None = None):
         self.run_dir = Path(run_dir)
         self.config = config  # config.json's content, written again if the file vanishes
         self.steps_per_iteration = steps_per_iteration
@@ -600,9 +563,12 @@ class RunLogger:
         return bool(metrics) and all(k.startswith("eval/") for k in metrics)
 
     def _start(self, env_steps: int) -> None:
-        """On the first row: a resumed run continues from its last checkpoint,
-        so rows a crashed run logged after it are dropped (here and, via
-        ``purge_step``, in TensorBoard)."""
+        """On the first row (nothing after it): a resumed run continues from
+        its last checkpoint, so rows a crashed run logged after it are dropped
+        (here and, via ``purge_step``, in TensorBoard)."""
+        if not self._first:
+            return
+        self._first = False
         purge = None
         if self._resumed:
             if truncate_metrics(self.run_dir, env_steps - 1):
@@ -618,9 +584,7 @@ class RunLogger:
     def __call__(self, metrics: dict[str, float], env_steps: int, seed: int | None = None) -> None:
         """Log one row; ``seed`` (runs of several seeds) is written into the
         row and prefixes the TensorBoard tags (``seed3/eval/...``)."""
-        if self._first:
-            self._first = False
-            self._start(int(env_steps))
+        self._start(int(env_steps))
         is_eval = self.is_eval(metrics)
         row: dict[str, Any] = {"env_steps": int(env_steps)}
         if seed is not None:
@@ -660,9 +624,7 @@ class RunLogger:
         """Log a video already written to ``path``: to TensorBoard as an
         animated GIF image summary (tag ``eval/video``, at most
         ``max_tb_frames`` frames, evenly spaced) and to W&B as a video."""
-        if self._first:
-            self._first = False
-            self._start(int(env_steps))
+        self._start(int(env_steps))
         if self._tb is not None and frames:
             import io
 

@@ -133,8 +133,7 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
         print_error(f"aborted; metrics so far are kept, and the last saved checkpoint (if any){where}")
         code = 130
     except (rd.MetricsError, FootprintError) as e:  # a bad metrics row of a resumed run, a config too large for
-        run.close()                                   # the memory: refused before training
-        raise CliError(str(e)) from None
+        raise CliError(str(e)) from None              # the memory: refused before training (run closed below)
     except NonFiniteError as e:
         run.close()
         print_error(str(e))

@@ -5,6 +5,7 @@ failure a one-line :class:`~nnx_ppo.app.commands.CliError`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -23,9 +24,9 @@ from nnx_ppo.app.commands import (
 )
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs, resolve_factory_reference
 
-__all__ = ["has_checkpoint", "lock_run_dir", "fresh_run_dir", "run_policy_spec", "read_run", "checkpoint_choice",
-           "load_run_network", "only_best_policy", "parse_env_kwargs", "make_env", "build_network", "use_run_code",
-           "run_directory", "resume_changes", "extra_network_kwargs", "network_spec_of"]
+__all__ = ["has_checkpoint", "fresh_run_dir", "run_policy_spec", "read_run", "checkpoint_choice", "load_run_network",
+           "only_best_policy", "parse_env_kwargs", "prepared", "make_env", "make_envs", "build_network",
+           "use_run_code", "run_directory", "resume_changes", "extra_network_kwargs", "network_spec_of"]
 
 
 def only_best_policy(directory: Path) -> bool:
@@ -45,24 +46,13 @@ def has_checkpoint(directory: Path) -> bool:
     return directory.is_dir() and latest_checkpoint(directory) is not None
 
 
-def lock_run_dir(run_dir: Path):
-    """The run directory's :class:`~nnx_ppo.run_dir.RunLock`, acquired: a
-    directory another process trains into is refused in one line naming its pid."""
-
-    try:
-        return rd.RunLock(run_dir).acquire()
-    except ValueError as e:
-        raise CliError(str(e)) from None
-
-
-def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> Path:
-    """``run_dir`` for a run that starts from scratch. One that holds files
-    no run writes is refused; one that holds any run data (config.json,
-    metrics, tb/, checkpoints, a best policy) is refused naming what it
-    holds and what to do (resume a run with a training checkpoint;
-    ``--overwrite`` deletes the data first). The caller holds the
-    directory's lock (:func:`lock_run_dir`)."""
-    from nnx_ppo.algorithms.checkpointing import latest_checkpoint
+def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> None:
+    """Check ``run_dir`` for a run that starts from scratch. One that holds
+    files no run writes is refused; one that holds any run data
+    (config.json, metrics, tb/, checkpoints, a best policy) is refused
+    naming what it holds and what to do (resume a run with a training
+    checkpoint; ``--overwrite`` deletes the data first). The caller holds
+    the directory's lock (:func:`run_directory`)."""
     from nnx_ppo.progress import pretty_path
 
     try:
@@ -70,7 +60,7 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> Path:
     except ValueError as e:
         raise CliError(str(e)) from None
     if not run_dir.is_dir():
-        return run_dir
+        return
     foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in rd.RUN_ENTRIES)
     if foreign:
         shown = ", ".join(foreign[:4]) + (" ..." if len(foreign) > 4 else "")
@@ -78,7 +68,7 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> Path:
                        "directory)")
     data = rd.run_data(run_dir)
     if not data:
-        return run_dir
+        return
     if (run_dir / rd.CONFIG_FILE).exists() and not overwrite:
         try:
             rd.read_run_config(run_dir)
@@ -88,9 +78,9 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> Path:
     if overwrite:
         print_warning(f"--overwrite: deleting what {pretty_path(run_dir)} held ({', '.join(data)})")
         rd.clear_run(run_dir)
-        return run_dir
+        return
     ckpt = run_dir / rd.CHECKPOINT_DIR
-    resumable = ckpt.is_dir() and latest_checkpoint(ckpt) is not None
+    resumable = has_checkpoint(ckpt)
     if resumable and not (run_dir / rd.CONFIG_FILE).exists():
         raise CliError(f"{ckpt} already holds {data[-1]} (of another run, without its config.json); a new run would "
                        "prune them: move them away, pick another --run-dir, or --overwrite (deletes them)")
@@ -198,6 +188,8 @@ def load_run_network(ckpt_dir: Path, network: Any, seed: int | None = None, step
 
 
 def parse_env_kwargs(text: str | None, env: str, flag: str = "--env-kwargs") -> dict[str, Any]:
+    """The JSON object ``flag`` gave (``--env-kwargs``: the default env's own
+    when not given); a usage error in one line when it is not one."""
     if text is None:
         return dict(DEFAULT_ENV_KWARGS) if env == DEFAULT_ENV and flag == "--env-kwargs" else {}
     try:
@@ -207,6 +199,21 @@ def parse_env_kwargs(text: str | None, env: str, flag: str = "--env-kwargs") -> 
     if not isinstance(value, dict):
         raise CliError(f"{flag} must be a JSON object, got {text!r}")
     return value
+
+
+def prepared(cmd, saved: dict[str, Any] | None):
+    """``(cmd, env_kwargs, train_env_kwargs)`` of ``train`` or ``sweep``: the
+    command with a FILE.py:NAME env made absolute (as the run records it), and
+    its env's keyword arguments; with ``--resume`` what the flags change of
+    the run ``saved`` is checked and printed (:func:`resume_changes`)."""
+    from nnx_ppo.user_code import normalized
+
+    cmd = dataclasses.replace(cmd, env=normalized(cmd.env))
+    env_kwargs = parse_env_kwargs(cmd.setup.env_kwargs, cmd.env)
+    train_env_kwargs = parse_env_kwargs(cmd.setup.train_env_kwargs, cmd.env, "--train-env-kwargs")
+    if cmd.run.resume is not None:
+        resume_changes(cmd, saved, env_kwargs, train_env_kwargs)
+    return cmd, env_kwargs, train_env_kwargs
 
 
 def make_env(spec: str, kwargs: dict[str, Any]):
@@ -220,6 +227,12 @@ def make_env(spec: str, kwargs: dict[str, Any]):
         raise CliError(f"bad keyword arguments for environment {spec!r}: {e}") from None
     except ImportError as e:
         raise CliError(str(e), code=1) from None
+
+
+def make_envs(spec: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any]):
+    """``(train_env, eval_env)`` (:func:`nnx_ppo.run_dir.training_env_kwargs`
+    says how the training env differs)."""
+    return make_env(spec, rd.training_env_kwargs(env_kwargs, train_env_kwargs)), make_env(spec, env_kwargs)
 
 
 def build_network(spec: NetworkSpec, env, cmd):
@@ -251,12 +264,11 @@ def extra_network_kwargs(network: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in (network.get("kwargs") or {}).items() if k not in sized}
 
 
-def resume_changes(cmd, saved: dict[str, Any], env_kwargs: dict, train_env_kwargs: dict
-                   ) -> dict[str, list]:
-    """What resuming the run ``saved`` with ``cmd`` changes (``{"ppo.total_steps":
-    [before, after]}``), printed; a change of anything that makes the run
-    (the env, the network, the seeds, a config field not declared resumable)
-    is a one-line CliError naming the flag."""
+def resume_changes(cmd, saved: dict[str, Any], env_kwargs: dict, train_env_kwargs: dict) -> None:
+    """Print what resuming the run ``saved`` with ``cmd`` changes
+    (``resuming with --ppo.total-steps 2000 (was 1000)``); a change of
+    anything that makes the run (the env, the network, the seeds, a config
+    field not declared resumable) is a one-line CliError naming the flag."""
     from nnx_ppo.algorithms.config import resume_changes as config_changes
 
     network = saved["network"]
@@ -278,9 +290,8 @@ def resume_changes(cmd, saved: dict[str, Any], env_kwargs: dict, train_env_kwarg
         raise CliError(str(e)) from None
     for name, (before, after) in changes.items():
         print(f"resuming with --{name.replace('_', '-')} {after} (was {before})", flush=True)
-    if changes and cmd.run.resume is not None:
+    if changes:
         _print_decay_change(cmd, saved)
-    return changes
 
 
 def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
@@ -290,10 +301,10 @@ def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
     from nnx_ppo.algorithms import checkpointing
 
     before, after = rd.train_config_from_dict(saved["config"], learning_rate=1.0).ppo, cmd.config.ppo
-    latest = checkpointing.latest_checkpoint(Path(cmd.run.resume) / rd.CHECKPOINT_DIR)
-    if not after.learning_rate_decay or latest is None or before.total_updates == after.total_updates:
+    saved_steps = checkpointing.list_checkpoints(Path(cmd.run.resume) / rd.CHECKPOINT_DIR)
+    if not after.learning_rate_decay or not saved_steps or before.total_updates == after.total_updates:
         return
-    step = int(latest.name.removeprefix("step_"))
+    step = saved_steps[-1][0]
     update = step // before.steps_per_iteration * before.n_epochs * before.n_minibatches
     old, new = (max(0.0, 1.0 - update / ppo.total_updates) for ppo in (before, after))
     rates = (f"{old * after.learning_rate:.3g} to {new * after.learning_rate:.3g}" if "members" not in saved
@@ -304,40 +315,45 @@ def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
           f"from {rates}", flush=True)
 
 
-def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train") -> Path:
-    """The run directory, locked (the caller releases
-    ``rd.RunLock(run_dir)``); for ``--resume``, after checking that there is
-    a checkpoint to resume from."""
+@contextlib.contextmanager
+def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train"):
+    """``with run_directory(cmd, saved, command) as run_dir:`` the run
+    directory of ``train``, ``sweep`` or ``distill`` (``command``; by default
+    ``runs/<env>[-sweep|-distill]-<time>``), locked for the block: a
+    directory another process trains into is refused in one line naming its
+    pid, a fresh run's is checked (:func:`fresh_run_dir`), a resumed one must
+    hold a checkpoint to resume from and writable files."""
     from nnx_ppo.user_code import short_name
 
     check_distinct_seeds(cmd.seeds)
     if cmd.run.resume is None:
-        run_dir = Path(cmd.run.run_dir) if cmd.run.run_dir else rd.default_run_dir(short_name(cmd.env))
-        lock = lock_run_dir(run_dir)
-        try:
-            return fresh_run_dir(run_dir, cmd.run.overwrite)
-        except BaseException:
-            lock.release()
-            raise
-    assert saved is not None
-    if cmd.run.run_dir is not None and Path(cmd.run.run_dir).resolve() != Path(cmd.run.resume).resolve():
+        name = short_name(cmd.env) + ("" if command == "train" else f"-{command}")
+        run_dir = Path(cmd.run.run_dir) if cmd.run.run_dir else rd.default_run_dir(name)
+    elif cmd.run.run_dir is not None and Path(cmd.run.run_dir).resolve() != Path(cmd.run.resume).resolve():
         raise CliError("give either --run-dir or --resume, not both")
-    run_dir = Path(cmd.run.resume)
-    if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
-        again = f"{shell_command(PROG, command, '...', '--run-dir', run_dir)} --overwrite"
-        if only_best_policy(run_dir / rd.CHECKPOINT_DIR):
-            raise CliError(f"{run_dir} has no training checkpoint to resume from, only its best policy (which holds "
-                           f"no optimizer state): evaluate or export it with --best, or start it again: {again}")
-        raise CliError(f"{run_dir} has no checkpoints to resume from (it stopped before its first one); start it "
-                       f"again: {again}")
-    lock = lock_run_dir(run_dir)
+    else:
+        run_dir = Path(cmd.run.resume)
+        if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
+            again = f"{shell_command(PROG, command, '...', '--run-dir', run_dir)} --overwrite"
+            if only_best_policy(run_dir / rd.CHECKPOINT_DIR):
+                raise CliError(f"{run_dir} has no training checkpoint to resume from, only its best policy (which "
+                               f"holds no optimizer state): evaluate or export it with --best, or start it again: "
+                               f"{again}")
+            raise CliError(f"{run_dir} has no checkpoints to resume from (it stopped before its first one); start it "
+                           f"again: {again}")
     try:
-        rd.check_writable(run_dir)
-        _check_writable_files(run_dir)
-    except BaseException:
+        lock = rd.RunLock(run_dir).acquire()
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    try:
+        if cmd.run.resume is None:
+            fresh_run_dir(run_dir, cmd.run.overwrite)
+        else:
+            rd.check_writable(run_dir)
+            _check_writable_files(run_dir)
+        yield run_dir
+    finally:
         lock.release()
-        raise
-    return run_dir
 
 
 def _check_writable_files(run_dir: Path) -> None:
@@ -351,8 +367,6 @@ def _check_writable_files(run_dir: Path) -> None:
 
 def _normalized_network(network: str) -> str:
     """``--network`` as config.json records it (a file reference made absolute)."""
-    from nnx_ppo.network_spec import NetworkSpec
-
     try:
         return NetworkSpec.sized("", network, 1).kind
     except ValueError:
