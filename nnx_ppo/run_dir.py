@@ -252,7 +252,7 @@ def run_data(run_dir: str | os.PathLike) -> list[str]:
     for folder in (TB_DIR, "videos", "source"):
         if (path / folder).is_dir() and any((path / folder).iterdir()):
             found.append(f"{folder}/")
-    held = held_checkpoints(path / CHECKPOINT_DIR) if (path / CHECKPOINT_DIR).is_dir() else None
+    held = held_checkpoints(path / CHECKPOINT_DIR)
     return found + ([held] if held is not None else [])
 
 
@@ -262,22 +262,23 @@ def clear_run(run_dir: str | os.PathLike) -> None:
     asks for); anything else in it stays."""
     import shutil
 
-    for name in RUN_ENTRIES:
-        entry = Path(run_dir) / name
-        if name == LOCK_FILE:
-            continue
+    for entry in (Path(run_dir) / name for name in RUN_ENTRIES if name != LOCK_FILE):
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         elif entry.exists() or entry.is_symlink():
             entry.unlink()
 
 
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, via a temporary file beside it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:
     """Write ``content`` as the run's ``config.json`` (atomically, via a temporary file)."""
-    path = Path(run_dir) / CONFIG_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(content, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    _replace_text(Path(run_dir) / CONFIG_FILE, json.dumps(content, indent=2) + "\n")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -390,10 +391,7 @@ def truncate_metrics(run_dir: str | os.PathLike, max_env_steps: int) -> int:
     rows = read_metrics(run_dir)
     kept = [r for r in rows if int(r.get("env_steps", 0)) <= max_env_steps]
     if len(kept) != len(rows):
-        path = Path(run_dir) / METRICS_FILE
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
+        _replace_text(Path(run_dir) / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in kept))
     return len(rows) - len(kept)
 
 
@@ -542,8 +540,9 @@ class RunLogger:
     (a failure row's, see :data:`~nnx_ppo.algorithms.outputs.FAILURE_KEY`) go into ``metrics.jsonl`` only.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, *, steps_per_iteration: int, title: str = "", tensorboard: bool = True,
-                 wandb_run: Any = None, resumed: bool = False, config: dict[str, Any] | None = None):
+    def __init__(self, run_dir: str | os.PathLike, *, steps_per_iteration: int, title: str = "",
+                 tensorboard: bool = True, wandb_run: Any = None, resumed: bool = False,
+                 config: dict[str, Any] | None = None):
         self.run_dir = Path(run_dir)
         self.config = config  # config.json's content, written again if the file vanishes
         self.steps_per_iteration = steps_per_iteration

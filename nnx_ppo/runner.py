@@ -171,10 +171,8 @@ class Run:
         from nnx_ppo.progress import Progress
 
         ppo = spec.config.ppo
-        n = spec.n_entries
-        bar = None
-        if progress and primary:
-            bar = Progress(ppo.n_iterations * ppo.steps_per_iteration * n, quiet)
+        total = ppo.n_iterations * ppo.steps_per_iteration * spec.n_entries
+        bar = Progress(total, quiet) if progress and primary else None
         if path is None:
             return cls(None, spec, resuming=resuming, bar=bar, lock=None)
         path = Path(path)
@@ -266,16 +264,14 @@ class Run:
 
     def close(self) -> None:
         """Close the bar and the logger, then release the directory."""
-        bar, logger, self.bar, self.logger = self.bar, self.logger, None, None  # (closing twice does nothing)
         try:
-            if bar is not None:
-                self.bar = bar
+            if self.bar is not None:
                 self._show_evaluations()
-                self.bar = None
-                bar.close()
-            if logger is not None:
-                logger.close()
+                self.bar.close()
+            if self.logger is not None:
+                self.logger.close()
         finally:
+            self.bar = self.logger = None  # (closing twice does nothing)
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
