@@ -35,7 +35,7 @@ __all__ = ["CONFIG_FILE", "METRICS_FILE", "CURVE_FILE", "TB_DIR", "CHECKPOINT_DI
            "truncate_metrics", "check_writable", "clear_run", "run_data", "RUN_ENTRIES", "RunOutputWarning",
            "RunDataWarning", "MetricsError", "FAILURE_KEY", "failure_rows", "RunLock", "RunDirInUseError",
            "append_resumed", "training_env_kwargs", "make_run_envs", "RunLogger", "plot_learning_curve", "seed_curves",
-           "seed_band", "save_figure", "CURVE_INTERVAL"]
+           "seed_band", "new_figure", "save_figure", "CURVE_INTERVAL"]
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -456,11 +456,6 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, tit
     eval return with the min-max band of its episodes. Several seeds: the
     mean eval return over seeds with the min-max band over seeds, and each
     seed's training return as a thin line."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     train = seed_curves([r for r in rows if r.get("train/completed_episodes", 1) > 0], "train/episode_return",
                         eval_rows=False)
     n_seeds = len({r["seed"] for r in rows if "seed" in r})
@@ -472,7 +467,7 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, tit
         lo, hi = seed_curves(rows, "eval/episode_return_min"), seed_curves(rows, "eval/episode_return_max")
         eval_lo, eval_hi = (next(iter(lo.values()))[1], next(iter(hi.values()))[1]) if lo and hi else ([], [])
         band_label = "eval return, min-max over its episodes"
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    fig, ax = new_figure((7, 4.2))
     for i, (train_x, train_y) in enumerate(train.values()):
         label = "train episode return" + (" (each seed)" if n_seeds > 1 else "") if i == 0 else None
         ax.plot(train_x, train_y, color="tab:blue", alpha=0.6 if n_seeds <= 1 else 0.35,
@@ -489,17 +484,29 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, tit
     ax.grid(True, alpha=0.3)
     if train or eval_x:
         ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
     save_figure(fig, path)
 
 
+def new_figure(size: tuple[float, float]) -> tuple[Any, Any]:
+    """``(figure, axes)``: a new matplotlib figure of ``size`` inches at 100
+    dpi, drawn without a display (the Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=size, dpi=100)
+
+
 def save_figure(fig: Any, path: str | os.PathLike) -> None:
-    """Write a matplotlib figure as PNG atomically (a reader never sees half a
-    file) and close it; on failure (disk full, ...) no temporary file stays."""
+    """Lay out a matplotlib figure (``tight_layout``), write it as PNG
+    atomically (a reader never sees half a file) and close it; on failure
+    (disk full, ...) no temporary file stays."""
     import matplotlib.pyplot as plt
 
     tmp = Path(str(path) + ".tmp.png")
     try:
+        fig.tight_layout()
         fig.savefig(tmp, format="png")
         os.replace(tmp, path)
     except BaseException:

@@ -4,6 +4,7 @@ library defaults of each kind of network."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from typing import Annotated, Any, Optional
@@ -20,10 +21,8 @@ def check_distinct_seeds(seeds, flag: str = "--seeds") -> list[int]:
     """``seeds`` (none: one run) as distinct valid seeds; a one-line CliError naming ``flag`` otherwise."""
     from nnx_ppo.algorithms.config import check_seeds
 
-    try:
+    with usage_errors(ValueError):
         return check_seeds(seeds, flag) if seeds else []
-    except ValueError as e:
-        raise CliError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- the default agent
@@ -59,6 +58,17 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 2):
         super().__init__(message)
         self.code = code
+
+
+@contextlib.contextmanager
+def usage_errors(*kinds: type[BaseException], prefix: str = ""):
+    """``with usage_errors(ValueError, prefix="--grid: "):`` an exception of
+    ``kinds`` raised in the block is a usage error: a :class:`CliError` (exit
+    code 2) of its message after ``prefix``."""
+    try:
+        yield
+    except kinds as e:
+        raise CliError(prefix + str(e)) from None
 
 
 # ----------------------------------------------------------------------------- commands

@@ -110,12 +110,7 @@ def summarize_run(rows: list[dict[str, Any]], metric: str, threshold: float | No
 
 
 def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: float | None, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=100)
+    fig, ax = rd.new_figure((7.5, 4.5))
     for i, (name, rows) in enumerate(runs):
         steps, mean, lo, hi = rd.seed_band(rows, metric)
         color = f"C{i % 10}"
@@ -130,7 +125,6 @@ def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: 
     ax.set_ylabel(metric)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     rd.save_figure(fig, path)
 

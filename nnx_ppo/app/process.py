@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nnx_ppo.app.commands import PROG, CliError, TrainCommand, print_error
+from nnx_ppo.app.commands import PROG, CliError, TrainCommand, print_error, usage_errors
 
 if TYPE_CHECKING:
     from nnx_ppo.progress import StopFlag
@@ -96,7 +96,7 @@ def join_processes(cmd: TrainCommand) -> None:
     from nnx_ppo import run_dir as rd
     from nnx_ppo.algorithms.distributed import check_same_everywhere, initialize, watch_peers
 
-    try:
+    with usage_errors(ValueError):
         initialize(flags.coordinator_address, flags.num_processes, flags.process_id, timeout=flags.distributed_timeout)
         # Every process must train the same run: compare a hash of the settings (all but --process-id).
         settings = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd)}
@@ -104,8 +104,6 @@ def join_processes(cmd: TrainCommand) -> None:
         settings["config"] = rd.train_config_to_dict(cmd.config)
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
         check_same_everywhere(digest, "settings (flags)")
-    except ValueError as e:
-        raise CliError(str(e)) from None
     # A peer that dies or hangs ends every process within --distributed-timeout, in one line.
     watch_peers(flags.distributed_timeout)
 

@@ -21,6 +21,7 @@ from nnx_ppo.app.commands import (
     check_distinct_seeds,
     print_warning,
     shell_command,
+    usage_errors,
 )
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs, resolve_factory_reference
 
@@ -55,10 +56,8 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> None:
     the directory's lock (:func:`run_directory`)."""
     from nnx_ppo.progress import pretty_path
 
-    try:
+    with usage_errors(ValueError):
         rd.check_writable(run_dir)
-    except ValueError as e:
-        raise CliError(str(e)) from None
     if not run_dir.is_dir():
         return
     foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in rd.RUN_ENTRIES)
@@ -110,11 +109,9 @@ def run_policy_spec(run_dir: Path, saved: dict[str, Any], step: int | str | None
         if not only_best:
             raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
     env = make_env(saved["env"], saved.get("env_kwargs", {}))
-    try:
+    with usage_errors(TypeError, ValueError):
         spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}),
                                       **saved["network"]}, where=f"{run_dir}/config.json")
-    except (TypeError, ValueError) as e:
-        raise CliError(str(e)) from None
     if is_factory_reference(spec.kind):
         try:
             resolve_factory_reference(spec.kind)
@@ -131,10 +128,8 @@ def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
     from nnx_ppo.envs.registry import is_known
     from nnx_ppo.runner import PYTHON_NETWORK
 
-    try:
+    with usage_errors(FileNotFoundError, ValueError):
         saved = rd.read_run_config(run_dir)
-    except (FileNotFoundError, ValueError) as e:
-        raise CliError(str(e)) from None
     network = saved["network"] if isinstance(saved["network"], dict) else {}
     if rebuild and (PYTHON_NETWORK in network or saved.get("env_rebuildable") is False):
         what = (f"a network object ({network[PYTHON_NETWORK]})" if PYTHON_NETWORK in network
@@ -238,21 +233,17 @@ def make_envs(spec: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[str,
 def build_network(spec: NetworkSpec, env, cmd):
     """``spec.build(env)``; a network that cannot be built (a bad size, an
     unknown ``--network-kwargs`` key) is a usage error in one line."""
-    try:
+    with usage_errors(ValueError, TypeError, prefix=f"cannot build the network {cmd.setup.network} for {cmd.env}: "):
         return spec.build(env)
-    except (ValueError, TypeError) as e:
-        raise CliError(f"cannot build the network {cmd.setup.network} for {cmd.env}: {e}") from None
 
 
 def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
     if cmd.setup.hidden_size <= 0:
         raise CliError(f"--hidden-size must be positive, got {cmd.setup.hidden_size}")
-    try:
+    with usage_errors(ValueError, prefix="--network: "):
         spec = NetworkSpec.sized(cmd.env, cmd.setup.network, cmd.setup.hidden_size, seed=seed, env_kwargs=env_kwargs)
         if is_factory_reference(spec.kind):
             resolve_factory_reference(spec.kind)
-    except ValueError as e:
-        raise CliError(f"--network: {e}") from None
     extra = parse_env_kwargs(cmd.setup.network_kwargs, cmd.env, "--network-kwargs")
     return dataclasses.replace(spec, kwargs={**spec.kwargs, **extra}) if extra else spec
 
@@ -284,10 +275,8 @@ def resume_changes(cmd, saved: dict[str, Any], env_kwargs: dict, train_env_kwarg
     ):
         if now != before:
             raise CliError(f"cannot change {what} when resuming ({before!r} in the run, {now!r} given)")
-    try:
+    with usage_errors(ValueError):
         changes = config_changes(saved["config"], cmd.config)
-    except ValueError as e:
-        raise CliError(str(e)) from None
     for name, (before, after) in changes.items():
         print(f"resuming with --{name.replace('_', '-')} {after} (was {before})", flush=True)
     if changes:
@@ -341,10 +330,8 @@ def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train"):
                                f"{again}")
             raise CliError(f"{run_dir} has no checkpoints to resume from (it stopped before its first one); start it "
                            f"again: {again}")
-    try:
+    with usage_errors(ValueError):
         lock = rd.RunLock(run_dir).acquire()
-    except ValueError as e:
-        raise CliError(str(e)) from None
     try:
         if cmd.run.resume is None:
             fresh_run_dir(run_dir, cmd.run.overwrite)

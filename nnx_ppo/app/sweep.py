@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import PROG, CliError, SweepCommand, check_distinct_seeds, print_error, shell_command
+from nnx_ppo.app.commands import (
+    PROG,
+    CliError,
+    SweepCommand,
+    check_distinct_seeds,
+    print_error,
+    shell_command,
+    usage_errors,
+)
 from nnx_ppo.app.plot import (
     bootstrap_interval,
     elapsed_seconds,
@@ -92,10 +100,8 @@ def grid_configs(base, grid: dict[str, list[float]]) -> tuple[list, list[dict[st
     configs, values = [], []
     for combination in itertools.product(*grid.values()):
         chosen = dict(zip(grid, combination))
-        try:
+        with usage_errors(ValueError, prefix="--grid: "):
             configs.append(dataclasses.replace(base, ppo=dataclasses.replace(base.ppo, **chosen)))
-        except ValueError as e:
-            raise CliError(f"--grid: {e}") from None
         values.append(chosen)
     return configs or [base], values or [{}]
 
@@ -161,11 +167,9 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
     t0 = time.perf_counter()
 
     def train(stop):
-        try:
+        with usage_errors(PopulationConfigError):
             return train_population(train_env, spec, configs, seeds, pbt=pbt, eval_env=env, run=run,
                                     resume_from=run_dir if resuming else None, should_stop=stop)
-        except PopulationConfigError as e:
-            raise CliError(str(e)) from None
 
     code, results, stopped = train_into(run, train)
     if results is not None:
@@ -438,21 +442,10 @@ def _plots(run_dir: Path, summary: dict[str, Any]) -> list[Path]:
     value's median over its members (line) against the swept value (with
     PBT: the member's final value); with PBT, ``pbt_<field>.png``: each
     member's value over training. Failed members have no final return."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     written = []
     pbt = bool(summary.get("pbt"))
-
-    def save(fig, name: str) -> None:
-        fig.tight_layout()
-        rd.save_figure(fig, run_dir / name)
-        written.append(run_dir / name)
-
     for field in summary["fields"]:
-        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+        fig, ax = rd.new_figure((6, 4))
         points = [(m["hyperparameters"].get(field, m[field]) if pbt else m[field], m["final"])
                   for m in summary["members"] if not math.isnan(m["final"])]
         xs = sorted({x for x, _ in points})
@@ -465,12 +458,13 @@ def _plots(run_dir: Path, summary: dict[str, Any]) -> list[Path]:
         ax.set_ylabel(f"final {_METRIC}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-        save(fig, f"sweep_{field}.png")
+        written.append(run_dir / f"sweep_{field}.png")
+        rd.save_figure(fig, written[-1])
     if pbt:
         rows = [r for r in rd.read_metrics(run_dir) if not r.get("eval") and "seed" in r]
         for field in summary["fields"] or ["learning_rate"]:
             key = f"hyperparameters/{field}"
-            fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+            fig, ax = rd.new_figure((7, 4))
             for m in summary["members"]:
                 mine = [(r["env_steps"], r[key]) for r in rows if r["seed"] == m["member"] and key in r]
                 ax.plot([s for s, _ in mine], [v for _, v in mine], "-", linewidth=1, label=f"member {m['member']}")
@@ -480,5 +474,6 @@ def _plots(run_dir: Path, summary: dict[str, Any]) -> list[Path]:
             ax.grid(True, alpha=0.3)
             if len(summary["members"]) <= 12:
                 ax.legend(fontsize="x-small", ncol=2)
-            save(fig, f"pbt_{field}.png")
+            written.append(run_dir / f"pbt_{field}.png")
+            rd.save_figure(fig, written[-1])
     return written

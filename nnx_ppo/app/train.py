@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import uuid
 from pathlib import Path
@@ -23,10 +24,13 @@ from nnx_ppo.app.commands import (
     DistillCommand,
     RunFlags,
     SetupFlags,
+    SweepCommand,
+    SweepFlags,
     TrainCommand,
     print_error,
     print_warning,
     shell_command,
+    usage_errors,
 )
 from nnx_ppo.app.process import train_into
 from nnx_ppo.app.runs import (
@@ -62,14 +66,10 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
     a SweepCommand for a sweep), holding the run's saved settings: the
     parser's defaults for ``resume``/``--resume``, so that only flags given
     explicitly change anything (and :func:`resume_changes` checks those)."""
-    from nnx_ppo.app.commands import SweepCommand, SweepFlags
-
     saved = read_run(Path(run_dir), rebuild="resume it")
-    try:
+    with usage_errors(rd.MetricsError):
         rd.read_metrics(run_dir, strict=True)  # a bad row refused before anything is built
-    except rd.MetricsError as e:
-        raise CliError(str(e)) from None
-    try:
+    with usage_errors(KeyError, TypeError, ValueError, prefix=f"cannot read {Path(run_dir) / rd.CONFIG_FILE}: "):
         net = saved["network"]
         extra = extra_network_kwargs(net)
         setup = _saved_setup(saved, network=net["kind"], hidden_size=int(net.get("hidden_size") or DEFAULT_HIDDEN_SIZE),
@@ -81,8 +81,6 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
             pbt = population.get("pbt") or {}
             return SweepCommand(**{**fields, "seeds": tuple(population["seeds"])},
                                 sweep=SweepFlags(pbt_every=int(pbt.get("every_iterations", 0)))), saved
-    except (KeyError, TypeError, ValueError) as e:
-        raise CliError(f"cannot read {Path(run_dir) / rd.CONFIG_FILE}: {e}") from None
     return TrainCommand(**fields), saved
 
 
@@ -124,8 +122,6 @@ def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict) -> None:
 
 
 def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int = 1) -> None:
-    import numpy as np
-
     if stopped:
         print(f"stopped early at {result.total_steps:,} env steps; continue with: "
               f"{shell_command(PROG, 'resume', pretty_path(run_dir))}")
@@ -133,12 +129,10 @@ def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int 
            f"(compile {result.compile_seconds:.1f} s)"
     if result.eval_history and n_seeds == 1:
         _, last = result.eval_history[-1]
-        line += (
-            f"; final eval return {last['eval/episode_return']:.3f}"
-            f" ± {last.get('eval/episode_return_std', np.nan):.3f}"
-        )
+        line += (f"; final eval return {last['eval/episode_return']:.3f}"
+                 f" ± {last.get('eval/episode_return_std', math.nan):.3f}")
     elif result.metrics and n_seeds == 1:
-        line += f"; last train return {result.metrics.get('train/episode_return', np.nan):.3f}"
+        line += f"; last train return {result.metrics.get('train/episode_return', math.nan):.3f}"
     print(line)
     best = _best_policies(run_dir)
     if best:
@@ -314,10 +308,8 @@ def resumed_distillation(saved: dict) -> DistillSetup:
 
     recorded = dict(saved["distillation"])
     teacher_run = Path(recorded.pop("teacher_run"))
-    try:
+    with usage_errors(TypeError, ValueError, prefix="cannot read the distillation settings of the run: "):
         config = DistillationConfig(**recorded)
-    except (TypeError, ValueError) as e:
-        raise CliError(f"cannot read the distillation settings of the run: {e}") from None
     return _teacher(teacher_run, read_run(teacher_run, rebuild="use it as a teacher"), config)
 
 
@@ -329,18 +321,14 @@ def student_run(cmd: DistillCommand) -> tuple[TrainCommand, DistillSetup]:
 
     teacher_run = Path(cmd.teacher_run)
     saved = read_run(teacher_run, rebuild="use it as a teacher")
-    try:
+    with usage_errors(KeyError, TypeError, ValueError, prefix=f"cannot read {teacher_run / rd.CONFIG_FILE}: "):
         config = rd.train_config_from_dict(saved["config"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CliError(f"cannot read {teacher_run / rd.CONFIG_FILE}: {e}") from None
-    try:
+    with usage_errors(ValueError):
         distillation = DistillationConfig(teacher_mixing=cmd.teacher_mixing,
                                           teacher_mixing_steps=cmd.teacher_mixing_steps)
         ppo = dataclasses.replace(
             config.ppo, total_steps=config.ppo.total_steps if cmd.total_steps is None else cmd.total_steps,
             learning_rate=config.ppo.learning_rate if cmd.learning_rate is None else cmd.learning_rate)
-    except ValueError as e:
-        raise CliError(str(e)) from None
     setup = _teacher(teacher_run, saved, distillation)
     student_cmd = TrainCommand(env=saved["env"], setup=_saved_setup(saved, network=cmd.network,
                                                                     hidden_size=cmd.hidden_size),

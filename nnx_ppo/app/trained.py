@@ -16,7 +16,7 @@ import errno
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, EvalCommand, ExportCommand, check_writable_target
+from nnx_ppo.app.commands import CliError, EvalCommand, ExportCommand, check_writable_target, usage_errors
 from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec
 from nnx_ppo.app.sweep import failure_text, lineage_text, member_lineage
 from nnx_ppo.progress import pretty_path
@@ -319,10 +319,9 @@ def run_export(cmd: ExportCommand) -> int:
                        (f"seeds {seeds}" if seeds else "one seed; leave --seed out"))
     seed = cmd.seed if cmd.seed is not None else (seeds[0] if seeds else None)
     replaced = check_out_directory(cmd)  # before the network is loaded and compiled
-    try:
+    # (e.g. a network function that no longer returns a network)
+    with usage_errors(ValueError, TypeError, prefix=f"cannot rebuild the network of {run_dir}: "):
         network = spec.build(env)
-    except (ValueError, TypeError) as e:  # e.g. a network function that no longer returns a network
-        raise CliError(f"cannot rebuild the network of {run_dir}: {e}") from None
     network = load_run_network(ckpt_dir, network, seed=seed, step=which)
     policy = Policy(network, deterministic=not cmd.stochastic, env=env)  # the env gives the observation shapes
     try:
