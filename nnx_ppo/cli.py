@@ -38,7 +38,7 @@ from typing import Annotated, Union
 import tyro
 from tyro.constructors import MISSING_NONPROP
 
-from nnx_ppo.algorithms.config import TrainConfig, checked, deferred_checks, flat_fields
+from nnx_ppo.algorithms.config import TrainConfig, checked, config_to_dict, deferred_checks, flat_fields
 from nnx_ppo.app.commands import (
     DEFAULT_ENV,
     DEFAULT_ENV_KWARGS,
@@ -61,7 +61,7 @@ from nnx_ppo.app.commands import (
     run_envs,
 )
 from nnx_ppo.app.process import compilation_cache, format_warning, join_processes, quiet_library_logs
-from nnx_ppo.app.runs import parse_env_kwargs
+from nnx_ppo.app.runs import parse_env_kwargs, use_run_code
 from nnx_ppo.presets import find_preset, library_defaults
 
 __all__ = ["main", "TrainCommand", "EvalCommand", "DistillCommand", "ExportCommand", "PlotCommand", "SweepCommand",
@@ -213,8 +213,6 @@ def _with_preset(argv: list[str], preset):
 
 def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
     """``train --print-config``: the settings the run would use, as JSON."""
-    from nnx_ppo import run_dir as rd
-
     _, preset = (None, None) if cmd.run.resume else _starting_preset(cmd, argv)
     settings = {
         "env": cmd.env,
@@ -226,36 +224,10 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
         "seeds": list(cmd.seeds) or [cmd.config.seed],
         "preset": preset,
         "resume": cmd.run.resume,
-        "config": rd.train_config_to_dict(cmd.config),
+        "config": config_to_dict(cmd.config),
     }
     print(json.dumps(settings, indent=2))
     return 0
-
-
-def _use_run_code(cmd) -> None:
-    """For a command that rebuilds a run (resume, eval, export, distill's
-    teacher): its user files that moved or changed since come from the run's
-    copies (:func:`nnx_ppo.app.runs.use_run_code`)."""
-    from pathlib import Path
-
-    from nnx_ppo.app.runs import use_run_code
-
-    run, current = None, False
-    if isinstance(cmd, TrainCommand):
-        run, current = cmd.run.resume, cmd.run.current_code
-    elif isinstance(cmd, DistillCommand):
-        run = cmd.teacher_run
-    elif isinstance(cmd, (EvalCommand, ExportCommand)):
-        run, current = cmd.run_dir, cmd.current_code
-    if run is not None:
-        use_run_code(Path(run), current)
-
-
-def _check_seed_flags(cmd: TrainCommand, argv: list[str]) -> None:
-    """``--seed`` and ``--seeds`` together: refused (the run would train ``--seeds`` and record ``--seed``)."""
-    if cmd.seeds and _flag_value(argv, "--seed") is not None:
-        raise CliError(f"give either --seed (one run) or --seeds (several seeds in one run), not both "
-                       f"(--seed {cmd.config.seed}, --seeds {' '.join(map(str, cmd.seeds))})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,10 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cmd, saved = _parse(argv)
         if isinstance(cmd, TrainCommand):
-            _check_seed_flags(cmd, argv)
+            if cmd.seeds and _flag_value(argv, "--seed") is not None:  # (it would train --seeds and record --seed)
+                raise CliError(f"give either --seed (one run) or --seeds (several seeds in one run), not both "
+                               f"(--seed {cmd.config.seed}, --seeds {' '.join(map(str, cmd.seeds))})")
             if cmd.run.print_config:
                 return _print_config(cmd, argv)
-        _use_run_code(cmd)
+        use_run_code(cmd)
         if isinstance(cmd, (SweepCommand, TrainCommand, EvalCommand, DistillCommand, ExportCommand)):
             compilation_cache()
         if isinstance(cmd, SweepCommand):

@@ -24,6 +24,7 @@ import math
 import os
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +177,6 @@ class RunLock:
             raise ValueError(f"cannot write the run directory {os.fspath(self.run_dir)}: "
                              f"{e.strerror or e}") from None
         if previous and previous != str(os.getpid()):
-            import warnings
-
             warnings.warn(f"{os.fspath(self.run_dir)} was locked by pid {previous}, which ended without releasing "
                           "it (killed?); taking it over", RunOutputWarning, stacklevel=2)
         _held_locks[key] = (lock, created)
@@ -366,8 +365,6 @@ def _report_skipped(path: Path, lines: list[int]) -> None:
     if key in _reported:
         return
     _reported.add(key)
-    import warnings
-
     shown = ", ".join(map(str, lines[:10])) + (f", ... ({len(lines)} lines)" if len(lines) > 10 else "")
     what = "lines" if len(lines) > 1 else "line"
     rows = "not readable metrics rows" if len(lines) > 1 else "not a readable metrics row"
@@ -620,8 +617,6 @@ class RunLogger:
         """``config.json`` deleted while the run trains is written again (with
         a warning): without it the run could not be evaluated or resumed."""
         if self.config is not None and not (self.run_dir / CONFIG_FILE).exists():
-            import warnings
-
             write_run_config(self.run_dir, self.config)
             warnings.warn(f"{self.run_dir / CONFIG_FILE} had vanished; written again from the run's description",
                           RunOutputWarning, stacklevel=3)
@@ -663,8 +658,6 @@ class RunLogger:
         except OSError as err:
             if not getattr(self, "_curve_warned", False):
                 self._curve_warned = True
-                import warnings
-
                 warnings.warn(f"cannot write {self.run_dir / CURVE_FILE} ({err.strerror or err}); training goes on, "
                               f"and {METRICS_FILE} keeps every row", RunOutputWarning, stacklevel=2)
 

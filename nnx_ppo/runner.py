@@ -33,6 +33,7 @@ from typing import Any
 
 from nnx_ppo import run_dir as rd
 from nnx_ppo.algorithms.config import TrainConfig, resume_changes
+from nnx_ppo.envs.registry import spec_of
 
 __all__ = ["RunSpec", "Run", "open_output", "named_network", "checkpoints_of", "NAMED_NETWORK_WIDTH",
            "PYTHON_NETWORK"]
@@ -108,7 +109,6 @@ class RunSpec:
         """The spec of a Python call: the envs as the command line would
         rebuild them when both come from one :func:`~nnx_ppo.envs.make`
         spec (else by class, not rebuildable), the network by its spec (else by class)."""
-        from nnx_ppo.envs.registry import spec_of
 
         if network_spec is not None:
             described = network_spec.to_dict()
@@ -309,7 +309,6 @@ def named_network(named, env, eval_env, seed: int):
     :class:`~nnx_ppo.network_spec.NetworkSpec`, for ``env`` (the env spec
     recorded from ``eval_env``'s, or ``env``'s, :func:`~nnx_ppo.envs.make`
     call); None for a network object or factory function."""
-    from nnx_ppo.envs.registry import spec_of
     from nnx_ppo.network_spec import NetworkSpec
 
     if not isinstance(named, (str, NetworkSpec)):

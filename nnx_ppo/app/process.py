@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nnx_ppo import run_dir as rd
 from nnx_ppo.app.commands import PROG, CliError, TrainCommand, print_error, usage_errors
 
 if TYPE_CHECKING:
@@ -93,7 +94,6 @@ def join_processes(cmd: TrainCommand) -> None:
         if flags.num_processes != 1 or flags.process_id != 0:
             raise CliError("--num-processes and --process-id need --coordinator-address HOST:PORT")
         return
-    from nnx_ppo import run_dir as rd
     from nnx_ppo.algorithms.distributed import check_same_everywhere, initialize, watch_peers
 
     with usage_errors(ValueError):
@@ -114,7 +114,6 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
     asked)``; ``run`` is closed (its directory released) in every case. A
     usage error (:class:`~nnx_ppo.app.commands.CliError`) passes through, and
     a bad row of a resumed run's metrics.jsonl becomes one (before training)."""
-    from nnx_ppo import run_dir as rd
     from nnx_ppo.algorithms.distributed import await_lost_peer, process_count
     from nnx_ppo.algorithms.driver import NonFiniteError
     from nnx_ppo.algorithms.footprint import FootprintError

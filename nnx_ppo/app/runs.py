@@ -18,6 +18,10 @@ from nnx_ppo.app.commands import (
     DEFAULT_HIDDEN_SIZE,
     PROG,
     CliError,
+    DistillCommand,
+    EvalCommand,
+    ExportCommand,
+    TrainCommand,
     check_distinct_seeds,
     print_warning,
     shell_command,
@@ -145,18 +149,28 @@ def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
     return saved
 
 
-def use_run_code(run_dir: Path, current_code: bool = False) -> None:
-    """Before a command rebuilds the run in ``run_dir``: the files of the
-    user's env and network that moved or changed since it was trained are
-    said in one line each, and loaded from the run's copies (``source/``)
-    from now on, or as they are now with ``current_code`` (``--current-code``)."""
+def use_run_code(cmd) -> None:
+    """Before a command rebuilds a run (resume, eval, export, distill's
+    teacher): the files of the user's env and network that moved or changed
+    since it was trained are said in one line each, and loaded from the
+    run's copies (``source/``) from now on, or as they are now with
+    ``--current-code``."""
     from nnx_ppo.user_code import use_run_copies
 
+    run, current = None, False
+    if isinstance(cmd, TrainCommand):
+        run, current = cmd.run.resume, cmd.run.current_code
+    elif isinstance(cmd, DistillCommand):
+        run = cmd.teacher_run
+    elif isinstance(cmd, (EvalCommand, ExportCommand)):
+        run, current = cmd.run_dir, cmd.current_code
+    if run is None:
+        return
     try:
-        recorded = rd.read_run_config(run_dir).get("source") or {}
+        recorded = rd.read_run_config(run).get("source") or {}
     except (FileNotFoundError, ValueError):
         return  # (the command itself says what is wrong with the run)
-    for note in use_run_copies(run_dir, recorded, current_code):
+    for note in use_run_copies(Path(run), recorded, current):
         print_warning(note)
 
 

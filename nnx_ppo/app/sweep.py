@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
+from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.app.commands import (
     PROG,
     CliError,
@@ -44,6 +45,7 @@ from nnx_ppo.app.plot import (
 )
 from nnx_ppo.app.process import train_into
 from nnx_ppo.app.runs import build_network, make_envs, network_spec_of, prepared, run_directory
+from nnx_ppo.network_spec import NetworkSpec
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import pretty_path
 from nnx_ppo.runner import Run, RunSpec
@@ -56,7 +58,6 @@ def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
     """``("ppo.learning-rate=1e-3,3e-4", ...)`` as ``{"learning_rate": [1e-3, 3e-4], ...}``
     (PPOConfig field names, in the order given). A CliError names a bad entry
     and what is expected."""
-    from nnx_ppo.algorithms.config import PPOConfig
     from nnx_ppo.algorithms.hyperparameters import PER_MEMBER
 
     known = {f.name for f in dataclasses.fields(PPOConfig)}
@@ -87,7 +88,6 @@ def _did_youmean(field: str) -> str:
     """`` (did you mean ppo.learning-rate?)`` for a misspelt PPOConfig field; ``""`` when none is close."""
     import difflib
 
-    from nnx_ppo.algorithms.config import PPOConfig
 
     close = difflib.get_close_matches(field, [f.name for f in dataclasses.fields(PPOConfig)], n=1, cutoff=0.6)
     return f" (did you mean ppo.{close[0].replace('_', '-')}?)" if close else ""
@@ -148,8 +148,6 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
     resuming = cmd.run.resume is not None
     train_env, env = make_envs(cmd.env, env_kwargs, train_env_kwargs)
     if resuming:
-        from nnx_ppo.network_spec import NetworkSpec
-
         spec = NetworkSpec.from_dict(saved["network"], where=f"{run_dir / rd.CONFIG_FILE}")
     else:
         spec = network_spec_of(cmd, env_kwargs, seeds[0])

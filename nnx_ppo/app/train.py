@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 import uuid
 from pathlib import Path
@@ -353,8 +354,6 @@ def import_wandb(cmd: TrainCommand):
 def _wandb_has_key() -> bool:
     """Whether W&B can log in without asking: a key in WANDB_API_KEY or in ~/.netrc (where `wandb login` puts it)."""
     import netrc
-    import os
-
     if os.environ.get("WANDB_API_KEY"):
         return True
     try:
@@ -367,8 +366,6 @@ def wandb_init(wandb, **kwargs):
     """``wandb.init``, falling back to offline mode (with a warning, never a
     traceback or a hang) without an API key, or when W&B cannot be reached
     within 30 s; ``wandb sync`` uploads an offline run later."""
-    import os
-
     if not os.environ.get("WANDB_MODE") and not _wandb_has_key():
         print_warning("--wandb: no W&B API key (WANDB_API_KEY or `wandb login`); logging offline into the run "
                       "directory, upload it later with `wandb sync`")
