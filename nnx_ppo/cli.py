@@ -59,6 +59,7 @@ from nnx_ppo.app.commands import (
     env_spec_forms,
     print_error,
     run_envs,
+    usage_errors,
 )
 from nnx_ppo.app.process import compilation_cache, format_warning, join_processes, quiet_library_logs
 from nnx_ppo.app.runs import parse_env_kwargs, use_run_code
@@ -108,13 +109,10 @@ def _tyro_parse(argv: list[str], default: TrainCommand | None = None):
                    f"`{PROG} envs` lists them.")
     err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err), deferred_checks():  # tyro's error, then a suggestion of ours
-            cmd = tyro.cli(commands, args=argv, prog=PROG, description=description)
-        if isinstance(cmd, TrainCommand):
-            cmd = dataclasses.replace(cmd, config=checked(cmd.config))
-        return cmd
-    except ValueError as e:  # a config's check rejected a value: its own one-line text
-        raise CliError(str(e)) from None
+        with usage_errors(ValueError):  # a config's check rejected a value: its own one-line text
+            with contextlib.redirect_stderr(err), deferred_checks():  # tyro's error, then a suggestion of ours
+                cmd = tyro.cli(commands, args=argv, prog=PROG, description=description)
+            return dataclasses.replace(cmd, config=checked(cmd.config)) if isinstance(cmd, TrainCommand) else cmd
     finally:
         sys.stderr.write(err.getvalue() + _did_you_mean(err.getvalue(), argv))
 

@@ -203,8 +203,7 @@ class Policy:
 
     def __init__(self, network: Any, deterministic: bool = True, *, env: Any = None):
         self.deterministic = bool(deterministic)
-        view = NetworkFn.of(network, self.deterministic)
-        self._network = copy_tree(view)
+        self._network = copy_tree(NetworkFn.of(network, self.deterministic))
         self._step = jax.jit(_act)
         self._init = jax.jit(_initial, static_argnums=1)
         self._env = env

@@ -19,6 +19,7 @@ Everything here is plain Python/NumPy; no JAX is needed to read a run.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import math
 import os
@@ -54,12 +55,10 @@ def default_run_dir(env_spec: str, root: str | os.PathLike = "runs") -> Path:
     numeric suffix is added if that directory already exists)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", env_spec).strip("_") or "env"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path(root) / f"{safe}-{stamp}"
-    i = 1
-    while path.exists():
-        path = Path(root) / f"{safe}-{stamp}-{i}"
-        i += 1
-    return path
+    for i in itertools.count():
+        path = Path(root) / (f"{safe}-{stamp}-{i}" if i else f"{safe}-{stamp}")
+        if not path.exists():
+            return path
 
 
 # --------------------------------------------------------------------------- config.json

@@ -99,9 +99,8 @@ def join_processes(cmd: TrainCommand) -> None:
     with usage_errors(ValueError):
         initialize(flags.coordinator_address, flags.num_processes, flags.process_id, timeout=flags.distributed_timeout)
         # Every process must train the same run: compare a hash of the settings (all but --process-id).
-        settings = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd)}
-        settings["processes"] = dataclasses.replace(flags, process_id=0)
-        settings["config"] = rd.train_config_to_dict(cmd.config)
+        settings = {**vars(cmd), "processes": dataclasses.replace(flags, process_id=0),
+                    "config": rd.train_config_to_dict(cmd.config)}
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
         check_same_everywhere(digest, "settings (flags)")
     # A peer that dies or hangs ends every process within --distributed-timeout, in one line.
@@ -121,16 +120,14 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
 
     stop = StopFlag(run.write)
     code, result = 0, None
-    try:
-        with stop:
+    try:  # (a bad metrics row of a resumed run, a config too large for the memory: refused before training)
+        with stop, usage_errors(rd.MetricsError, FootprintError):
             result = train(stop)
     except KeyboardInterrupt:
         run.close()
         where = f" is in {pretty_path(run.path / rd.CHECKPOINT_DIR)}" if run.path is not None else " is kept"
         print_error(f"aborted; metrics so far are kept, and the last saved checkpoint (if any){where}")
         code = 130
-    except (rd.MetricsError, FootprintError) as e:  # a bad metrics row of a resumed run, a config too large for
-        raise CliError(str(e)) from None              # the memory: refused before training (run closed below)
     except NonFiniteError as e:
         run.close()
         print_error(str(e))
