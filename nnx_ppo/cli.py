@@ -38,7 +38,7 @@ from typing import Annotated, Union
 import tyro
 from tyro.constructors import MISSING_NONPROP
 
-from nnx_ppo.algorithms.config import TrainConfig, checked, deferred_checks, flat_fields
+from nnx_ppo.algorithms.config import TrainConfig, checked, config_to_dict, deferred_checks, flat_fields
 from nnx_ppo.app.commands import (
     DEFAULT_ENV,
     DEFAULT_ENV_KWARGS,
@@ -59,30 +59,30 @@ from nnx_ppo.app.commands import (
     env_spec_forms,
     print_error,
     run_envs,
+    usage_errors,
 )
 from nnx_ppo.app.process import compilation_cache, format_warning, join_processes, quiet_library_logs
-from nnx_ppo.app.runs import parse_env_kwargs
+from nnx_ppo.app.runs import parse_env_kwargs, use_run_code
 from nnx_ppo.presets import find_preset, library_defaults
 
-__all__ = [
-    "main",
-    "TrainCommand",
-    "EvalCommand",
-    "DistillCommand",
-    "ExportCommand",
-    "PlotCommand",
-    "SweepCommand",
-    "EnvsCommand",
-    "CliError",
-    "DEFAULT_ENV",
-    "DEFAULT_ENV_KWARGS",
-    "DEFAULT_NETWORK",
-    "DEFAULT_HIDDEN_SIZE",
-    "DEFAULT_TRAIN_CONFIG",
-]
+__all__ = ["main", "TrainCommand", "EvalCommand", "DistillCommand", "ExportCommand", "PlotCommand", "SweepCommand",
+           "EnvsCommand", "CliError", "DEFAULT_ENV", "DEFAULT_ENV_KWARGS", "DEFAULT_NETWORK", "DEFAULT_HIDDEN_SIZE",
+           "DEFAULT_TRAIN_CONFIG"]
 
 
 # ----------------------------------------------------------------------------- main
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The value ``argv`` gives ``flag`` (``--flag V`` or ``--flag=V``; the
+    last one given), or None."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
 
 
 def _find_resume(argv: list[str]) -> str | None:
@@ -90,48 +90,29 @@ def _find_resume(argv: list[str]) -> str | None:
     ``--resume`` in a ``train`` or ``sweep`` command line."""
     if argv[:1] == ["resume"]:
         return argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
-    if argv[:1] not in (["train"], ["sweep"]):
-        return None
-    for i, a in enumerate(argv[1:], start=1):
-        if a == "--resume" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--resume="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def _preset_defaults(preset, command: type = TrainCommand) -> TrainCommand:
-    """A TrainCommand (or ``command``, a SweepCommand) holding a preset's
-    settings (the parser's defaults for an env with a preset, so that flags
-    given explicitly override them)."""
-    return command(env=preset.env, config=preset.config, setup=SetupFlags(
-        network=preset.network,
-        hidden_size=preset.hidden_size,
-        env_kwargs=json.dumps(preset.env_kwargs) if preset.env_kwargs else None,
-        network_kwargs=json.dumps(preset.network_kwargs) if preset.network_kwargs else None,
-        train_env_kwargs=json.dumps(preset.train_env_kwargs) if preset.train_env_kwargs else None,
-    ))
+    return _flag_value(argv[1:], "--resume") if argv[:1] in (["train"], ["sweep"]) else None
 
 
 _COMMANDS = {"train": TrainCommand, "sweep": SweepCommand, "resume": ResumeCommand, "eval": EvalCommand,
              "distill": DistillCommand, "export": ExportCommand, "plot": PlotCommand, "envs": EnvsCommand}
 
 
-def _tyro_parse(argv: list[str], train_default: TrainCommand, sweep_default: SweepCommand | None = None):
-    defaults = {"train": train_default, "sweep": sweep_default or SweepCommand()}
+def _tyro_parse(argv: list[str], default: TrainCommand | None = None):
+    """``argv`` parsed; ``default`` (a TrainCommand or SweepCommand) holds
+    the defaults of its command."""
+    defaults = {"train": TrainCommand(), "sweep": SweepCommand()}
+    if default is not None:
+        defaults["sweep" if isinstance(default, SweepCommand) else "train"] = default
     commands = Union[tuple(Annotated[command, tyro.conf.subcommand(
         name, default=defaults.get(name, MISSING_NONPROP), prefix_name=False)] for name, command in _COMMANDS.items())]
     description = (f"PPO for stateful (recurrent) networks in JAX + Flax NNX. An ENV_SPEC is {env_spec_forms()}; "
                    f"`{PROG} envs` lists them.")
     err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err), deferred_checks():  # tyro's error, then a suggestion of ours
-            cmd = tyro.cli(commands, args=argv, prog=PROG, description=description)
-        if isinstance(cmd, TrainCommand):
-            cmd = dataclasses.replace(cmd, config=checked(cmd.config))
-        return cmd
-    except ValueError as e:  # a config's check rejected a value: its own one-line text
-        raise CliError(str(e)) from None
+        with usage_errors(ValueError):  # a config's check rejected a value: its own one-line text
+            with contextlib.redirect_stderr(err), deferred_checks():  # tyro's error, then a suggestion of ours
+                cmd = tyro.cli(commands, args=argv, prog=PROG, description=description)
+            return dataclasses.replace(cmd, config=checked(cmd.config)) if isinstance(cmd, TrainCommand) else cmd
     finally:
         sys.stderr.write(err.getvalue() + _did_you_mean(err.getvalue(), argv))
 
@@ -169,16 +150,11 @@ def _did_you_mean(error: str, argv: list[str]) -> str:
 
 def _preset_of_help(argv: list[str]):
     """For ``train|sweep ENV [--network KIND] --help``: the preset of ENV (and KIND), if any."""
-    env, network, rest = DEFAULT_ENV, None, argv[1:]
-    for i, a in enumerate(rest):
-        if a == "--network" and i + 1 < len(rest):
-            network = rest[i + 1]
-        elif a.startswith("--network="):
-            network = a.split("=", 1)[1]
+    rest = argv[1:]
+    network = _flag_value(rest, "--network")
     positional = [a for i, a in enumerate(rest)
                   if not a.startswith("-") and (i == 0 or not rest[i - 1].startswith("--"))]
-    if positional:
-        env = positional[0]
+    env = positional[0] if positional else DEFAULT_ENV
     return find_preset(env, network) or (library_defaults(env, network, DEFAULT_HIDDEN_SIZE) if network else None)
 
 
@@ -187,7 +163,6 @@ def _parse(argv: list[str]):
     RUN`` or ``sweep --resume RUN`` too) continues the run as its kind (a
     sweep's members or one run), with the run's settings as the defaults;
     ``train ENV`` starts from ENV's preset (of ``--network``, when given)."""
-    saved = None
     resume = _find_resume(argv)
     helping = any(a in ("-h", "--help") for a in argv)
     if resume is not None and not helping:
@@ -195,21 +170,19 @@ def _parse(argv: list[str]):
 
         default, saved = resume_defaults(resume)
         rest = ["--resume", *argv[1:]] if argv[0] == "resume" else argv[1:]
-        if isinstance(default, SweepCommand):
-            return _tyro_parse(["sweep", *rest], TrainCommand(), default), saved
-        return _tyro_parse(["train", *rest], default), saved
+        return _tyro_parse(["sweep" if isinstance(default, SweepCommand) else "train", *rest], default), saved
     if argv[:1] == ["resume"] and not helping:
         raise CliError(f"resume: give the run directory to continue: {PROG} resume RUN_DIR [--ppo.total-steps N]")
-    if helping and argv and argv[0] in ("train", "sweep") and "--no-preset" not in argv:
+    if helping and argv[:1] in (["train"], ["sweep"]) and "--no-preset" not in argv:
         preset = _preset_of_help(argv)
         if preset is not None:  # the help shows the defaults this env starts from
-            return _with_preset(argv, preset), saved
-    cmd = _tyro_parse(argv, TrainCommand())
+            return _with_preset(argv, preset), None
+    cmd = _tyro_parse(argv)
     if isinstance(cmd, TrainCommand):  # (a SweepCommand is one too)
         preset, _ = _starting_preset(cmd, argv)
         if preset is not None:
             cmd = _with_preset(argv, preset)
-    return cmd, saved
+    return cmd, None
 
 
 def _starting_preset(cmd: TrainCommand, argv: list[str]):
@@ -217,7 +190,7 @@ def _starting_preset(cmd: TrainCommand, argv: list[str]):
     preset (of ``--network`` when given, unless ``--no-preset``), else the
     library defaults of its kind of network; ``(None, None)`` where the kind
     has none."""
-    network_given = any(a == "--network" or a.startswith("--network=") for a in argv)
+    network_given = _flag_value(argv, "--network") is not None
     preset = None if cmd.setup.no_preset else find_preset(cmd.env, cmd.setup.network if network_given else None)
     if preset is not None:
         return preset, f"{preset.env} ({preset.network})"
@@ -226,16 +199,18 @@ def _starting_preset(cmd: TrainCommand, argv: list[str]):
 
 
 def _with_preset(argv: list[str], preset):
-    """Parse ``argv`` (``train`` or ``sweep``) with ``preset``'s settings as the defaults."""
-    if argv[:1] == ["sweep"]:
-        return _tyro_parse(argv, TrainCommand(), _preset_defaults(preset, SweepCommand))
-    return _tyro_parse(argv, _preset_defaults(preset))
+    """Parse ``argv`` (``train`` or ``sweep``) with ``preset``'s settings as
+    the defaults, so that flags given explicitly override them."""
+    as_json = lambda kwargs: json.dumps(kwargs) if kwargs else None
+    setup = SetupFlags(network=preset.network, hidden_size=preset.hidden_size, env_kwargs=as_json(preset.env_kwargs),
+                       network_kwargs=as_json(preset.network_kwargs),
+                       train_env_kwargs=as_json(preset.train_env_kwargs))
+    command = SweepCommand if argv[:1] == ["sweep"] else TrainCommand
+    return _tyro_parse(argv, command(env=preset.env, config=preset.config, setup=setup))
 
 
 def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
     """``train --print-config``: the settings the run would use, as JSON."""
-    from nnx_ppo import run_dir as rd
-
     _, preset = (None, None) if cmd.run.resume else _starting_preset(cmd, argv)
     settings = {
         "env": cmd.env,
@@ -247,36 +222,10 @@ def _print_config(cmd: TrainCommand, argv: list[str]) -> int:
         "seeds": list(cmd.seeds) or [cmd.config.seed],
         "preset": preset,
         "resume": cmd.run.resume,
-        "config": rd.train_config_to_dict(cmd.config),
+        "config": config_to_dict(cmd.config),
     }
     print(json.dumps(settings, indent=2))
     return 0
-
-
-def _use_run_code(cmd) -> None:
-    """For a command that rebuilds a run (resume, eval, export, distill's
-    teacher): its user files that moved or changed since come from the run's
-    copies (:func:`nnx_ppo.app.runs.use_run_code`)."""
-    from pathlib import Path
-
-    from nnx_ppo.app.runs import use_run_code
-
-    run, current = None, False
-    if isinstance(cmd, TrainCommand):
-        run, current = cmd.run.resume, cmd.run.current_code
-    elif isinstance(cmd, DistillCommand):
-        run = cmd.teacher_run
-    elif isinstance(cmd, (EvalCommand, ExportCommand)):
-        run, current = cmd.run_dir, cmd.current_code
-    if run is not None:
-        use_run_code(Path(run), current)
-
-
-def _check_seed_flags(cmd: TrainCommand, argv: list[str]) -> None:
-    """``--seed`` and ``--seeds`` together: refused (the run would train ``--seeds`` and record ``--seed``)."""
-    if cmd.seeds and any(a == "--seed" or a.startswith("--seed=") for a in argv):
-        raise CliError(f"give either --seed (one run) or --seeds (several seeds in one run), not both "
-                       f"(--seed {cmd.config.seed}, --seeds {' '.join(map(str, cmd.seeds))})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,10 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cmd, saved = _parse(argv)
         if isinstance(cmd, TrainCommand):
-            _check_seed_flags(cmd, argv)
-        if isinstance(cmd, TrainCommand) and cmd.run.print_config:
-            return _print_config(cmd, argv)
-        _use_run_code(cmd)
+            if cmd.seeds and _flag_value(argv, "--seed") is not None:  # (it would train --seeds and record --seed)
+                raise CliError(f"give either --seed (one run) or --seeds (several seeds in one run), not both "
+                               f"(--seed {cmd.config.seed}, --seeds {' '.join(map(str, cmd.seeds))})")
+            if cmd.run.print_config:
+                return _print_config(cmd, argv)
+        use_run_code(cmd)
         if isinstance(cmd, (SweepCommand, TrainCommand, EvalCommand, DistillCommand, ExportCommand)):
             compilation_cache()
         if isinstance(cmd, SweepCommand):

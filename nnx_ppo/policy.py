@@ -154,13 +154,19 @@ def _shapes(tree: Any) -> str:
     return str(shapes[0]) if len(shapes) == 1 else str(shapes)
 
 
+def _batch_size(tree: Any) -> int | None:
+    """The one leading size ``n`` of ``tree``'s leaves (``[n, ...]``); None
+    when they have several, or a leaf has none."""
+    sizes = {np.shape(x)[0] if np.ndim(x) else None for x in jax.tree.leaves(tree)}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
 def _check_batch(carry: Any, obs: Any, done: Any) -> None:
     """``obs`` (leaves ``[n, ...]``) and ``done`` (``[n]``) must be batches of
     the carry's ``n`` envs: a one-line ValueError naming the shapes otherwise."""
-    sizes = {np.shape(x)[0] if np.ndim(x) else None for x in jax.tree.leaves(obs)}
-    if len(sizes) != 1 or None in sizes:
+    n = _batch_size(obs)
+    if n is None:
         raise ValueError(f"Policy: obs must be a batch whose leaves are [n, ...] with one n, got shapes {_shapes(obs)}")
-    n = sizes.pop()
     state = carry[0] if isinstance(carry, tuple) and len(carry) == 3 else None
     held = {np.shape(x)[0] for x in jax.tree.leaves(state) if np.ndim(x)}
     if len(held) == 1 and n not in held:
@@ -197,8 +203,7 @@ class Policy:
 
     def __init__(self, network: Any, deterministic: bool = True, *, env: Any = None):
         self.deterministic = bool(deterministic)
-        view = NetworkFn.of(network, self.deterministic)
-        self._network = copy_tree(view)
+        self._network = copy_tree(NetworkFn.of(network, self.deterministic))
         self._step = jax.jit(_act)
         self._init = jax.jit(_initial, static_argnums=1)
         self._env = env
@@ -305,6 +310,9 @@ class Policy:
         if obs is not None:
             spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), obs)
             n = _batch_size(spec)
+            if n is None:
+                raise ValueError(f"Policy.export: obs must be a batch with one leading size [n, ...], got shapes "
+                                 f"{[x.shape for x in jax.tree.leaves(spec)]}")
             return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), spec), n
         observation = self.observation_spec()
         if observation is None:
@@ -353,14 +361,6 @@ class Policy:
 
 def _is_key(x: Any) -> bool:
     return jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-def _batch_size(obs: Any) -> int:
-    sizes = {x.shape[0] if x.shape else None for x in jax.tree.leaves(obs)}
-    if len(sizes) != 1 or None in sizes:
-        raise ValueError(f"Policy.export: obs must be a batch with one leading size [n, ...], got shapes "
-                         f"{[x.shape for x in jax.tree.leaves(obs)]}")
-    return sizes.pop()
 
 
 def _symbolic_failure(error: BaseException) -> str:

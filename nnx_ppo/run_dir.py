@@ -19,51 +19,25 @@ Everything here is plain Python/NumPy; no JAX is needed to read a run.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import math
 import os
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from nnx_ppo.algorithms.config import TrainConfig, config_from_dict, config_to_dict
 from nnx_ppo.algorithms.outputs import FAILURE_KEY  # (the key of a failure row of metrics.jsonl)
 
-__all__ = [
-    "CONFIG_FILE",
-    "METRICS_FILE",
-    "CURVE_FILE",
-    "TB_DIR",
-    "CHECKPOINT_DIR",
-    "default_run_dir",
-    "train_config_to_dict",
-    "train_config_from_dict",
-    "write_run_config",
-    "read_run_config",
-    "read_metrics",
-    "truncate_metrics",
-    "check_writable",
-    "clear_run",
-    "run_data",
-    "RUN_ENTRIES",
-    "RunOutputWarning",
-    "RunDataWarning",
-    "MetricsError",
-    "FAILURE_KEY",
-    "failure_rows",
-    "RunLock",
-    "RunDirInUseError",
-    "append_resumed",
-    "training_env_kwargs",
-    "make_run_envs",
-    "RunLogger",
-    "plot_learning_curve",
-    "seed_curves",
-    "seed_band",
-    "save_figure",
-    "CURVE_INTERVAL",
-]
+__all__ = ["CONFIG_FILE", "METRICS_FILE", "CURVE_FILE", "TB_DIR", "CHECKPOINT_DIR", "default_run_dir",
+           "train_config_to_dict", "train_config_from_dict", "write_run_config", "read_run_config", "read_metrics",
+           "truncate_metrics", "check_writable", "clear_run", "run_data", "RUN_ENTRIES", "RunOutputWarning",
+           "RunDataWarning", "MetricsError", "FAILURE_KEY", "failure_rows", "RunLock", "RunDirInUseError",
+           "append_resumed", "training_env_kwargs", "make_run_envs", "RunLogger", "plot_learning_curve", "seed_curves",
+           "seed_band", "new_figure", "save_figure", "CURVE_INTERVAL"]
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -81,12 +55,10 @@ def default_run_dir(env_spec: str, root: str | os.PathLike = "runs") -> Path:
     numeric suffix is added if that directory already exists)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", env_spec).strip("_") or "env"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path(root) / f"{safe}-{stamp}"
-    i = 1
-    while path.exists():
-        path = Path(root) / f"{safe}-{stamp}-{i}"
-        i += 1
-    return path
+    for i in itertools.count():
+        path = Path(root) / (f"{safe}-{stamp}-{i}" if i else f"{safe}-{stamp}")
+        if not path.exists():
+            return path
 
 
 # --------------------------------------------------------------------------- config.json
@@ -204,8 +176,6 @@ class RunLock:
             raise ValueError(f"cannot write the run directory {os.fspath(self.run_dir)}: "
                              f"{e.strerror or e}") from None
         if previous and previous != str(os.getpid()):
-            import warnings
-
             warnings.warn(f"{os.fspath(self.run_dir)} was locked by pid {previous}, which ended without releasing "
                           "it (killed?); taking it over", RunOutputWarning, stacklevel=2)
         _held_locks[key] = (lock, created)
@@ -280,7 +250,7 @@ def run_data(run_dir: str | os.PathLike) -> list[str]:
     for folder in (TB_DIR, "videos", "source"):
         if (path / folder).is_dir() and any((path / folder).iterdir()):
             found.append(f"{folder}/")
-    held = held_checkpoints(path / CHECKPOINT_DIR) if (path / CHECKPOINT_DIR).is_dir() else None
+    held = held_checkpoints(path / CHECKPOINT_DIR)
     return found + ([held] if held is not None else [])
 
 
@@ -290,22 +260,23 @@ def clear_run(run_dir: str | os.PathLike) -> None:
     asks for); anything else in it stays."""
     import shutil
 
-    for name in RUN_ENTRIES:
-        entry = Path(run_dir) / name
-        if name == LOCK_FILE:
-            continue
+    for entry in (Path(run_dir) / name for name in RUN_ENTRIES if name != LOCK_FILE):
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         elif entry.exists() or entry.is_symlink():
             entry.unlink()
 
 
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, via a temporary file beside it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_run_config(run_dir: Path, content: dict[str, Any]) -> None:
     """Write ``content`` as the run's ``config.json`` (atomically, via a temporary file)."""
-    path = Path(run_dir) / CONFIG_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(content, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    _replace_text(Path(run_dir) / CONFIG_FILE, json.dumps(content, indent=2) + "\n")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -393,8 +364,6 @@ def _report_skipped(path: Path, lines: list[int]) -> None:
     if key in _reported:
         return
     _reported.add(key)
-    import warnings
-
     shown = ", ".join(map(str, lines[:10])) + (f", ... ({len(lines)} lines)" if len(lines) > 10 else "")
     what = "lines" if len(lines) > 1 else "line"
     rows = "not readable metrics rows" if len(lines) > 1 else "not a readable metrics row"
@@ -418,10 +387,7 @@ def truncate_metrics(run_dir: str | os.PathLike, max_env_steps: int) -> int:
     rows = read_metrics(run_dir)
     kept = [r for r in rows if int(r.get("env_steps", 0)) <= max_env_steps]
     if len(kept) != len(rows):
-        path = Path(run_dir) / METRICS_FILE
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
+        _replace_text(Path(run_dir) / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in kept))
     return len(rows) - len(kept)
 
 
@@ -486,11 +452,6 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, tit
     eval return with the min-max band of its episodes. Several seeds: the
     mean eval return over seeds with the min-max band over seeds, and each
     seed's training return as a thin line."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     train = seed_curves([r for r in rows if r.get("train/completed_episodes", 1) > 0], "train/episode_return",
                         eval_rows=False)
     n_seeds = len({r["seed"] for r in rows if "seed" in r})
@@ -502,7 +463,7 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, tit
         lo, hi = seed_curves(rows, "eval/episode_return_min"), seed_curves(rows, "eval/episode_return_max")
         eval_lo, eval_hi = (next(iter(lo.values()))[1], next(iter(hi.values()))[1]) if lo and hi else ([], [])
         band_label = "eval return, min-max over its episodes"
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    fig, ax = new_figure((7, 4.2))
     for i, (train_x, train_y) in enumerate(train.values()):
         label = "train episode return" + (" (each seed)" if n_seeds > 1 else "") if i == 0 else None
         ax.plot(train_x, train_y, color="tab:blue", alpha=0.6 if n_seeds <= 1 else 0.35,
@@ -519,17 +480,29 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, tit
     ax.grid(True, alpha=0.3)
     if train or eval_x:
         ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
     save_figure(fig, path)
 
 
+def new_figure(size: tuple[float, float]) -> tuple[Any, Any]:
+    """``(figure, axes)``: a new matplotlib figure of ``size`` inches at 100
+    dpi, drawn without a display (the Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=size, dpi=100)
+
+
 def save_figure(fig: Any, path: str | os.PathLike) -> None:
-    """Write a matplotlib figure as PNG atomically (a reader never sees half a
-    file) and close it; on failure (disk full, ...) no temporary file stays."""
+    """Lay out a matplotlib figure (``tight_layout``), write it as PNG
+    atomically (a reader never sees half a file) and close it; on failure
+    (disk full, ...) no temporary file stays."""
     import matplotlib.pyplot as plt
 
     tmp = Path(str(path) + ".tmp.png")
     try:
+        fig.tight_layout()
         fig.savefig(tmp, format="png")
         os.replace(tmp, path)
     except BaseException:
@@ -570,17 +543,9 @@ class RunLogger:
     (a failure row's, see :data:`~nnx_ppo.algorithms.outputs.FAILURE_KEY`) go into ``metrics.jsonl`` only.
     """
 
-    def __init__(
-        self,
-        run_dir: str | os.PathLike,
-        *,
-        steps_per_iteration: int,
-        title: str = "",
-        tensorboard: bool = True,
-        wandb_run: Any = None,
-        resumed: bool = False,
-        config: dict[str, Any] | None = None,
-    ):
+    def __init__(self, run_dir: str | os.PathLike, *, steps_per_iteration: int, title: str = "",
+                 tensorboard: bool = True, wandb_run: Any = None, resumed: bool = False,
+                 config: dict[str, Any] | None = None):
         self.run_dir = Path(run_dir)
         self.config = config  # config.json's content, written again if the file vanishes
         self.steps_per_iteration = steps_per_iteration
@@ -600,9 +565,12 @@ class RunLogger:
         return bool(metrics) and all(k.startswith("eval/") for k in metrics)
 
     def _start(self, env_steps: int) -> None:
-        """On the first row: a resumed run continues from its last checkpoint,
-        so rows a crashed run logged after it are dropped (here and, via
-        ``purge_step``, in TensorBoard)."""
+        """On the first row (nothing after it): a resumed run continues from
+        its last checkpoint, so rows a crashed run logged after it are dropped
+        (here and, via ``purge_step``, in TensorBoard)."""
+        if not self._first:
+            return
+        self._first = False
         purge = None
         if self._resumed:
             if truncate_metrics(self.run_dir, env_steps - 1):
@@ -618,9 +586,7 @@ class RunLogger:
     def __call__(self, metrics: dict[str, float], env_steps: int, seed: int | None = None) -> None:
         """Log one row; ``seed`` (runs of several seeds) is written into the
         row and prefixes the TensorBoard tags (``seed3/eval/...``)."""
-        if self._first:
-            self._first = False
-            self._start(int(env_steps))
+        self._start(int(env_steps))
         is_eval = self.is_eval(metrics)
         row: dict[str, Any] = {"env_steps": int(env_steps)}
         if seed is not None:
@@ -650,8 +616,6 @@ class RunLogger:
         """``config.json`` deleted while the run trains is written again (with
         a warning): without it the run could not be evaluated or resumed."""
         if self.config is not None and not (self.run_dir / CONFIG_FILE).exists():
-            import warnings
-
             write_run_config(self.run_dir, self.config)
             warnings.warn(f"{self.run_dir / CONFIG_FILE} had vanished; written again from the run's description",
                           RunOutputWarning, stacklevel=3)
@@ -660,9 +624,7 @@ class RunLogger:
         """Log a video already written to ``path``: to TensorBoard as an
         animated GIF image summary (tag ``eval/video``, at most
         ``max_tb_frames`` frames, evenly spaced) and to W&B as a video."""
-        if self._first:
-            self._first = False
-            self._start(int(env_steps))
+        self._start(int(env_steps))
         if self._tb is not None and frames:
             import io
 
@@ -695,8 +657,6 @@ class RunLogger:
         except OSError as err:
             if not getattr(self, "_curve_warned", False):
                 self._curve_warned = True
-                import warnings
-
                 warnings.warn(f"cannot write {self.run_dir / CURVE_FILE} ({err.strerror or err}); training goes on, "
                               f"and {METRICS_FILE} keeps every row", RunOutputWarning, stacklevel=2)
 

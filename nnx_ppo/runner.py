@@ -33,6 +33,7 @@ from typing import Any
 
 from nnx_ppo import run_dir as rd
 from nnx_ppo.algorithms.config import TrainConfig, resume_changes
+from nnx_ppo.envs.registry import spec_of
 
 __all__ = ["RunSpec", "Run", "open_output", "named_network", "checkpoints_of", "NAMED_NETWORK_WIDTH",
            "PYTHON_NETWORK"]
@@ -108,7 +109,6 @@ class RunSpec:
         """The spec of a Python call: the envs as the command line would
         rebuild them when both come from one :func:`~nnx_ppo.envs.make`
         spec (else by class, not rebuildable), the network by its spec (else by class)."""
-        from nnx_ppo.envs.registry import spec_of
 
         if network_spec is not None:
             described = network_spec.to_dict()
@@ -171,10 +171,8 @@ class Run:
         from nnx_ppo.progress import Progress
 
         ppo = spec.config.ppo
-        n = spec.n_entries
-        bar = None
-        if progress and primary:
-            bar = Progress(ppo.n_iterations * ppo.steps_per_iteration * n, quiet)
+        total = ppo.n_iterations * ppo.steps_per_iteration * spec.n_entries
+        bar = Progress(total, quiet) if progress and primary else None
         if path is None:
             return cls(None, spec, resuming=resuming, bar=bar, lock=None)
         path = Path(path)
@@ -266,16 +264,14 @@ class Run:
 
     def close(self) -> None:
         """Close the bar and the logger, then release the directory."""
-        bar, logger, self.bar, self.logger = self.bar, self.logger, None, None  # (closing twice does nothing)
         try:
-            if bar is not None:
-                self.bar = bar
+            if self.bar is not None:
                 self._show_evaluations()
-                self.bar = None
-                bar.close()
-            if logger is not None:
-                logger.close()
+                self.bar.close()
+            if self.logger is not None:
+                self.logger.close()
         finally:
+            self.bar = self.logger = None  # (closing twice does nothing)
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
@@ -313,7 +309,6 @@ def named_network(named, env, eval_env, seed: int):
     :class:`~nnx_ppo.network_spec.NetworkSpec`, for ``env`` (the env spec
     recorded from ``eval_env``'s, or ``env``'s, :func:`~nnx_ppo.envs.make`
     call); None for a network object or factory function."""
-    from nnx_ppo.envs.registry import spec_of
     from nnx_ppo.network_spec import NetworkSpec
 
     if not isinstance(named, (str, NetworkSpec)):

@@ -4,6 +4,7 @@ library defaults of each kind of network."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from typing import Annotated, Any, Optional
@@ -20,10 +21,8 @@ def check_distinct_seeds(seeds, flag: str = "--seeds") -> list[int]:
     """``seeds`` (none: one run) as distinct valid seeds; a one-line CliError naming ``flag`` otherwise."""
     from nnx_ppo.algorithms.config import check_seeds
 
-    try:
+    with usage_errors(ValueError):
         return check_seeds(seeds, flag) if seeds else []
-    except ValueError as e:
-        raise CliError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- the default agent
@@ -61,6 +60,17 @@ class CliError(Exception):
         self.code = code
 
 
+@contextlib.contextmanager
+def usage_errors(*kinds: type[BaseException], prefix: str = ""):
+    """``with usage_errors(ValueError, prefix="--grid: "):`` an exception of
+    ``kinds`` raised in the block is a usage error: a :class:`CliError` (exit
+    code 2) of its message after ``prefix``."""
+    try:
+        yield
+    except kinds as e:
+        raise CliError(prefix + str(e)) from None
+
+
 # ----------------------------------------------------------------------------- commands
 #
 # `train --help` shows a box of flags per group: each group is a frozen dataclass, a field of the command marked
@@ -72,35 +82,25 @@ class SetupFlags:
     """The network, and keyword arguments for the env."""
 
     network: Annotated[str, tyro.conf.arg(metavar="{mlp,lstm,gru}|MODULE:FUNCTION|FILE.py:FUNCTION")] = DEFAULT_NETWORK
-    (
-        "actor-critic architecture: feed-forward MLP, or an encoder + LSTM/GRU core; or your own network, "
-        "FUNCTION(env, rngs) in MODULE (importable, or from the current directory) or in FILE.py, rebuilt from "
-        "config.json by eval, --resume, --seeds and distill (docs/own_network.md)."
-    )
+    ("actor-critic architecture: feed-forward MLP, or an encoder + LSTM/GRU core; or your own network, "
+     "FUNCTION(env, rngs) in MODULE (importable, or from the current directory) or in FILE.py, rebuilt from "
+     "config.json by eval, --resume, --seeds and distill (docs/own_network.md).")
 
     hidden_size: int = DEFAULT_HIDDEN_SIZE
-    (
-        "width of the hidden layers (mlp: two layers per actor/critic; lstm/gru: one encoder layer and the "
-        "recurrent core)."
-    )
+    ("width of the hidden layers (mlp: two layers per actor/critic; lstm/gru: one encoder layer and the "
+     "recurrent core).")
 
     network_kwargs: Optional[str] = None
-    (
-        """JSON object of extra keyword arguments for the network factory (nnx_ppo.networks.factories), e.g. """
-        """'{"forget_bias": 3}' for an LSTM or '{"entropy_weight": 0.01}'; not with your own network function."""
-    )
+    ("""JSON object of extra keyword arguments for the network factory (nnx_ppo.networks.factories), e.g. """
+     """'{"forget_bias": 3}' for an LSTM or '{"entropy_weight": 0.01}'; not with your own network function.""")
 
     env_kwargs: Optional[str] = None
-    (
-        """JSON object of keyword arguments for nnx_ppo.envs.make, e.g. '{"episode_length": 500}'. Default: {} (the """
-        'default env cue_memory uses {"n_cues": 4, "delay": 8}).'
-    )
+    ("""JSON object of keyword arguments for nnx_ppo.envs.make, e.g. '{"episode_length": 500}'. Default: {} (the """
+     'default env cue_memory uses {"n_cues": 4, "delay": 8}).')
 
     train_env_kwargs: Optional[str] = None
-    (
-        """JSON object of extra keyword arguments for the training env only, e.g. '{"random_reset_steps": 500}' """
-        "(evaluation keeps full episodes)."
-    )
+    ("""JSON object of extra keyword arguments for the training env only, e.g. '{"random_reset_steps": 500}' """
+     "(evaluation keeps full episodes).")
 
     no_preset: Annotated[bool, tyro.conf.FlagCreatePairsOff] = False
     """ignore the env's tuned preset (see `nnx-ppo envs`): start from the library's defaults instead."""
@@ -114,22 +114,16 @@ class RunFlags:
     """where to write the run (default: runs/<env>-<YYYYmmdd-HHMMSS>)."""
 
     resume: Optional[str] = None
-    (
-        "continue the run in this directory (reads its config.json; flags given here override its training config, "
-        "e.g. a larger --ppo.total-steps)."
-    )
+    ("continue the run in this directory (reads its config.json; flags given here override its training config, "
+     "e.g. a larger --ppo.total-steps).")
 
     current_code: bool = False
-    (
-        "with --resume: rebuild the run's env and network from their files as they are now, even where they changed "
-        "since it was trained (by default the run's copies in RUN_DIR/source/ are used then)."
-    )
+    ("with --resume: rebuild the run's env and network from their files as they are now, even where they changed "
+     "since it was trained (by default the run's copies in RUN_DIR/source/ are used then).")
 
     overwrite: bool = False
-    (
-        "start afresh in a --run-dir that holds a run's data (config.json, metrics, tb/, checkpoints, the best "
-        "policy): delete them first. Without it such a directory is refused."
-    )
+    ("start afresh in a --run-dir that holds a run's data (config.json, metrics, tb/, checkpoints, the best "
+     "policy): delete them first. Without it such a directory is refused.")
 
     quiet: bool = False
     """no progress bar; print only a few log lines (evaluations, summary)."""
@@ -138,10 +132,8 @@ class RunFlags:
     """print the effective settings (the preset's or the resumed run's, with the flags given) as JSON, and exit."""
 
     video_every: int = 0
-    (
-        "record one deterministic evaluation episode every N evaluations into <run>/videos/step_<env steps>.mp4 "
-        "(also to TensorBoard and W&B); renderable envs only (MuJoCo Playground); 0: none."
-    )
+    ("record one deterministic evaluation episode every N evaluations into <run>/videos/step_<env steps>.mp4 "
+     "(also to TensorBoard and W&B); renderable envs only (MuJoCo Playground); 0: none.")
 
     wandb: bool = False
     """also log metrics to Weights & Biases (needs `pip install wandb`)."""
@@ -155,10 +147,8 @@ class ProcessFlags:
     """Training with several processes (hosts; docs/scale.md)."""
 
     coordinator_address: Optional[str] = None
-    (
-        "HOST:PORT of process 0, to train with several processes (hosts); give it, --num-processes and "
-        "--process-id to every process, with the same --run-dir (see docs/scale.md)."
-    )
+    ("HOST:PORT of process 0, to train with several processes (hosts); give it, --num-processes and "
+     "--process-id to every process, with the same --run-dir (see docs/scale.md).")
 
     num_processes: int = 1
     """number of processes taking part (with --coordinator-address)."""
@@ -167,10 +157,8 @@ class ProcessFlags:
     """this process's index, 0 .. num_processes - 1 (process 0 writes the run directory and logs)."""
 
     distributed_timeout: float = DISTRIBUTED_TIMEOUT
-    (
-        "seconds to wait for every process to join, and for a peer that stopped responding, before every process "
-        "ends with one line naming it (with --coordinator-address)."
-    )
+    ("seconds to wait for every process to join, and for a peer that stopped responding, before every process "
+     "ends with one line naming it (with --coordinator-address).")
 
 
 @dataclasses.dataclass
@@ -186,19 +174,15 @@ class TrainCommand:
     """
 
     env: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV_SPEC")] = DEFAULT_ENV
-    (
-        "environment spec for nnx_ppo.envs.make, e.g. cue_memory, gymnax:CartPole-v1, playground:CartpoleBalance "
-        "(see `nnx-ppo envs`), or your own env class or function as FILE.py:NAME or MODULE:NAME, called with "
-        "--env-kwargs and rebuilt from config.json by every command (docs/environments.md)."
-    )
+    ("environment spec for nnx_ppo.envs.make, e.g. cue_memory, gymnax:CartPole-v1, playground:CartpoleBalance "
+     "(see `nnx-ppo envs`), or your own env class or function as FILE.py:NAME or MODULE:NAME, called with "
+     "--env-kwargs and rebuilt from config.json by every command (docs/environments.md).")
 
     seeds: Annotated[tuple[int, ...], tyro.conf.arg(metavar="SEED [SEED ...]",
                                                     help_behavior_hint="(default: one run, of --seed)")] = ()
-    (
-        "train these seeds together in one compiled program (instead of --seed): one run directory, metrics rows "
-        'carry their "seed", the curve shows the mean and the min-max band over seeds; one checkpoint holds every seed '
-        "(resume with --resume, `nnx-ppo eval` evaluates each seed)."
-    )
+    ("train these seeds together in one compiled program (instead of --seed): one run directory, metrics rows "
+     'carry their "seed", the curve shows the mean and the min-max band over seeds; one checkpoint holds every seed '
+     "(resume with --resume, `nnx-ppo eval` evaluates each seed).")
 
     setup: Annotated[SetupFlags, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name="env and network")] = SetupFlags()
     run: Annotated[RunFlags, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name="run directory and logging")] = RunFlags()
@@ -220,11 +204,9 @@ class SweepFlags:
                  "ppo." + name.replace("_", "-") for name in per_member_bounds()) + ".")] = ()
 
     pbt_every: int = 0
-    (
-        "population-based training: every N iterations the worst quarter of the members take over the state "
-        "of members of the best quarter and perturb the swept hyperparameters (x0.8 or x1.25); 0: the members "
-        "train independently."
-    )
+    ("population-based training: every N iterations the worst quarter of the members take over the state "
+     "of members of the best quarter and perturb the swept hyperparameters (x0.8 or x1.25); 0: the members "
+     "train independently.")
 
     threshold: Optional[float] = None
     """the return for 'steps/seconds to threshold' in sweep.md (default: the env preset's target, if any)."""
@@ -296,10 +278,8 @@ class EvalCommand:
     """video frame rate (default: the env's control rate, else 30)."""
 
     record_activations: Annotated[tuple[str, ...], tyro.conf.arg(metavar="PATH [PATH ...]")] = ()
-    (
-        "record the outputs and carries of these modules (paths from --list-modules) over --episodes envs x "
-        "--max-episode-length steps into --out (nnx_ppo.algorithms.evaluation)."
-    )
+    ("record the outputs and carries of these modules (paths from --list-modules) over --episodes envs x "
+     "--max-episode-length steps into --out (nnx_ppo.algorithms.evaluation).")
 
     out: Optional[str] = None
     """the .npz file that --record-activations writes."""

@@ -23,7 +23,13 @@ from nnx_ppo.app.commands import CliError, PlotCommand
 from nnx_ppo.app.runs import read_run
 from nnx_ppo.progress import pretty_path
 
-__all__ = ["run_plot", "summarize_run", "interquartile_mean", "bootstrap_interval", "format_value"]
+__all__ = ["run_plot", "summarize_run", "interquartile_mean", "bootstrap_interval", "format_value", "mean",
+           "elapsed_seconds", "threshold_reached"]
+
+
+def mean(values: list[float]) -> float:
+    """The mean of ``values`` (nan for none)."""
+    return sum(values) / len(values) if values else math.nan
 
 
 def interquartile_mean(values: Any, axis: int | None = None) -> Any:
@@ -72,41 +78,39 @@ def bootstrap_interval(values: Any, statistic: Any = interquartile_mean, n_resam
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def _elapsed_at(rows: list[dict[str, Any]], step: int) -> float | None:
-    times = [r["time/elapsed_seconds"] for r in rows
-             if not r.get("eval") and r.get("env_steps") == step and isinstance(r.get("time/elapsed_seconds"), float)]
-    return max(times) if times else None
+def elapsed_seconds(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Seconds of training at each iteration's env step (the longest of its
+    rows: a seed batch's or a population's members train at once)."""
+    out: dict[int, float] = {}
+    for r in rows:
+        t = r.get("time/elapsed_seconds")
+        if not r.get("eval") and isinstance(t, (int, float)):
+            out[r["env_steps"]] = max(out.get(r["env_steps"], 0.0), float(t))
+    return out
+
+
+def threshold_reached(steps: list[int], values: list[float], elapsed: dict[int, float],
+                      threshold: float | None) -> dict[str, Any]:
+    """``steps_to_threshold`` and ``seconds_to_threshold`` of a curve: the
+    first env step at which it reached ``threshold``, and the seconds of
+    training then (from ``elapsed``); None where it never did (or without one)."""
+    reached = [x for x, y in zip(steps, values) if threshold is not None and y >= threshold]
+    return {"steps_to_threshold": reached[0] if reached else None,
+            "seconds_to_threshold": elapsed.get(reached[0]) if reached else None}
 
 
 def summarize_run(rows: list[dict[str, Any]], metric: str, threshold: float | None = None) -> dict[str, Any]:
     """One row of the table for a run's metrics rows (see the module docstring)."""
     curves = rd.seed_curves(rows, metric)
     finals = [ys[-1] for _, ys in curves.values() if ys]
-    bests = [max(ys) for _, ys in curves.values() if ys]
-    summary: dict[str, Any] = {
-        "seeds": len(curves),
-        "final": sum(finals) / len(finals) if finals else math.nan,
-        "best": sum(bests) / len(bests) if bests else math.nan,
-        "iqm_final": interquartile_mean(finals),
-        "steps_to_threshold": None,
-        "seconds_to_threshold": None,
-    }
-    if threshold is not None:
-        steps, means, _, _ = rd.seed_band(rows, metric)
-        reached = [x for x, m in zip(steps, means) if m >= threshold]
-        if reached:
-            summary["steps_to_threshold"] = reached[0]
-            summary["seconds_to_threshold"] = _elapsed_at(rows, reached[0])
-    return summary
+    steps, means, _, _ = rd.seed_band(rows, metric)
+    return {"seeds": len(curves), "final": mean(finals), "best": mean([max(ys) for _, ys in curves.values() if ys]),
+            "iqm_final": interquartile_mean(finals),
+            **threshold_reached(steps, means, elapsed_seconds(rows), threshold)}
 
 
 def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: float | None, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=100)
+    fig, ax = rd.new_figure((7.5, 4.5))
     for i, (name, rows) in enumerate(runs):
         steps, mean, lo, hi = rd.seed_band(rows, metric)
         color = f"C{i % 10}"
@@ -121,7 +125,6 @@ def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: 
     ax.set_ylabel(metric)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     rd.save_figure(fig, path)
 

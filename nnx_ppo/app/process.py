@@ -28,7 +28,8 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nnx_ppo.app.commands import PROG, CliError, TrainCommand, print_error
+from nnx_ppo import run_dir as rd
+from nnx_ppo.app.commands import PROG, CliError, TrainCommand, print_error, usage_errors
 
 if TYPE_CHECKING:
     from nnx_ppo.progress import StopFlag
@@ -93,19 +94,15 @@ def join_processes(cmd: TrainCommand) -> None:
         if flags.num_processes != 1 or flags.process_id != 0:
             raise CliError("--num-processes and --process-id need --coordinator-address HOST:PORT")
         return
-    from nnx_ppo import run_dir as rd
     from nnx_ppo.algorithms.distributed import check_same_everywhere, initialize, watch_peers
 
-    try:
+    with usage_errors(ValueError):
         initialize(flags.coordinator_address, flags.num_processes, flags.process_id, timeout=flags.distributed_timeout)
         # Every process must train the same run: compare a hash of the settings (all but --process-id).
-        settings = {f.name: getattr(cmd, f.name) for f in dataclasses.fields(cmd)}
-        settings["processes"] = dataclasses.replace(flags, process_id=0)
-        settings["config"] = rd.train_config_to_dict(cmd.config)
+        settings = {**vars(cmd), "processes": dataclasses.replace(flags, process_id=0),
+                    "config": rd.train_config_to_dict(cmd.config)}
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
         check_same_everywhere(digest, "settings (flags)")
-    except ValueError as e:
-        raise CliError(str(e)) from None
     # A peer that dies or hangs ends every process within --distributed-timeout, in one line.
     watch_peers(flags.distributed_timeout)
 
@@ -116,7 +113,6 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
     asked)``; ``run`` is closed (its directory released) in every case. A
     usage error (:class:`~nnx_ppo.app.commands.CliError`) passes through, and
     a bad row of a resumed run's metrics.jsonl becomes one (before training)."""
-    from nnx_ppo import run_dir as rd
     from nnx_ppo.algorithms.distributed import await_lost_peer, process_count
     from nnx_ppo.algorithms.driver import NonFiniteError
     from nnx_ppo.algorithms.ppo import FootprintError
@@ -124,17 +120,14 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
 
     stop = StopFlag(run.write)
     code, result = 0, None
-    try:
-        with stop:
+    try:  # (a bad metrics row of a resumed run, a config too large for the memory: refused before training)
+        with stop, usage_errors(rd.MetricsError, FootprintError):
             result = train(stop)
     except KeyboardInterrupt:
         run.close()
         where = f" is in {pretty_path(run.path / rd.CHECKPOINT_DIR)}" if run.path is not None else " is kept"
         print_error(f"aborted; metrics so far are kept, and the last saved checkpoint (if any){where}")
         code = 130
-    except (rd.MetricsError, FootprintError) as e:  # a bad metrics row of a resumed run, a config too large for
-        run.close()                                   # the memory: refused before training
-        raise CliError(str(e)) from None
     except NonFiniteError as e:
         run.close()
         print_error(str(e))

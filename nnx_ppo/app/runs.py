@@ -5,6 +5,7 @@ failure a one-line :class:`~nnx_ppo.app.commands.CliError`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -17,15 +18,20 @@ from nnx_ppo.app.commands import (
     DEFAULT_HIDDEN_SIZE,
     PROG,
     CliError,
+    DistillCommand,
+    EvalCommand,
+    ExportCommand,
+    TrainCommand,
     check_distinct_seeds,
     print_warning,
     shell_command,
+    usage_errors,
 )
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs, resolve_factory_reference
 
-__all__ = ["has_checkpoint", "lock_run_dir", "fresh_run_dir", "run_policy_spec", "read_run", "checkpoint_choice",
-           "load_run_network", "only_best_policy", "parse_env_kwargs", "make_env", "build_network", "use_run_code",
-           "run_directory", "resume_changes", "extra_network_kwargs", "network_spec_of"]
+__all__ = ["has_checkpoint", "fresh_run_dir", "run_policy_spec", "read_run", "checkpoint_choice", "load_run_network",
+           "only_best_policy", "parse_env_kwargs", "prepared", "make_env", "make_envs", "build_network",
+           "use_run_code", "run_directory", "resume_changes", "extra_network_kwargs", "network_spec_of"]
 
 
 def only_best_policy(directory: Path) -> bool:
@@ -45,32 +51,19 @@ def has_checkpoint(directory: Path) -> bool:
     return directory.is_dir() and latest_checkpoint(directory) is not None
 
 
-def lock_run_dir(run_dir: Path):
-    """The run directory's :class:`~nnx_ppo.run_dir.RunLock`, acquired: a
-    directory another process trains into is refused in one line naming its pid."""
-
-    try:
-        return rd.RunLock(run_dir).acquire()
-    except ValueError as e:
-        raise CliError(str(e)) from None
-
-
-def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> Path:
-    """``run_dir`` for a run that starts from scratch. One that holds files
-    no run writes is refused; one that holds any run data (config.json,
-    metrics, tb/, checkpoints, a best policy) is refused naming what it
-    holds and what to do (resume a run with a training checkpoint;
-    ``--overwrite`` deletes the data first). The caller holds the
-    directory's lock (:func:`lock_run_dir`)."""
-    from nnx_ppo.algorithms.checkpointing import latest_checkpoint
+def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> None:
+    """Check ``run_dir`` for a run that starts from scratch. One that holds
+    files no run writes is refused; one that holds any run data
+    (config.json, metrics, tb/, checkpoints, a best policy) is refused
+    naming what it holds and what to do (resume a run with a training
+    checkpoint; ``--overwrite`` deletes the data first). The caller holds
+    the directory's lock (:func:`run_directory`)."""
     from nnx_ppo.progress import pretty_path
 
-    try:
+    with usage_errors(ValueError):
         rd.check_writable(run_dir)
-    except ValueError as e:
-        raise CliError(str(e)) from None
     if not run_dir.is_dir():
-        return run_dir
+        return
     foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in rd.RUN_ENTRIES)
     if foreign:
         shown = ", ".join(foreign[:4]) + (" ..." if len(foreign) > 4 else "")
@@ -78,7 +71,7 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> Path:
                        "directory)")
     data = rd.run_data(run_dir)
     if not data:
-        return run_dir
+        return
     if (run_dir / rd.CONFIG_FILE).exists() and not overwrite:
         try:
             rd.read_run_config(run_dir)
@@ -88,9 +81,9 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> Path:
     if overwrite:
         print_warning(f"--overwrite: deleting what {pretty_path(run_dir)} held ({', '.join(data)})")
         rd.clear_run(run_dir)
-        return run_dir
+        return
     ckpt = run_dir / rd.CHECKPOINT_DIR
-    resumable = ckpt.is_dir() and latest_checkpoint(ckpt) is not None
+    resumable = has_checkpoint(ckpt)
     if resumable and not (run_dir / rd.CONFIG_FILE).exists():
         raise CliError(f"{ckpt} already holds {data[-1]} (of another run, without its config.json); a new run would "
                        "prune them: move them away, pick another --run-dir, or --overwrite (deletes them)")
@@ -120,11 +113,9 @@ def run_policy_spec(run_dir: Path, saved: dict[str, Any], step: int | str | None
         if not only_best:
             raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
     env = make_env(saved["env"], saved.get("env_kwargs", {}))
-    try:
+    with usage_errors(TypeError, ValueError):
         spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}),
                                       **saved["network"]}, where=f"{run_dir}/config.json")
-    except (TypeError, ValueError) as e:
-        raise CliError(str(e)) from None
     if is_factory_reference(spec.kind):
         try:
             resolve_factory_reference(spec.kind)
@@ -141,10 +132,8 @@ def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
     from nnx_ppo.envs.registry import is_known
     from nnx_ppo.runner import PYTHON_NETWORK
 
-    try:
+    with usage_errors(FileNotFoundError, ValueError):
         saved = rd.read_run_config(run_dir)
-    except (FileNotFoundError, ValueError) as e:
-        raise CliError(str(e)) from None
     network = saved["network"] if isinstance(saved["network"], dict) else {}
     if rebuild and (PYTHON_NETWORK in network or saved.get("env_rebuildable") is False):
         what = (f"a network object ({network[PYTHON_NETWORK]})" if PYTHON_NETWORK in network
@@ -160,18 +149,28 @@ def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
     return saved
 
 
-def use_run_code(run_dir: Path, current_code: bool = False) -> None:
-    """Before a command rebuilds the run in ``run_dir``: the files of the
-    user's env and network that moved or changed since it was trained are
-    said in one line each, and loaded from the run's copies (``source/``)
-    from now on, or as they are now with ``current_code`` (``--current-code``)."""
+def use_run_code(cmd) -> None:
+    """Before a command rebuilds a run (resume, eval, export, distill's
+    teacher): the files of the user's env and network that moved or changed
+    since it was trained are said in one line each, and loaded from the
+    run's copies (``source/``) from now on, or as they are now with
+    ``--current-code``."""
     from nnx_ppo.user_code import use_run_copies
 
+    run, current = None, False
+    if isinstance(cmd, TrainCommand):
+        run, current = cmd.run.resume, cmd.run.current_code
+    elif isinstance(cmd, DistillCommand):
+        run = cmd.teacher_run
+    elif isinstance(cmd, (EvalCommand, ExportCommand)):
+        run, current = cmd.run_dir, cmd.current_code
+    if run is None:
+        return
     try:
-        recorded = rd.read_run_config(run_dir).get("source") or {}
+        recorded = rd.read_run_config(run).get("source") or {}
     except (FileNotFoundError, ValueError):
         return  # (the command itself says what is wrong with the run)
-    for note in use_run_copies(run_dir, recorded, current_code):
+    for note in use_run_copies(Path(run), recorded, current):
         print_warning(note)
 
 
@@ -198,6 +197,8 @@ def load_run_network(ckpt_dir: Path, network: Any, seed: int | None = None, step
 
 
 def parse_env_kwargs(text: str | None, env: str, flag: str = "--env-kwargs") -> dict[str, Any]:
+    """The JSON object ``flag`` gave (``--env-kwargs``: the default env's own
+    when not given); a usage error in one line when it is not one."""
     if text is None:
         return dict(DEFAULT_ENV_KWARGS) if env == DEFAULT_ENV and flag == "--env-kwargs" else {}
     try:
@@ -207,6 +208,21 @@ def parse_env_kwargs(text: str | None, env: str, flag: str = "--env-kwargs") -> 
     if not isinstance(value, dict):
         raise CliError(f"{flag} must be a JSON object, got {text!r}")
     return value
+
+
+def prepared(cmd, saved: dict[str, Any] | None):
+    """``(cmd, env_kwargs, train_env_kwargs)`` of ``train`` or ``sweep``: the
+    command with a FILE.py:NAME env made absolute (as the run records it), and
+    its env's keyword arguments; with ``--resume`` what the flags change of
+    the run ``saved`` is checked and printed (:func:`resume_changes`)."""
+    from nnx_ppo.user_code import normalized
+
+    cmd = dataclasses.replace(cmd, env=normalized(cmd.env))
+    env_kwargs = parse_env_kwargs(cmd.setup.env_kwargs, cmd.env)
+    train_env_kwargs = parse_env_kwargs(cmd.setup.train_env_kwargs, cmd.env, "--train-env-kwargs")
+    if cmd.run.resume is not None:
+        resume_changes(cmd, saved, env_kwargs, train_env_kwargs)
+    return cmd, env_kwargs, train_env_kwargs
 
 
 def make_env(spec: str, kwargs: dict[str, Any]):
@@ -222,24 +238,26 @@ def make_env(spec: str, kwargs: dict[str, Any]):
         raise CliError(str(e), code=1) from None
 
 
+def make_envs(spec: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any]):
+    """``(train_env, eval_env)`` (:func:`nnx_ppo.run_dir.training_env_kwargs`
+    says how the training env differs)."""
+    return make_env(spec, rd.training_env_kwargs(env_kwargs, train_env_kwargs)), make_env(spec, env_kwargs)
+
+
 def build_network(spec: NetworkSpec, env, cmd):
     """``spec.build(env)``; a network that cannot be built (a bad size, an
     unknown ``--network-kwargs`` key) is a usage error in one line."""
-    try:
+    with usage_errors(ValueError, TypeError, prefix=f"cannot build the network {cmd.setup.network} for {cmd.env}: "):
         return spec.build(env)
-    except (ValueError, TypeError) as e:
-        raise CliError(f"cannot build the network {cmd.setup.network} for {cmd.env}: {e}") from None
 
 
 def network_spec_of(cmd, env_kwargs: dict[str, Any], seed: int) -> NetworkSpec:
     if cmd.setup.hidden_size <= 0:
         raise CliError(f"--hidden-size must be positive, got {cmd.setup.hidden_size}")
-    try:
+    with usage_errors(ValueError, prefix="--network: "):
         spec = NetworkSpec.sized(cmd.env, cmd.setup.network, cmd.setup.hidden_size, seed=seed, env_kwargs=env_kwargs)
         if is_factory_reference(spec.kind):
             resolve_factory_reference(spec.kind)
-    except ValueError as e:
-        raise CliError(f"--network: {e}") from None
     extra = parse_env_kwargs(cmd.setup.network_kwargs, cmd.env, "--network-kwargs")
     return dataclasses.replace(spec, kwargs={**spec.kwargs, **extra}) if extra else spec
 
@@ -251,12 +269,11 @@ def extra_network_kwargs(network: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in (network.get("kwargs") or {}).items() if k not in sized}
 
 
-def resume_changes(cmd, saved: dict[str, Any], env_kwargs: dict, train_env_kwargs: dict
-                   ) -> dict[str, list]:
-    """What resuming the run ``saved`` with ``cmd`` changes (``{"ppo.total_steps":
-    [before, after]}``), printed; a change of anything that makes the run
-    (the env, the network, the seeds, a config field not declared resumable)
-    is a one-line CliError naming the flag."""
+def resume_changes(cmd, saved: dict[str, Any], env_kwargs: dict, train_env_kwargs: dict) -> None:
+    """Print what resuming the run ``saved`` with ``cmd`` changes
+    (``resuming with --ppo.total-steps 2000 (was 1000)``); a change of
+    anything that makes the run (the env, the network, the seeds, a config
+    field not declared resumable) is a one-line CliError naming the flag."""
     from nnx_ppo.algorithms.config import resume_changes as config_changes
 
     network = saved["network"]
@@ -272,15 +289,12 @@ def resume_changes(cmd, saved: dict[str, Any], env_kwargs: dict, train_env_kwarg
     ):
         if now != before:
             raise CliError(f"cannot change {what} when resuming ({before!r} in the run, {now!r} given)")
-    try:
+    with usage_errors(ValueError):
         changes = config_changes(saved["config"], cmd.config)
-    except ValueError as e:
-        raise CliError(str(e)) from None
     for name, (before, after) in changes.items():
         print(f"resuming with --{name.replace('_', '-')} {after} (was {before})", flush=True)
-    if changes and cmd.run.resume is not None:
+    if changes:
         _print_decay_change(cmd, saved)
-    return changes
 
 
 def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
@@ -290,10 +304,10 @@ def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
     from nnx_ppo.algorithms import checkpointing
 
     before, after = rd.train_config_from_dict(saved["config"], learning_rate=1.0).ppo, cmd.config.ppo
-    latest = checkpointing.latest_checkpoint(Path(cmd.run.resume) / rd.CHECKPOINT_DIR)
-    if not after.learning_rate_decay or latest is None or before.total_updates == after.total_updates:
+    saved_steps = checkpointing.list_checkpoints(Path(cmd.run.resume) / rd.CHECKPOINT_DIR)
+    if not after.learning_rate_decay or not saved_steps or before.total_updates == after.total_updates:
         return
-    step = int(latest.name.removeprefix("step_"))
+    step = saved_steps[-1][0]
     update = step // before.steps_per_iteration * before.n_epochs * before.n_minibatches
     old, new = (max(0.0, 1.0 - update / ppo.total_updates) for ppo in (before, after))
     rates = (f"{old * after.learning_rate:.3g} to {new * after.learning_rate:.3g}" if "members" not in saved
@@ -304,40 +318,43 @@ def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
           f"from {rates}", flush=True)
 
 
-def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train") -> Path:
-    """The run directory, locked (the caller releases
-    ``rd.RunLock(run_dir)``); for ``--resume``, after checking that there is
-    a checkpoint to resume from."""
+@contextlib.contextmanager
+def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train"):
+    """``with run_directory(cmd, saved, command) as run_dir:`` the run
+    directory of ``train``, ``sweep`` or ``distill`` (``command``; by default
+    ``runs/<env>[-sweep|-distill]-<time>``), locked for the block: a
+    directory another process trains into is refused in one line naming its
+    pid, a fresh run's is checked (:func:`fresh_run_dir`), a resumed one must
+    hold a checkpoint to resume from and writable files."""
     from nnx_ppo.user_code import short_name
 
     check_distinct_seeds(cmd.seeds)
     if cmd.run.resume is None:
-        run_dir = Path(cmd.run.run_dir) if cmd.run.run_dir else rd.default_run_dir(short_name(cmd.env))
-        lock = lock_run_dir(run_dir)
-        try:
-            return fresh_run_dir(run_dir, cmd.run.overwrite)
-        except BaseException:
-            lock.release()
-            raise
-    assert saved is not None
-    if cmd.run.run_dir is not None and Path(cmd.run.run_dir).resolve() != Path(cmd.run.resume).resolve():
+        name = short_name(cmd.env) + ("" if command == "train" else f"-{command}")
+        run_dir = Path(cmd.run.run_dir) if cmd.run.run_dir else rd.default_run_dir(name)
+    elif cmd.run.run_dir is not None and Path(cmd.run.run_dir).resolve() != Path(cmd.run.resume).resolve():
         raise CliError("give either --run-dir or --resume, not both")
-    run_dir = Path(cmd.run.resume)
-    if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
-        again = f"{shell_command(PROG, command, '...', '--run-dir', run_dir)} --overwrite"
-        if only_best_policy(run_dir / rd.CHECKPOINT_DIR):
-            raise CliError(f"{run_dir} has no training checkpoint to resume from, only its best policy (which holds "
-                           f"no optimizer state): evaluate or export it with --best, or start it again: {again}")
-        raise CliError(f"{run_dir} has no checkpoints to resume from (it stopped before its first one); start it "
-                       f"again: {again}")
-    lock = lock_run_dir(run_dir)
+    else:
+        run_dir = Path(cmd.run.resume)
+        if not has_checkpoint(run_dir / rd.CHECKPOINT_DIR):
+            again = f"{shell_command(PROG, command, '...', '--run-dir', run_dir)} --overwrite"
+            if only_best_policy(run_dir / rd.CHECKPOINT_DIR):
+                raise CliError(f"{run_dir} has no training checkpoint to resume from, only its best policy (which "
+                               f"holds no optimizer state): evaluate or export it with --best, or start it again: "
+                               f"{again}")
+            raise CliError(f"{run_dir} has no checkpoints to resume from (it stopped before its first one); start it "
+                           f"again: {again}")
+    with usage_errors(ValueError):
+        lock = rd.RunLock(run_dir).acquire()
     try:
-        rd.check_writable(run_dir)
-        _check_writable_files(run_dir)
-    except BaseException:
+        if cmd.run.resume is None:
+            fresh_run_dir(run_dir, cmd.run.overwrite)
+        else:
+            rd.check_writable(run_dir)
+            _check_writable_files(run_dir)
+        yield run_dir
+    finally:
         lock.release()
-        raise
-    return run_dir
 
 
 def _check_writable_files(run_dir: Path) -> None:
@@ -351,8 +368,6 @@ def _check_writable_files(run_dir: Path) -> None:
 
 def _normalized_network(network: str) -> str:
     """``--network`` as config.json records it (a file reference made absolute)."""
-    from nnx_ppo.network_spec import NetworkSpec
-
     try:
         return NetworkSpec.sized("", network, 1).kind
     except ValueError:

@@ -19,15 +19,33 @@ import dataclasses
 import itertools
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import PROG, CliError, SweepCommand, check_distinct_seeds, print_error, shell_command
-from nnx_ppo.app.plot import bootstrap_interval, format_value, interquartile_mean
+from nnx_ppo.algorithms.config import PPOConfig
+from nnx_ppo.app.commands import (
+    PROG,
+    CliError,
+    SweepCommand,
+    check_distinct_seeds,
+    print_error,
+    shell_command,
+    usage_errors,
+)
+from nnx_ppo.app.plot import (
+    bootstrap_interval,
+    elapsed_seconds,
+    format_value,
+    interquartile_mean,
+    mean,
+    threshold_reached,
+)
 from nnx_ppo.app.process import train_into
-from nnx_ppo.app.runs import build_network, make_env, network_spec_of, parse_env_kwargs
+from nnx_ppo.app.runs import build_network, make_envs, network_spec_of, prepared, run_directory
+from nnx_ppo.network_spec import NetworkSpec
 from nnx_ppo.presets import find_preset
 from nnx_ppo.progress import pretty_path
 from nnx_ppo.runner import Run, RunSpec
@@ -40,7 +58,6 @@ def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
     """``("ppo.learning-rate=1e-3,3e-4", ...)`` as ``{"learning_rate": [1e-3, 3e-4], ...}``
     (PPOConfig field names, in the order given). A CliError names a bad entry
     and what is expected."""
-    from nnx_ppo.algorithms.config import PPOConfig
     from nnx_ppo.algorithms.hyperparameters import PER_MEMBER
 
     known = {f.name for f in dataclasses.fields(PPOConfig)}
@@ -52,7 +69,7 @@ def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
         if not sep or not values.strip() or not name.strip().removeprefix("--").startswith("ppo."):
             raise CliError(f"--grid: expected FIELD=V1,V2,... such as ppo.learning-rate=1e-3,3e-4, got {entry!r}")
         if field not in known:
-            raise CliError(f"--grid: unknown field {name.strip()}{_did_you_mean(field)}; sweepable: {allowed}")
+            raise CliError(f"--grid: unknown field {name.strip()}{_did_youmean(field)}; sweepable: {allowed}")
         if field not in PER_MEMBER:
             raise CliError(f"--grid: {name.strip()} cannot differ between the members of one program (it changes "
                            f"array shapes or the program); sweepable: {allowed}")
@@ -67,11 +84,10 @@ def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
     return grid
 
 
-def _did_you_mean(field: str) -> str:
+def _did_youmean(field: str) -> str:
     """`` (did you mean ppo.learning-rate?)`` for a misspelt PPOConfig field; ``""`` when none is close."""
     import difflib
 
-    from nnx_ppo.algorithms.config import PPOConfig
 
     close = difflib.get_close_matches(field, [f.name for f in dataclasses.fields(PPOConfig)], n=1, cutoff=0.6)
     return f" (did you mean ppo.{close[0].replace('_', '-')}?)" if close else ""
@@ -84,10 +100,8 @@ def grid_configs(base, grid: dict[str, list[float]]) -> tuple[list, list[dict[st
     configs, values = [], []
     for combination in itertools.product(*grid.values()):
         chosen = dict(zip(grid, combination))
-        try:
+        with usage_errors(ValueError, prefix="--grid: "):
             configs.append(dataclasses.replace(base, ppo=dataclasses.replace(base.ppo, **chosen)))
-        except ValueError as e:
-            raise CliError(f"--grid: {e}") from None
         values.append(chosen)
     return configs or [base], values or [{}]
 
@@ -111,33 +125,18 @@ def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None =
         raise CliError("sweep runs in one process (its members can share several devices: --shard-seeds)")
     if cmd.sweep.pbt_every < 0:
         raise CliError(f"--pbt-every must be >= 0, got {cmd.sweep.pbt_every}")
-    from nnx_ppo.user_code import normalized, short_name
-
-    cmd = dataclasses.replace(cmd, env=normalized(cmd.env))  # a FILE.py:NAME env recorded by its absolute path
-    env_kwargs = parse_env_kwargs(cmd.setup.env_kwargs, cmd.env)
-    train_env_kwargs = parse_env_kwargs(cmd.setup.train_env_kwargs, cmd.env, "--train-env-kwargs")
+    if cmd.run.resume is not None and cmd.sweep.grid:
+        raise CliError("--grid is the sweep's own: not with --resume (the run's members are resumed)")
+    if cmd.run.resume is None and not cmd.sweep.grid:
+        raise CliError("give --grid FIELD=V1,V2 ... (e.g. --grid ppo.learning-rate=1e-3,3e-4)")
+    cmd, env_kwargs, train_env_kwargs = prepared(cmd, saved)
     if cmd.run.resume is not None:
-        from nnx_ppo.app.runs import resume_changes
-
-        if cmd.sweep.grid:
-            raise CliError("--grid is the sweep's own: not with --resume (the run's members are resumed)")
-        resume_changes(cmd, saved, env_kwargs, train_env_kwargs)
         configs, seeds = _resumed_configs(cmd, saved), list(saved["population"]["seeds"])
     else:
-        if not cmd.sweep.grid:
-            raise CliError("give --grid FIELD=V1,V2 ... (e.g. --grid ppo.learning-rate=1e-3,3e-4)")
         seeds = check_distinct_seeds(list(cmd.seeds) or [cmd.config.seed])
         configs, _ = grid_configs(cmd.config, parse_grid(cmd.sweep.grid))
-    from nnx_ppo.app.runs import run_directory
-
-    if cmd.run.resume is None and not cmd.run.run_dir:
-        default_dir = str(rd.default_run_dir(f"{short_name(cmd.env)}-sweep"))
-        cmd = dataclasses.replace(cmd, run=dataclasses.replace(cmd.run, run_dir=default_dir))
-    run_dir = run_directory(cmd, saved, "sweep")
-    try:
+    with run_directory(cmd, saved, "sweep") as run_dir:
         return _sweep(cmd, argv, run_dir, configs, seeds, env_kwargs, train_env_kwargs, saved)
-    finally:
-        rd.RunLock(run_dir).release()
 
 
 def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, seeds: list[int], env_kwargs: dict,
@@ -147,11 +146,8 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
     from nnx_ppo.algorithms.population import PBTConfig, train_population
 
     resuming = cmd.run.resume is not None
-    env = make_env(cmd.env, env_kwargs)
-    train_env = make_env(cmd.env, rd.training_env_kwargs(env_kwargs, train_env_kwargs))
+    train_env, env = make_envs(cmd.env, env_kwargs, train_env_kwargs)
     if resuming:
-        from nnx_ppo.network_spec import NetworkSpec
-
         spec = NetworkSpec.from_dict(saved["network"], where=f"{run_dir / rd.CONFIG_FILE}")
     else:
         spec = network_spec_of(cmd, env_kwargs, seeds[0])
@@ -169,11 +165,9 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
     t0 = time.perf_counter()
 
     def train(stop):
-        try:
+        with usage_errors(PopulationConfigError):
             return train_population(train_env, spec, configs, seeds, pbt=pbt, eval_env=env, run=run,
                                     resume_from=run_dir if resuming else None, should_stop=stop)
-        except PopulationConfigError as e:
-            raise CliError(str(e)) from None
 
     code, results, stopped = train_into(run, train)
     if results is not None:
@@ -200,16 +194,6 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
 SUMMARY_FILE = "sweep.json"
 TABLE_FILE = "sweep.md"
 _METRIC = "eval/episode_return"
-
-
-def _elapsed(rows: list[dict[str, Any]]) -> dict[int, float]:
-    """Seconds of training at each iteration's env step (the population's: every member at once)."""
-    out: dict[int, float] = {}
-    for r in rows:
-        t = r.get("time/elapsed_seconds")
-        if not r.get("eval") and isinstance(t, (int, float)):
-            out[r["env_steps"]] = max(out.get(r["env_steps"], 0.0), float(t))
-    return out
 
 
 def member_lineage(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
@@ -264,18 +248,11 @@ def _curve_stats(steps: list[int], ys: list[float], elapsed: dict[int, float],
     """Of an evaluation curve (``steps``, ``ys``): its AUC (area under the
     curve / its env steps) and the first env step and seconds of training at
     which it reached ``threshold``."""
-    stats: dict[str, Any] = {"auc": math.nan, "steps_to_threshold": None, "seconds_to_threshold": None}
+    auc = ys[0] if len(steps) == 1 else math.nan
     if len(steps) > 1:
         area = sum((b - a) * (ya + yb) / 2 for a, b, ya, yb in zip(steps, steps[1:], ys, ys[1:]))
-        stats["auc"] = area / (steps[-1] - steps[0])
-    elif steps:
-        stats["auc"] = ys[0]
-    if threshold is not None:
-        reached = [x for x, y in zip(steps, ys) if y >= threshold]
-        if reached:
-            stats["steps_to_threshold"] = reached[0]
-            stats["seconds_to_threshold"] = elapsed.get(reached[0])
-    return stats
+        auc = area / (steps[-1] - steps[0])
+    return {"auc": auc, **threshold_reached(steps, ys, elapsed, threshold)}
 
 
 def _member_entries(members: list[dict[str, Any]], fields: list[str], rows: list[dict[str, Any]],
@@ -287,7 +264,7 @@ def _member_entries(members: list[dict[str, Any]], fields: list[str], rows: list
     final ``hyperparameters`` (as logged)."""
     curves = rd.seed_curves(rows, _METRIC)  # member index -> (steps, returns)
     failures, lineage = rd.failure_rows(rows), member_lineage(rows)
-    final_values, elapsed = _final_hyperparameters(rows), _elapsed(rows)
+    final_values, elapsed = _final_hyperparameters(rows), elapsed_seconds(rows)
     entries = []
     for i, m in enumerate(members):
         steps, ys = curves.get(i, ([], []))
@@ -327,7 +304,7 @@ def sweep_summary(run_dir: Path, threshold: float | None = None) -> dict[str, An
               if len({m["hyperparameters"][f] for m in members}) > 1]
     rows = rd.read_metrics(run_dir)
     curves = rd.seed_curves(rows, _METRIC)
-    elapsed = _elapsed(rows)
+    elapsed = elapsed_seconds(rows)
     per_member = _member_entries(members, fields, rows, threshold)
     configs = []
     for c in range(len(members) // len(seeds)):
@@ -335,16 +312,13 @@ def sweep_summary(run_dir: Path, threshold: float | None = None) -> dict[str, An
         failed = [i for i in indices if per_member[i]["failure"] is not None]
         member_curves = [curves[i] for i in indices if i in curves and curves[i][1] and i not in failed]
         finals = [ys[-1] for _, ys in member_curves]
-        entry: dict[str, Any] = {"config": c, "members": indices, "failed": failed,
-                                 **{f: members[indices[0]]["hyperparameters"][f] for f in fields},
-                                 "final": _mean(finals), "best": _mean([max(ys) for _, ys in member_curves]),
-                                 "iqm_final": interquartile_mean(finals), "iqm_interval": bootstrap_interval(finals),
-                                 "auc": math.nan, "steps_to_threshold": None, "seconds_to_threshold": None}
-        if member_curves:
-            common = sorted(set.intersection(*(set(s) for s, _ in member_curves)))
-            mean = [_mean([ys[list(s).index(x)] for s, ys in member_curves]) for x in common]
-            entry.update(_curve_stats(common, mean, elapsed, threshold))
-        configs.append(entry)
+        common = sorted(set.intersection(*(set(s) for s, _ in member_curves))) if member_curves else []
+        mean_curve = [mean([ys[list(s).index(x)] for s, ys in member_curves]) for x in common]
+        configs.append({"config": c, "members": indices, "failed": failed,
+                        **{f: members[indices[0]]["hyperparameters"][f] for f in fields},
+                        "final": mean(finals), "best": mean([max(ys) for _, ys in member_curves]),
+                        "iqm_final": interquartile_mean(finals), "iqm_interval": bootstrap_interval(finals),
+                        **_curve_stats(common, mean_curve, elapsed, threshold)})
     key = lambda e: (not e["failed"], _nan_low(e["iqm_final"]), _nan_low(e["auc"]))  # noqa: E731
     ranked = sorted(configs, key=key, reverse=True)
     member_key = lambda m: (m["failure"] is None, _nan_low(m["final"]), _nan_low(m["auc"]))  # noqa: E731
@@ -353,18 +327,17 @@ def sweep_summary(run_dir: Path, threshold: float | None = None) -> dict[str, An
             "pbt": pbt, "member_ranking": member_ranking}
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else math.nan
-
-
 def _nan_low(x: float) -> float:
     return -math.inf if x is None or math.isnan(x) else x
 
 
-def _threshold_cells(entry: dict[str, Any], threshold: float | None) -> list[str]:
-    """The steps and seconds to ``threshold`` (none without one)."""
+def _threshold_cells(threshold: float | None, entry: dict[str, Any] | None = None) -> list[str]:
+    """The columns of the steps and seconds to ``threshold`` (none without
+    one): their headers, or ``entry``'s values."""
     if threshold is None:
         return []
+    if entry is None:
+        return [f"steps to {threshold:g}", f"s to {threshold:g}"]
     return [format_value(entry["steps_to_threshold"], ","), format_value(entry["seconds_to_threshold"], ".1f")]
 
 
@@ -381,17 +354,15 @@ def format_table(summary: dict[str, Any]) -> str:
     if summary.get("member_ranking") is not None:
         return _ranked_member_table(summary)
     fields, threshold = summary["fields"], summary["threshold"]
-    header = ["rank", "config", *fields, "final", "best", "IQM final [95% CI]", "AUC"]
-    if threshold is not None:
-        header += [f"steps to {threshold:g}", f"s to {threshold:g}"]
-    header.append("failed members")
+    header = ["rank", "config", *fields, "final", "best", "IQM final [95% CI]", "AUC", *_threshold_cells(threshold),
+              "failed members"]
     lines = []
     for rank, c in enumerate(summary["configs"], start=1):
         lo, hi = c["iqm_interval"]
         iqm = f"{format_value(c['iqm_final'])} [{format_value(lo)}, {format_value(hi)}]"
         lines.append([str(rank), str(c["config"]), *(f"{c[f]:g}" for f in fields), format_value(c["final"]),
                       format_value(c["best"]), iqm, format_value(c["auc"]),
-                      *_threshold_cells(c, threshold), ", ".join(map(str, c.get("failed", []))) or "-"])
+                      *_threshold_cells(threshold, c), ", ".join(map(str, c.get("failed", []))) or "-"])
     return _markdown(header, lines)
 
 
@@ -416,16 +387,14 @@ def _ranked_member_table(summary: dict[str, Any]) -> str:
     """With PBT: the members ranked by their final return (failed members
     last), each with its final hyperparameters, its lineage and its failure."""
     fields, threshold = _pbt_fields(summary), summary["threshold"]
-    header = ["rank", "member", "seed", *fields, "final", "best", "AUC"]
-    if threshold is not None:
-        header += [f"steps to {threshold:g}", f"s to {threshold:g}"]
-    header += ["lineage", "failure"]
+    header = ["rank", "member", "seed", *fields, "final", "best", "AUC", *_threshold_cells(threshold), "lineage",
+              "failure"]
     lines = []
     for rank, index in enumerate(summary["member_ranking"], start=1):
         m = summary["members"][index]
         lines.append([str(rank), str(index), str(m["seed"]), *(_value_cell(m, f) for f in fields),
                       format_value(m["final"]), format_value(m["best"]), format_value(m["auc"]),
-                      *_threshold_cells(m, threshold), lineage_text(m["lineage"]) or "-",
+                      *_threshold_cells(threshold, m), lineage_text(m["lineage"]) or "-",
                       failure_text(m["failure"]) if m["failure"] else "-"])
     return _markdown(header, lines)
 
@@ -470,37 +439,29 @@ def _plots(run_dir: Path, summary: dict[str, Any]) -> list[Path]:
     value's median over its members (line) against the swept value (with
     PBT: the member's final value); with PBT, ``pbt_<field>.png``: each
     member's value over training. Failed members have no final return."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     written = []
     pbt = bool(summary.get("pbt"))
     for field in summary["fields"]:
-        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+        fig, ax = rd.new_figure((6, 4))
         points = [(m["hyperparameters"].get(field, m[field]) if pbt else m[field], m["final"])
                   for m in summary["members"] if not math.isnan(m["final"])]
         xs = sorted({x for x, _ in points})
         ax.plot([x for x, _ in points], [y for _, y in points], "o", alpha=0.5, label="member (final)")
-        medians = [sorted(y for x2, y in points if x2 == x) for x in xs]
-        ax.plot(xs, [ys[len(ys) // 2] if len(ys) % 2 else (ys[len(ys) // 2 - 1] + ys[len(ys) // 2]) / 2
-                     for ys in medians], "-", color="C1", label="median")
+        medians = [statistics.median(y for x2, y in points if x2 == x) for x in xs]
+        ax.plot(xs, medians, "-", color="C1", label="median")
         if xs and min(xs) > 0 and max(xs) / min(xs) >= 10:
             ax.set_xscale("log")
         ax.set_xlabel(f"{'final ' if pbt else ''}ppo.{field.replace('_', '-')}")
         ax.set_ylabel(f"final {_METRIC}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-        fig.tight_layout()
-        path = run_dir / f"sweep_{field}.png"
-        rd.save_figure(fig, path)
-        written.append(path)
-    if summary.get("pbt"):
+        written.append(run_dir / f"sweep_{field}.png")
+        rd.save_figure(fig, written[-1])
+    if pbt:
         rows = [r for r in rd.read_metrics(run_dir) if not r.get("eval") and "seed" in r]
         for field in summary["fields"] or ["learning_rate"]:
             key = f"hyperparameters/{field}"
-            fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+            fig, ax = rd.new_figure((7, 4))
             for m in summary["members"]:
                 mine = [(r["env_steps"], r[key]) for r in rows if r["seed"] == m["member"] and key in r]
                 ax.plot([s for s, _ in mine], [v for _, v in mine], "-", linewidth=1, label=f"member {m['member']}")
@@ -510,8 +471,6 @@ def _plots(run_dir: Path, summary: dict[str, Any]) -> list[Path]:
             ax.grid(True, alpha=0.3)
             if len(summary["members"]) <= 12:
                 ax.legend(fontsize="x-small", ncol=2)
-            fig.tight_layout()
-            path = run_dir / f"pbt_{field}.png"
-            rd.save_figure(fig, path)
-            written.append(path)
+            written.append(run_dir / f"pbt_{field}.png")
+            rd.save_figure(fig, written[-1])
     return written

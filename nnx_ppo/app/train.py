@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import time
 import uuid
 from pathlib import Path
@@ -23,21 +25,23 @@ from nnx_ppo.app.commands import (
     DistillCommand,
     RunFlags,
     SetupFlags,
+    SweepCommand,
+    SweepFlags,
     TrainCommand,
     print_error,
     print_warning,
     shell_command,
+    usage_errors,
 )
 from nnx_ppo.app.process import train_into
 from nnx_ppo.app.runs import (
     build_network,
     extra_network_kwargs,
     load_run_network,
-    make_env,
+    make_envs,
     network_spec_of,
-    parse_env_kwargs,
+    prepared,
     read_run,
-    resume_changes,
     run_directory,
     run_policy_spec,
 )
@@ -51,30 +55,26 @@ __all__ = ["run_train", "resume_defaults", "student_run", "resumed_distillation"
            "wandb_init", "video_recorder"]
 
 
+def _saved_setup(saved: dict[str, Any], **flags) -> SetupFlags:
+    """The env and network flags of a new command on a run's env (``saved``:
+    its config.json): the run's env kwargs, no preset, ``flags``."""
+    return SetupFlags(env_kwargs=json.dumps(saved.get("env_kwargs", {})), no_preset=True,
+                      train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})), **flags)
+
+
 def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
     """The command that continues the run in ``run_dir`` (a TrainCommand, or
     a SweepCommand for a sweep), holding the run's saved settings: the
     parser's defaults for ``resume``/``--resume``, so that only flags given
     explicitly change anything (and :func:`resume_changes` checks those)."""
-    from nnx_ppo.app.commands import SweepCommand, SweepFlags
-
     saved = read_run(Path(run_dir), rebuild="resume it")
-    try:
+    with usage_errors(rd.MetricsError):
         rd.read_metrics(run_dir, strict=True)  # a bad row refused before anything is built
-    except rd.MetricsError as e:
-        raise CliError(str(e)) from None
-    try:
+    with usage_errors(KeyError, TypeError, ValueError, prefix=f"cannot read {Path(run_dir) / rd.CONFIG_FILE}: "):
         net = saved["network"]
-        hidden_size = int(net.get("hidden_size") or DEFAULT_HIDDEN_SIZE)
         extra = extra_network_kwargs(net)
-        setup = SetupFlags(
-            network=net["kind"],
-            hidden_size=hidden_size,
-            network_kwargs=json.dumps(extra) if extra else None,
-            env_kwargs=json.dumps(saved.get("env_kwargs", {})),
-            train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {})),
-            no_preset=True,  # the run's own settings are the defaults
-        )
+        setup = _saved_setup(saved, network=net["kind"], hidden_size=int(net.get("hidden_size") or DEFAULT_HIDDEN_SIZE),
+                             network_kwargs=json.dumps(extra) if extra else None)  # the run's own settings
         fields = dict(env=saved["env"], setup=setup, config=rd.train_config_from_dict(saved["config"]),
                       seeds=tuple(int(s) for s in saved.get("seeds", ())), run=RunFlags(resume=run_dir))
         if "members" in saved:
@@ -82,8 +82,6 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
             pbt = population.get("pbt") or {}
             return SweepCommand(**{**fields, "seeds": tuple(population["seeds"])},
                                 sweep=SweepFlags(pbt_every=int(pbt.get("every_iterations", 0)))), saved
-    except (KeyError, TypeError, ValueError) as e:
-        raise CliError(f"cannot read {Path(run_dir) / rd.CONFIG_FILE}: {e}") from None
     return TrainCommand(**fields), saved
 
 
@@ -92,8 +90,7 @@ def _already_trained(cmd: TrainCommand, run_dir: Path) -> bool:
     steps asked for (then nothing is trained, and nothing is rewritten)."""
     from nnx_ppo.algorithms import checkpointing
 
-    latest = checkpointing.latest_checkpoint(run_dir / rd.CHECKPOINT_DIR)
-    done = int(latest.name.removeprefix("step_")) if latest is not None else 0
+    done = max((step for step, _ in checkpointing.list_checkpoints(run_dir / rd.CHECKPOINT_DIR)), default=0)
     wanted = cmd.config.ppo.n_iterations * cmd.config.ppo.steps_per_iteration
     if done < wanted:
         return False
@@ -102,41 +99,21 @@ def _already_trained(cmd: TrainCommand, run_dir: Path) -> bool:
     return True
 
 
-def _network_title(cmd: TrainCommand) -> str:
-    """``lstm (hidden 32)``, or the user's network reference."""
-    network, hidden = cmd.setup.network, cmd.setup.hidden_size
-    return network if is_factory_reference(network) else f"{network} (hidden {hidden})"
+def _preset(cmd: TrainCommand):
+    """The preset of the command's env and network (none with ``--no-preset``)."""
+    return None if cmd.setup.no_preset else find_preset(cmd.env, cmd.setup.network)
 
 
-def _envs(cmd: TrainCommand, env_kwargs: dict, train_env_kwargs: dict):
-    """``(train_env, eval_env)`` (:func:`nnx_ppo.run_dir.training_env_kwargs`
-    says how the training env differs)."""
-    return make_env(cmd.env, rd.training_env_kwargs(env_kwargs, train_env_kwargs)), make_env(cmd.env, env_kwargs)
-
-
-def _run_spec(cmd: TrainCommand, argv: list[str], spec, env_kwargs: dict, train_env_kwargs: dict, distill,
-              wandb_id: str | None) -> RunSpec:
-    """The run as the command line describes it (a fresh run's ``config.json``)."""
-    extra: dict[str, Any] = {}
-    preset = None if cmd.setup.no_preset else find_preset(cmd.env, cmd.setup.network)
-    if preset is not None:
-        extra["preset"] = {"env": preset.env, "network": preset.network}
-    if distill is not None:
-        extra["distillation"] = {"teacher_run": distill.teacher_run, **dataclasses.asdict(distill.config)}
-    if wandb_id is not None:
-        extra["wandb_id"] = wandb_id
-    return RunSpec(env=cmd.env, network=spec.to_dict(), config=cmd.config, env_kwargs=env_kwargs,
-                   train_env_kwargs=train_env_kwargs, seeds=tuple(cmd.seeds), extra=extra, command=(PROG, *argv))
-
-
-def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict, resuming: bool) -> None:
-    ppo = cmd.config.ppo
+def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict) -> None:
+    ppo, resuming = cmd.config.ppo, cmd.run.resume is not None
     total = ppo.n_iterations * ppo.steps_per_iteration
+    network = cmd.setup.network
+    title = network if is_factory_reference(network) else f"{network} (hidden {cmd.setup.hidden_size})"
     print(f"run directory: {pretty_path(run_dir)}", flush=True)
-    print(f"{'resuming' if resuming else 'training'} {_network_title(cmd)} on {cmd.env}"
+    print(f"{'resuming' if resuming else 'training'} {title} on {cmd.env}"
           f"{' ' + json.dumps(env_kwargs) if env_kwargs else ''}: {total:,} env steps, "
           f"{ppo.n_envs} envs x {ppo.rollout_length} steps per iteration", flush=True)
-    preset = None if cmd.setup.no_preset else find_preset(cmd.env, cmd.setup.network)
+    preset = _preset(cmd)
     if preset is not None and not resuming:
         print(f"starting from the tuned preset for {preset.env} ({preset.network}); flags given override it, "
               "--no-preset starts from the library defaults", flush=True)
@@ -146,8 +123,6 @@ def _announce(cmd: TrainCommand, run_dir: Path, env_kwargs: dict, resuming: bool
 
 
 def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int = 1) -> None:
-    import numpy as np
-
     if stopped:
         print(f"stopped early at {result.total_steps:,} env steps; continue with: "
               f"{shell_command(PROG, 'resume', pretty_path(run_dir))}")
@@ -155,12 +130,10 @@ def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int 
            f"(compile {result.compile_seconds:.1f} s)"
     if result.eval_history and n_seeds == 1:
         _, last = result.eval_history[-1]
-        line += (
-            f"; final eval return {last['eval/episode_return']:.3f}"
-            f" ± {last.get('eval/episode_return_std', np.nan):.3f}"
-        )
+        line += (f"; final eval return {last['eval/episode_return']:.3f}"
+                 f" ± {last.get('eval/episode_return_std', math.nan):.3f}")
     elif result.metrics and n_seeds == 1:
-        line += f"; last train return {result.metrics.get('train/episode_return', np.nan):.3f}"
+        line += f"; last train return {result.metrics.get('train/episode_return', math.nan):.3f}"
     print(line)
     best = _best_policies(run_dir)
     if best:
@@ -176,26 +149,31 @@ def _best_policies(run_dir: Path) -> list[str]:
     root = checkpointing.best_policy_dir(run_dir / rd.CHECKPOINT_DIR)
     found = []
     for path in [root, *sorted(root.glob("seed_*"), key=lambda p: int(p.name[5:]))] if root.is_dir() else []:
-        latest = checkpointing.latest_checkpoint(path)
-        if latest is not None:
+        saved = checkpointing.list_checkpoints(path)
+        if saved:
+            step, latest = saved[-1]
             metadata = checkpointing.load_metadata(latest) or {}
             where = f"seed {path.name[5:]}: " if path != root else ""
-            step = int(latest.name.removeprefix("step_"))
             found.append(f"{where}{metadata.get('eval', {}).get('eval/episode_return', float('nan')):.3f} at step "
                          f"{step:,}")
     return found
 
 
-def _report_seeds(cmd: TrainCommand, run: Run, results) -> None:
-    """After ``--seeds``: each seed's final evaluation, and each failure in one line."""
+def _report_seeds(cmd: TrainCommand, run: Run, results) -> int:
+    """After ``--seeds``: each seed's final evaluation, and each failure in
+    one line; the exit code (1 when a seed failed)."""
     finals = [(s, r.eval_history[-1][1]["eval/episode_return"]) for s, r in zip(cmd.seeds, results) if r.eval_history]
     if finals:
         run.write("final eval return per seed: " + ", ".join(f"{s}: {f:.3f}" for s, f in finals)
                   + f"; mean {sum(f for _, f in finals) / len(finals):.3f}")
-    for s, r in zip(cmd.seeds, results):
-        if r.failure is not None:
-            print_error(f"seed {s} failed at iteration {r.failure.iteration} ({r.failure.env_steps} env steps) and "
-                        f"keeps its parameters from iteration {r.failure.iteration - 1}: {r.failure.error}")
+    failed = [(s, r.failure) for s, r in zip(cmd.seeds, results) if r.failure is not None]
+    for s, failure in failed:
+        print_error(f"seed {s} failed at iteration {failure.iteration} ({failure.env_steps} env steps) and "
+                    f"keeps its parameters from iteration {failure.iteration - 1}: {failure.error}")
+    if failed:
+        print_error(f"seeds {[s for s, _ in failed]} failed (the others trained on); the run directory is kept and "
+                    f"resumable: {shell_command(PROG, 'resume', pretty_path(run.path))}")
+    return 1 if failed else 0
 
 
 def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, distill=None) -> int:
@@ -206,28 +184,19 @@ def run_train(cmd: TrainCommand, argv: list[str], saved: dict[str, Any] | None, 
 
     The run directory is locked from the first check to the last line."""
     from nnx_ppo.algorithms.distributed import is_primary, process_count
-    from nnx_ppo.user_code import normalized
 
-    cmd = dataclasses.replace(cmd, env=normalized(cmd.env))  # a FILE.py:NAME env recorded by its absolute path
-    env_kwargs = parse_env_kwargs(cmd.setup.env_kwargs, cmd.env)
-    train_env_kwargs = parse_env_kwargs(cmd.setup.train_env_kwargs, cmd.env, "--train-env-kwargs")
-    primary = is_primary()  # in a run of several processes only process 0 writes the run directory and logs
+    cmd, env_kwargs, train_env_kwargs = prepared(cmd, saved)  # (a resume's changes: recorded when training begins)
     if process_count() > 1 and cmd.run.run_dir is None and cmd.run.resume is None:
         raise CliError("--run-dir is required with several processes (every process must name the same directory)")
-    if cmd.run.resume is not None:
-        resume_changes(cmd, saved, env_kwargs, train_env_kwargs)  # (the run records them when training begins)
     if cmd.run.resume is not None and "distillation" in saved:  # a distillation run resumes as one, from its teacher
         distill = resumed_distillation(saved)
-    if not primary:
+    if not is_primary():  # in a run of several processes only process 0 writes the run directory and logs
         return _train(cmd, argv, Path(cmd.run.resume or cmd.run.run_dir), env_kwargs, train_env_kwargs, distill,
                       primary=False)
-    run_dir = run_directory(cmd, saved, "distill" if distill is not None else "train")
-    try:
+    with run_directory(cmd, saved, "distill" if distill is not None else "train") as run_dir:
         if cmd.run.resume is not None and process_count() == 1 and _already_trained(cmd, run_dir):
             return 0
         return _train(cmd, argv, run_dir, env_kwargs, train_env_kwargs, distill, primary=True)
-    finally:
-        rd.RunLock(run_dir).release()
 
 
 def _open_run(cmd: TrainCommand, argv: list[str], run_dir: Path, spec, env_kwargs: dict, train_env_kwargs: dict,
@@ -238,7 +207,16 @@ def _open_run(cmd: TrainCommand, argv: list[str], run_dir: Path, spec, env_kwarg
     saved = rd.read_run_config(run_dir) if resuming else None
     wandb = import_wandb(cmd) if primary else None
     wandb_id = (saved or {}).get("wandb_id") or (uuid.uuid4().hex[:8] if wandb is not None else None)
-    run_spec = _run_spec(cmd, argv, spec, env_kwargs, train_env_kwargs, distill, None if resuming else wandb_id)
+    extra: dict[str, Any] = {}
+    preset = _preset(cmd)
+    if preset is not None:
+        extra["preset"] = {"env": preset.env, "network": preset.network}
+    if distill is not None:
+        extra["distillation"] = {"teacher_run": distill.teacher_run, **dataclasses.asdict(distill.config)}
+    if wandb_id is not None and not resuming:
+        extra["wandb_id"] = wandb_id
+    run_spec = RunSpec(env=cmd.env, network=spec.to_dict(), config=cmd.config, env_kwargs=env_kwargs,
+                       train_env_kwargs=train_env_kwargs, seeds=tuple(cmd.seeds), extra=extra, command=(PROG, *argv))
     wandb_run = None
     if wandb is not None:
         wandb_run = wandb_init(wandb, project=cmd.run.wandb_project, name=run_dir.name, id=wandb_id, dir=str(run_dir),
@@ -251,7 +229,7 @@ def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, 
            distill, primary: bool) -> int:
     """Build the envs and the network, open the run, train, and turn every
     way training can end into an exit code with the run directory intact."""
-    train_env, env = _envs(cmd, env_kwargs, train_env_kwargs)
+    train_env, env = make_envs(cmd.env, env_kwargs, train_env_kwargs)
     spec = network_spec_of(cmd, env_kwargs, cmd.config.seed)
     network = build_network(spec, env, cmd)
     if cmd.run.video_every < 0:
@@ -262,7 +240,7 @@ def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, 
         check_video_target(str(run_dir / "videos" / "check.mp4"), env, cmd.env, flag="--video-every")
     run = _open_run(cmd, argv, run_dir, spec, env_kwargs, train_env_kwargs, distill, primary)
     if primary:
-        _announce(cmd, run_dir, env_kwargs, cmd.run.resume is not None)
+        _announce(cmd, run_dir, env_kwargs)
     t0 = time.perf_counter()
     code, result, stopped = train_into(run, lambda stop: _fit(cmd, train_env, env, network, run, stop, distill))
     if result is not None:
@@ -287,12 +265,7 @@ def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
 
         spec = NetworkSpec.from_dict(run.spec.network)
         results = train_seeds(train_env, lambda rngs: spec.build(env, rngs), config, list(cmd.seeds), **options)
-        _report_seeds(cmd, run, results)
-        failed = [s for s, r in zip(cmd.seeds, results) if r.failure is not None]
-        if failed:
-            print_error(f"seeds {failed} failed (the others trained on); the run directory is kept and "
-                        f"resumable: {shell_command(PROG, 'resume', pretty_path(run.path))}")
-        return (1 if failed else 0), results[0]
+        return _report_seeds(cmd, run, results), results[0]
     on_evaluation = video_recorder(cmd, env, run) if cmd.run.video_every else None
     if distill is not None:
         from nnx_ppo.algorithms.distillation import train_distillation
@@ -318,13 +291,15 @@ class DistillSetup:
     teacher_run: str
 
 
-def _teacher(run_dir: Path, saved: dict):
-    """The teacher network: the final checkpoint of ``run_dir`` (of a run of
-    several seeds, the first seed's policy)."""
-    env, spec, ckpt_dir = run_policy_spec(run_dir, saved)
+def _teacher(teacher_run: Path, saved: dict, config) -> DistillSetup:
+    """What distilling from the run ``teacher_run`` (its config.json is
+    ``saved``) with ``config`` (a DistillationConfig) needs: the teacher,
+    its final policy (of a run of several seeds, the first seed's)."""
+    env, spec, ckpt_dir = run_policy_spec(teacher_run, saved)
     seeds = saved.get("seeds")
-    return load_run_network(ckpt_dir, spec.build(env), seed=int(seeds[0]) if seeds else None,
-                            what=f"teacher {run_dir}: ")
+    teacher = load_run_network(ckpt_dir, spec.build(env), seed=int(seeds[0]) if seeds else None,
+                               what=f"teacher {teacher_run}: ")
+    return DistillSetup(teacher=teacher, config=config, teacher_run=str(teacher_run.resolve()))
 
 
 def resumed_distillation(saved: dict) -> DistillSetup:
@@ -335,12 +310,9 @@ def resumed_distillation(saved: dict) -> DistillSetup:
 
     recorded = dict(saved["distillation"])
     teacher_run = Path(recorded.pop("teacher_run"))
-    try:
+    with usage_errors(TypeError, ValueError, prefix="cannot read the distillation settings of the run: "):
         config = DistillationConfig(**recorded)
-    except (TypeError, ValueError) as e:
-        raise CliError(f"cannot read the distillation settings of the run: {e}") from None
-    teacher = _teacher(teacher_run, read_run(teacher_run, rebuild="use it as a teacher"))
-    return DistillSetup(teacher=teacher, config=config, teacher_run=str(teacher_run))
+    return _teacher(teacher_run, read_run(teacher_run, rebuild="use it as a teacher"), config)
 
 
 def student_run(cmd: DistillCommand) -> tuple[TrainCommand, DistillSetup]:
@@ -348,35 +320,23 @@ def student_run(cmd: DistillCommand) -> tuple[TrainCommand, DistillSetup]:
     distillation setup, which ``nnx-ppo train``'s runner trains
     (:func:`run_train`, with ``distill=``)."""
     from nnx_ppo.algorithms.distillation import DistillationConfig
-    from nnx_ppo.user_code import short_name
 
     teacher_run = Path(cmd.teacher_run)
     saved = read_run(teacher_run, rebuild="use it as a teacher")
-    try:
+    with usage_errors(KeyError, TypeError, ValueError, prefix=f"cannot read {teacher_run / rd.CONFIG_FILE}: "):
         config = rd.train_config_from_dict(saved["config"])
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
-        raise CliError(f"cannot read {teacher_run / rd.CONFIG_FILE}: {e}") from None
-    try:
+    with usage_errors(ValueError):
         distillation = DistillationConfig(teacher_mixing=cmd.teacher_mixing,
                                           teacher_mixing_steps=cmd.teacher_mixing_steps)
         ppo = dataclasses.replace(
-            config.ppo,
-            total_steps=config.ppo.total_steps if cmd.total_steps is None else cmd.total_steps,
-            learning_rate=config.ppo.learning_rate if cmd.learning_rate is None else cmd.learning_rate,
-        )
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    teacher = _teacher(teacher_run, saved)
-    student_cmd = TrainCommand(
-        env=saved["env"],
-        setup=SetupFlags(network=cmd.network, hidden_size=cmd.hidden_size, no_preset=True,
-                         env_kwargs=json.dumps(saved.get("env_kwargs", {})),
-                         train_env_kwargs=json.dumps(saved.get("train_env_kwargs", {}))),
-        config=dataclasses.replace(config, ppo=ppo, seed=cmd.seed),
-        run=RunFlags(run_dir=cmd.run_dir or str(rd.default_run_dir(f"{short_name(saved['env'])}-distill")),
-                     quiet=cmd.quiet),
-    )
-    return student_cmd, DistillSetup(teacher=teacher, config=distillation, teacher_run=str(teacher_run.resolve()))
+            config.ppo, total_steps=config.ppo.total_steps if cmd.total_steps is None else cmd.total_steps,
+            learning_rate=config.ppo.learning_rate if cmd.learning_rate is None else cmd.learning_rate)
+    setup = _teacher(teacher_run, saved, distillation)
+    student_cmd = TrainCommand(env=saved["env"], setup=_saved_setup(saved, network=cmd.network,
+                                                                    hidden_size=cmd.hidden_size),
+                               config=dataclasses.replace(config, ppo=ppo, seed=cmd.seed),
+                               run=RunFlags(run_dir=cmd.run_dir, quiet=cmd.quiet))  # (run_directory names a new one)
+    return student_cmd, setup
 
 
 # What a training run sends elsewhere: W&B (--wandb) and videos (--video-every).
@@ -395,8 +355,6 @@ def import_wandb(cmd: TrainCommand):
 def _wandb_has_key() -> bool:
     """Whether W&B can log in without asking: a key in WANDB_API_KEY or in ~/.netrc (where `wandb login` puts it)."""
     import netrc
-    import os
-
     if os.environ.get("WANDB_API_KEY"):
         return True
     try:
@@ -409,8 +367,6 @@ def wandb_init(wandb, **kwargs):
     """``wandb.init``, falling back to offline mode (with a warning, never a
     traceback or a hang) without an API key, or when W&B cannot be reached
     within 30 s; ``wandb sync`` uploads an offline run later."""
-    import os
-
     if not os.environ.get("WANDB_MODE") and not _wandb_has_key():
         print_warning("--wandb: no W&B API key (WANDB_API_KEY or `wandb login`); logging offline into the run "
                       "directory, upload it later with `wandb sync`")

@@ -16,7 +16,7 @@ import errno
 from pathlib import Path
 
 from nnx_ppo import run_dir as rd
-from nnx_ppo.app.commands import CliError, EvalCommand, ExportCommand, check_writable_target
+from nnx_ppo.app.commands import CliError, EvalCommand, ExportCommand, check_writable_target, usage_errors
 from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec
 from nnx_ppo.app.sweep import failure_text, lineage_text, member_lineage
 from nnx_ppo.progress import pretty_path
@@ -24,8 +24,14 @@ from nnx_ppo.progress import pretty_path
 # ----------------------------------------------------------------------------- nnx-ppo eval
 
 
+def _policy_name(which: int | str | None) -> str:
+    """``final policy``, ``best evaluated policy`` or ``policy at step N``: what ``--best`` / ``--step`` picked."""
+    return {None: "final policy", "best": "best evaluated policy"}.get(which, f"policy at step {which}")
+
+
 def run_eval(cmd: EvalCommand) -> int:
     from nnx_ppo.algorithms.evaluation import evaluate
+    from nnx_ppo.algorithms.functional import NetworkFn
 
     run_dir = Path(cmd.run_dir)
     if cmd.episodes <= 0:
@@ -33,7 +39,8 @@ def run_eval(cmd: EvalCommand) -> int:
     if cmd.max_episode_length is not None and cmd.max_episode_length <= 0:
         raise CliError(f"--max-episode-length must be positive, got {cmd.max_episode_length}")
     saved = read_run(run_dir, rebuild="evaluate it")
-    env, spec, ckpt_dir = run_policy_spec(run_dir, saved, checkpoint_choice(cmd))
+    which = checkpoint_choice(cmd)
+    env, spec, ckpt_dir = run_policy_spec(run_dir, saved, which)
     max_len = cmd.max_episode_length or int(saved.get("config", {}).get("eval", {}).get("max_episode_length", 1000))
     if cmd.video is not None:
         check_video_target(cmd.video, env, saved["env"])
@@ -52,7 +59,6 @@ def run_eval(cmd: EvalCommand) -> int:
             raise CliError(f"--member must be one of 0 .. {len(members) - 1} (see {run_dir}/sweep.md), "
                            f"got {cmd.member}")
         training_seeds = [cmd.member]
-    which = checkpoint_choice(cmd)
     rows = rd.read_metrics(run_dir)
     failures, lineage = rd.failure_rows(rows), member_lineage(rows)
     loaded = {}  # training seed -> (network, step, the step it fell back from or None); loaded before any line
@@ -65,13 +71,12 @@ def run_eval(cmd: EvalCommand) -> int:
             loaded[training_seed] = (None, None, None)
     steps = sorted({step for _, step, _ in loaded.values() if step is not None})
     per_line = which == "best" and len(steps) > 1  # the seeds' best policies were saved at different steps
-    policy = {None: "the final policy", "best": "the best evaluated policy"}.get(which, f"the policy at step {which}")
     where = f", saved at step {steps[0]:,}" if len(steps) == 1 and not isinstance(which, int) else ""
     skipped = sorted({s for _, _, s in loaded.values() if s is not None})
     if skipped:
         where += f" (the newest checkpoint, step {skipped[-1]:,}, cannot be read: fell back to the newest intact one)"
     kind = "stochastic" if cmd.stochastic else "deterministic"
-    print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with {policy} of "
+    print(f"{saved['env']}: {cmd.episodes} {kind} episodes (max {max_len} steps) with the {_policy_name(which)} of "
           f"{pretty_path(run_dir)}{where}")
     first = None
     for training_seed in training_seeds:
@@ -89,9 +94,10 @@ def run_eval(cmd: EvalCommand) -> int:
         print(f"{indent}return  mean {metrics['eval/episode_return']:.4f}  std {metrics['eval/episode_return_std']:.4f}"
               f"  min {metrics['eval/episode_return_min']:.4f}  max {metrics['eval/episode_return_max']:.4f}"
               f"  length  mean {metrics['eval/episode_length']:.1f}{mark}")
-    if cmd.video is not None:
-        n_frames = record_video(env, first, cmd.video, max_len, cmd.seed, cmd.stochastic, cmd.fps)
-        print(f"video: {cmd.video} ({n_frames} frames)")
+    if cmd.video is not None:  # one episode of the first policy, batch of 1
+        frames = render_episode(env, NetworkFn.of(first, deterministic=not cmd.stochastic), max_len, cmd.seed)
+        write_video(cmd.video, frames, video_fps(env, cmd.fps))
+        print(f"video: {cmd.video} ({len(frames)} frames)")
     if cmd.record_activations:
         record_to_file(cmd, env, first, max_len)
     return 0
@@ -201,20 +207,15 @@ def record_to_file(cmd: EvalCommand, env, network, n_steps: int) -> None:
 # ---------------------------------------- videos: eval --video, train --video-every
 
 
-def can_render(env) -> bool:
-    from nnx_ppo.envs.types import RLEnv
-
-    base = getattr(env, "unwrapped", env)
-    return type(base).render is not RLEnv.render
-
-
 def check_video_target(path: str, env, spec: str, flag: str = "--video") -> None:
     """Named errors, before any training or rendering, when ``path`` is not
     .mp4/.gif, the env cannot render, or the video writer does not work."""
+    from nnx_ppo.envs.types import RLEnv
+
     suffix = Path(path).suffix.lower()
     if suffix not in (".mp4", ".gif"):
         raise CliError(f"{flag} must end in .mp4 or .gif, got {path!r}")
-    if not can_render(env):
+    if type(getattr(env, "unwrapped", env)).render is RLEnv.render:  # (the base class's: none of its own)
         raise CliError(f"environment {spec!r} cannot render, so no video can be recorded "
                        "(only MuJoCo Playground envs, 'playground:...', can render)")
     check_writable_target(path, f"{flag} {path}")
@@ -284,14 +285,6 @@ def write_video(path: str, frames: list, fps: float) -> None:
                        "pip install imageio-ffmpeg; or write a .gif)", code=1) from None
 
 
-def record_video(env, network, path: str, max_len: int, seed: int, stochastic: bool, fps: float | None) -> int:
-    """One episode of ``network``, batch of 1, rendered and written to ``path``."""
-    from nnx_ppo.algorithms.functional import NetworkFn
-
-    frames = render_episode(env, NetworkFn.of(network, deterministic=not stochastic), max_len, seed)
-    write_video(path, frames, video_fps(env, fps))
-    return len(frames)
-
 # ----------------------------------------------------------------------------- nnx-ppo export
 
 
@@ -311,20 +304,6 @@ def check_out_directory(cmd: ExportCommand) -> list[str]:
     return replaced
 
 
-def summary(what: str, run_dir: Path, seed: int | None, out: Path, info: dict, cmd: ExportCommand,
-            replaced: list[str]) -> str:
-    """The line ``export`` prints: what was exported, for which batch sizes, where, and what it replaced."""
-    any_batch = info.get("batch_size") == "any"
-    batches = "any batch size" if any_batch else f"batches of {info.get('batch_size')}"
-    note = ""
-    if any_batch and cmd.batch_size is not None:
-        note = f" (--batch-size {cmd.batch_size} is initial_carry()'s default number of envs)"
-    replacing = f"; replaced the previous export's {', '.join(replaced)}" if replaced else ""
-    return (f"exported the {what} of {pretty_path(run_dir)}" + (f" (seed {seed})" if seed is not None else "") +
-            f" for {batches}{note} to {out}: step.jax, initial_carry.jax, params.npz, policy.json "
-            f"(load with jax.export alone; see nnx_ppo.policy.load_exported){replacing}")
-
-
 def run_export(cmd: ExportCommand) -> int:
     from nnx_ppo.policy import Policy, export_info
 
@@ -333,17 +312,16 @@ def run_export(cmd: ExportCommand) -> int:
         raise CliError(f"--batch-size must be positive, got {cmd.batch_size}")
     which = checkpoint_choice(cmd)
     saved = read_run(run_dir, rebuild="export it")
-    env, spec, ckpt_dir = run_policy_spec(run_dir, saved, checkpoint_choice(cmd))
+    env, spec, ckpt_dir = run_policy_spec(run_dir, saved, which)
     seeds = [int(s) for s in saved.get("seeds", [])]
     if cmd.seed is not None and cmd.seed not in seeds:
         raise CliError(f"--seed {cmd.seed}: this run trained " +
                        (f"seeds {seeds}" if seeds else "one seed; leave --seed out"))
     seed = cmd.seed if cmd.seed is not None else (seeds[0] if seeds else None)
     replaced = check_out_directory(cmd)  # before the network is loaded and compiled
-    try:
+    # (e.g. a network function that no longer returns a network)
+    with usage_errors(ValueError, TypeError, prefix=f"cannot rebuild the network of {run_dir}: "):
         network = spec.build(env)
-    except (ValueError, TypeError) as e:  # e.g. a network function that no longer returns a network
-        raise CliError(f"cannot rebuild the network of {run_dir}: {e}") from None
     network = load_run_network(ckpt_dir, network, seed=seed, step=which)
     policy = Policy(network, deterministic=not cmd.stochastic, env=env)  # the env gives the observation shapes
     try:
@@ -354,6 +332,15 @@ def run_export(cmd: ExportCommand) -> int:
         denied = isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
         raise CliError(f"cannot export to {cmd.out}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
                        code=2 if denied else 1) from None
-    what = {None: "final policy", "best": "best evaluated policy"}.get(which, f"policy at step {which}")
-    print(summary(what, run_dir, seed, out, info, cmd, replaced))
+    # what was exported, for which batch sizes, where, and what it replaced
+    any_batch = info.get("batch_size") == "any"
+    batches = "any batch size" if any_batch else f"batches of {info.get('batch_size')}"
+    note = ""
+    if any_batch and cmd.batch_size is not None:
+        note = f" (--batch-size {cmd.batch_size} is initial_carry()'s default number of envs)"
+    replacing = f"; replaced the previous export's {', '.join(replaced)}" if replaced else ""
+    of_seed = f" (seed {seed})" if seed is not None else ""
+    print(f"exported the {_policy_name(which)} of {pretty_path(run_dir)}{of_seed} for {batches}{note} to {out}: "
+          "step.jax, initial_carry.jax, params.npz, policy.json "
+          f"(load with jax.export alone; see nnx_ppo.policy.load_exported){replacing}")
     return 0
