@@ -107,15 +107,6 @@ def grid_configs(base, grid: dict[str, list[float]]) -> tuple[list, list[dict[st
     return configs or [base], values or [{}]
 
 
-def _resumed_configs(cmd: SweepCommand, saved: dict[str, Any]) -> list:
-    """A resumed sweep's configs: the shared config as parsed (the run's,
-    with the changes the flags made) with each config's own numbers."""
-    n_seeds = len(saved["population"]["seeds"])
-    base = cmd.config
-    return [dataclasses.replace(base, ppo=dataclasses.replace(base.ppo, **m["hyperparameters"]))
-            for m in saved["members"][::n_seeds]]
-
-
 def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None = None) -> int:
     """``nnx-ppo sweep`` (and ``resume`` of a sweep, with the run's ``saved``
     config.json): returns the exit code (0 done or stopped, 1 failed, 2 bad
@@ -132,7 +123,10 @@ def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None =
         raise CliError("give --grid FIELD=V1,V2 ... (e.g. --grid ppo.learning-rate=1e-3,3e-4)")
     cmd, env_kwargs, train_env_kwargs = prepared(cmd, saved)
     if cmd.run.resume is not None:
-        configs, seeds = _resumed_configs(cmd, saved), list(saved["population"]["seeds"])
+        # the configs: the shared config as parsed (the run's, with the flags' changes) with each one's own numbers
+        seeds = list(saved["population"]["seeds"])
+        configs = [dataclasses.replace(cmd.config, ppo=dataclasses.replace(cmd.config.ppo, **m["hyperparameters"]))
+                   for m in saved["members"][::len(seeds)]]
     else:
         seeds = check_distinct_seeds(list(cmd.seeds) or [cmd.config.seed])
         configs, _ = grid_configs(cmd.config, parse_grid(cmd.sweep.grid))
