@@ -24,7 +24,7 @@ from nnx_ppo.app.runs import read_run
 from nnx_ppo.progress import pretty_path
 
 __all__ = ["run_plot", "summarize_run", "interquartile_mean", "bootstrap_interval", "format_value", "mean",
-           "elapsed_seconds", "threshold_reached"]
+           "elapsed_seconds", "threshold_reached", "threshold_cells"]
 
 
 def mean(values: list[float]) -> float:
@@ -99,6 +99,17 @@ def threshold_reached(steps: list[int], values: list[float], elapsed: dict[int, 
             "seconds_to_threshold": elapsed.get(reached[0]) if reached else None}
 
 
+def threshold_cells(threshold: float | None, entry: dict[str, Any] | None = None, seconds: str = "s") -> list[str]:
+    """The table columns of the steps and ``seconds`` to ``threshold`` (none
+    without one): their headers, or the values of ``entry`` (a summary's
+    :func:`threshold_reached`)."""
+    if threshold is None:
+        return []
+    if entry is None:
+        return [f"steps to {threshold:g}", f"{seconds} to {threshold:g}"]
+    return [format_value(entry["steps_to_threshold"], ","), format_value(entry["seconds_to_threshold"], ".1f")]
+
+
 def summarize_run(rows: list[dict[str, Any]], metric: str, threshold: float | None = None) -> dict[str, Any]:
     """One row of the table for a run's metrics rows (see the module docstring)."""
     curves = rd.seed_curves(rows, metric)
@@ -153,16 +164,12 @@ def run_plot(cmd: PlotCommand) -> int:
     if len(set(names)) != len(names):  # the same directory name in two places: tell them apart
         runs = [(pretty_path(Path(run)), rows) for run, (_, rows) in zip(cmd.runs, runs)]
     _plot(runs, cmd.metric, cmd.threshold, cmd.out)
-    header = ["run", "seeds", "final", "best", "IQM final"]
-    if cmd.threshold is not None:
-        header += [f"steps to {cmd.threshold:g}", f"seconds to {cmd.threshold:g}"]
+    header = ["run", "seeds", "final", "best", "IQM final", *threshold_cells(cmd.threshold, seconds="seconds")]
     table = []
     for name, rows in runs:
         s = summarize_run(rows, cmd.metric, cmd.threshold)
-        line = [name, str(s["seeds"]), format_value(s["final"]), format_value(s["best"]), format_value(s["iqm_final"])]
-        if cmd.threshold is not None:
-            line += [format_value(s["steps_to_threshold"], ","), format_value(s["seconds_to_threshold"], ".1f")]
-        table.append(line)
+        table.append([name, str(s["seeds"]), format_value(s["final"]), format_value(s["best"]),
+                      format_value(s["iqm_final"]), *threshold_cells(cmd.threshold, s)])
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
     print(f"{cmd.metric} (means over seeds; IQM: interquartile mean of the seeds' final values)")
     for row in [header, *table]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -351,19 +352,12 @@ def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train"):
             fresh_run_dir(run_dir, cmd.run.overwrite)
         else:
             rd.check_writable(run_dir)
-            _check_writable_files(run_dir)
+            for path in [run_dir, *(run_dir / name for name in (rd.CONFIG_FILE, rd.METRICS_FILE, rd.CHECKPOINT_DIR))]:
+                if path.exists() and not os.access(path, os.W_OK):  # (a resumed run appends to its files)
+                    raise CliError(f"cannot resume {run_dir}: {path} is not writable")
         yield run_dir
     finally:
         lock.release()
-
-
-def _check_writable_files(run_dir: Path) -> None:
-    """A resumed run appends to its files: each must be writable (one line naming the first that is not)."""
-    import os
-
-    for path in [run_dir, *(run_dir / name for name in (rd.CONFIG_FILE, rd.METRICS_FILE, rd.CHECKPOINT_DIR))]:
-        if path.exists() and not os.access(path, os.W_OK):
-            raise CliError(f"cannot resume {run_dir}: {path} is not writable")
 
 
 def _normalized_network(network: str) -> str:

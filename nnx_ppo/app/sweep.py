@@ -41,6 +41,7 @@ from nnx_ppo.app.plot import (
     format_value,
     interquartile_mean,
     mean,
+    threshold_cells,
     threshold_reached,
 )
 from nnx_ppo.app.process import train_into
@@ -106,15 +107,6 @@ def grid_configs(base, grid: dict[str, list[float]]) -> tuple[list, list[dict[st
     return configs or [base], values or [{}]
 
 
-def _resumed_configs(cmd: SweepCommand, saved: dict[str, Any]) -> list:
-    """A resumed sweep's configs: the shared config as parsed (the run's,
-    with the changes the flags made) with each config's own numbers."""
-    n_seeds = len(saved["population"]["seeds"])
-    base = cmd.config
-    return [dataclasses.replace(base, ppo=dataclasses.replace(base.ppo, **m["hyperparameters"]))
-            for m in saved["members"][::n_seeds]]
-
-
 def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None = None) -> int:
     """``nnx-ppo sweep`` (and ``resume`` of a sweep, with the run's ``saved``
     config.json): returns the exit code (0 done or stopped, 1 failed, 2 bad
@@ -131,7 +123,10 @@ def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None =
         raise CliError("give --grid FIELD=V1,V2 ... (e.g. --grid ppo.learning-rate=1e-3,3e-4)")
     cmd, env_kwargs, train_env_kwargs = prepared(cmd, saved)
     if cmd.run.resume is not None:
-        configs, seeds = _resumed_configs(cmd, saved), list(saved["population"]["seeds"])
+        # the configs: the shared config as parsed (the run's, with the flags' changes) with each one's own numbers
+        seeds = list(saved["population"]["seeds"])
+        configs = [dataclasses.replace(cmd.config, ppo=dataclasses.replace(cmd.config.ppo, **m["hyperparameters"]))
+                   for m in saved["members"][::len(seeds)]]
     else:
         seeds = check_distinct_seeds(list(cmd.seeds) or [cmd.config.seed])
         configs, _ = grid_configs(cmd.config, parse_grid(cmd.sweep.grid))
@@ -331,16 +326,6 @@ def _nan_low(x: float) -> float:
     return -math.inf if x is None or math.isnan(x) else x
 
 
-def _threshold_cells(threshold: float | None, entry: dict[str, Any] | None = None) -> list[str]:
-    """The columns of the steps and seconds to ``threshold`` (none without
-    one): their headers, or ``entry``'s values."""
-    if threshold is None:
-        return []
-    if entry is None:
-        return [f"steps to {threshold:g}", f"s to {threshold:g}"]
-    return [format_value(entry["steps_to_threshold"], ","), format_value(entry["seconds_to_threshold"], ".1f")]
-
-
 def _markdown(header: list[str], lines: list[list[str]]) -> str:
     """A Markdown table."""
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
@@ -354,7 +339,7 @@ def format_table(summary: dict[str, Any]) -> str:
     if summary.get("member_ranking") is not None:
         return _ranked_member_table(summary)
     fields, threshold = summary["fields"], summary["threshold"]
-    header = ["rank", "config", *fields, "final", "best", "IQM final [95% CI]", "AUC", *_threshold_cells(threshold),
+    header = ["rank", "config", *fields, "final", "best", "IQM final [95% CI]", "AUC", *threshold_cells(threshold),
               "failed members"]
     lines = []
     for rank, c in enumerate(summary["configs"], start=1):
@@ -362,7 +347,7 @@ def format_table(summary: dict[str, Any]) -> str:
         iqm = f"{format_value(c['iqm_final'])} [{format_value(lo)}, {format_value(hi)}]"
         lines.append([str(rank), str(c["config"]), *(f"{c[f]:g}" for f in fields), format_value(c["final"]),
                       format_value(c["best"]), iqm, format_value(c["auc"]),
-                      *_threshold_cells(threshold, c), ", ".join(map(str, c.get("failed", []))) or "-"])
+                      *threshold_cells(threshold, c), ", ".join(map(str, c.get("failed", []))) or "-"])
     return _markdown(header, lines)
 
 
@@ -387,14 +372,14 @@ def _ranked_member_table(summary: dict[str, Any]) -> str:
     """With PBT: the members ranked by their final return (failed members
     last), each with its final hyperparameters, its lineage and its failure."""
     fields, threshold = _pbt_fields(summary), summary["threshold"]
-    header = ["rank", "member", "seed", *fields, "final", "best", "AUC", *_threshold_cells(threshold), "lineage",
+    header = ["rank", "member", "seed", *fields, "final", "best", "AUC", *threshold_cells(threshold), "lineage",
               "failure"]
     lines = []
     for rank, index in enumerate(summary["member_ranking"], start=1):
         m = summary["members"][index]
         lines.append([str(rank), str(index), str(m["seed"]), *(_value_cell(m, f) for f in fields),
                       format_value(m["final"]), format_value(m["best"]), format_value(m["auc"]),
-                      *_threshold_cells(threshold, m), lineage_text(m["lineage"]) or "-",
+                      *threshold_cells(threshold, m), lineage_text(m["lineage"]) or "-",
                       failure_text(m["failure"]) if m["failure"] else "-"])
     return _markdown(header, lines)
 

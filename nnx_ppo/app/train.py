@@ -207,10 +207,8 @@ def _open_run(cmd: TrainCommand, argv: list[str], run_dir: Path, spec, env_kwarg
     saved = rd.read_run_config(run_dir) if resuming else None
     wandb = import_wandb(cmd) if primary else None
     wandb_id = (saved or {}).get("wandb_id") or (uuid.uuid4().hex[:8] if wandb is not None else None)
-    extra: dict[str, Any] = {}
     preset = _preset(cmd)
-    if preset is not None:
-        extra["preset"] = {"env": preset.env, "network": preset.network}
+    extra: dict[str, Any] = {} if preset is None else {"preset": {"env": preset.env, "network": preset.network}}
     if distill is not None:
         extra["distillation"] = {"teacher_run": distill.teacher_run, **dataclasses.asdict(distill.config)}
     if wandb_id is not None and not resuming:

@@ -335,9 +335,8 @@ def run_export(cmd: ExportCommand) -> int:
     # what was exported, for which batch sizes, where, and what it replaced
     any_batch = info.get("batch_size") == "any"
     batches = "any batch size" if any_batch else f"batches of {info.get('batch_size')}"
-    note = ""
-    if any_batch and cmd.batch_size is not None:
-        note = f" (--batch-size {cmd.batch_size} is initial_carry()'s default number of envs)"
+    note = (f" (--batch-size {cmd.batch_size} is initial_carry()'s default number of envs)"
+            if any_batch and cmd.batch_size is not None else "")
     replacing = f"; replaced the previous export's {', '.join(replaced)}" if replaced else ""
     of_seed = f" (seed {seed})" if seed is not None else ""
     print(f"exported the {_policy_name(which)} of {pretty_path(run_dir)}{of_seed} for {batches}{note} to {out}: "
