@@ -3,6 +3,8 @@
 Usage: python bench/bench_intention.py [--env stand_in | --env rodent] [--n-envs 1024] [--rollout 20]
                                        [--iterations 4] [--skip 1] [--mlp-decoder | --lstm-decoder] [--profile]
                                        [--precision default|bfloat16]
+       IN_TIME=1 python bench/bench_intention.py ...   (every module replayed one step at a time, as
+                                                        bench/replay_precision.py's IN_TIME=1)
 
 The network is ``make_intention_network(**INTENTION_USERS_SIZE)`` (encoder
 4 x 512 over the reference -> 60-dim VariationalBottleneck latent -> decoder
@@ -301,6 +303,11 @@ def main(argv):
                         help="PPOConfig.replay_unroll (default: the whole rollout on an accelerator, 1 on a CPU)")
     parser.set_defaults(decoder="mlp")
     args = parser.parse_args(argv)
+    in_time = os.environ.get("IN_TIME") == "1"
+    if in_time:  # replay_precision.py's experiment: every module replayed one step at a time
+        from replay_precision import replay_every_module_in_time
+
+        replay_every_module_in_time()
 
     from flax import nnx
 
@@ -342,6 +349,7 @@ def main(argv):
     row["replay_max_error"] = max(replay_errors) if replay_errors else None
     row["precision"] = args.precision
     row["replay_unroll"] = config.ppo.scan_unroll(jax.default_backend())
+    row["in_time"] = in_time
     if args.profile:
         fn = NetworkFn.of(net, deterministic=False)
 

@@ -263,14 +263,20 @@ class PPOConfig:
         (recurrent cells, `replay_in_time`) run per loop step (`lax.scan`'s
         `unroll`): a larger value removes the loop's per-step overhead and
         lets the compiler fuse across steps, at the cost of a longer compile. None (default): the whole rollout on an
-        accelerator (GPU, TPU), 1 on a CPU. Changes no result beyond float
-        rounding; the replay check holds either way.
+        accelerator (GPU, TPU), 1 on a CPU or with `precision="bfloat16"`
+        (whose replay scans the whole network: unrolled over 20 steps at the
+        rodent users' size it did not compile within 150 s on a TPU). Changes
+        no result beyond float rounding; the replay check holds either way.
       precision: the matrix products of the library's modules in the
         rollout, the replay and evaluation: `"default"` (float32 at JAX's
         default matmul precision) or `"bfloat16"` (inputs rounded to
         bfloat16, products summed in float32; parameters, optimizer and
         everything else stay float32). Rollout and replay compute alike, so
-        the replay check holds under both (`compute_precision`).
+        the replay check holds under both (`compute_precision`); under
+        bfloat16 the replay runs the whole network one step at a time at the
+        rollout's shapes (slower than the modules' fast replays), since
+        rounded inputs turn a TPU's last-bit differences between shapes into
+        visible ones.
     """
 
     n_envs: int = 256
@@ -382,10 +388,10 @@ class PPOConfig:
     def scan_unroll(self, backend: str) -> int:
         """``replay_unroll`` for a program compiled for ``backend`` (``"cpu"``,
         ``"gpu"``, ``"tpu"``; ``jax.default_backend()``): None gives
-        ``rollout_length`` on an accelerator and 1 on a CPU."""
+        ``rollout_length`` on an accelerator and 1 on a CPU or under bfloat16."""
         if self.replay_unroll is not None:
             return self.replay_unroll
-        return 1 if backend == "cpu" else self.rollout_length
+        return 1 if backend == "cpu" or self.precision == "bfloat16" else self.rollout_length
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,8 +33,9 @@ from flax import nnx
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.envs.spaces import Discrete
 from nnx_ppo.envs.types import check_actions, check_env_structure
+from nnx_ppo.networks.feedforward import current_precision
 from nnx_ppo.networks.sampling_layers import categorical_choices
-from nnx_ppo.networks.types import SequenceOutput, StatefulModule, StatefulModuleOutput, unrolled
+from nnx_ppo.networks.types import SequenceOutput, StatefulModule, StatefulModuleOutput, replay_in_time, unrolled
 
 __all__ = [
     "NetworkFn",
@@ -135,7 +136,15 @@ class NetworkFn:
 
     @staticmethod
     def _replay_module(module: nnx.Module, trajectory: Any) -> SequenceOutput:
+        """The module's ``replay_sequence``; under bfloat16 (:func:`current_precision`)
+        the network's own step, one step at a time at the minibatch's size instead.
+        The fast replays compute the same products at other shapes ([T * M]
+        rows, other fusions), which on a TPU can differ from the rollout's in
+        float32's last bit; rounded to bfloat16 such a bit can become 2^-8 of
+        an input, and a few updates later pass ``replay_tolerance``."""
         start = jax.tree.map(lambda x: x[0], trajectory.carry)
+        if current_precision() == "bfloat16":
+            return replay_in_time(module, start, trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
         return module.replay_sequence(start, trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
 
     def update_statistics(self, extras: Any) -> "NetworkFn":

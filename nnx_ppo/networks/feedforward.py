@@ -13,7 +13,8 @@ from flax import nnx
 
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["Dense", "check_features", "check_argument", "is_int", "matmul", "compute_precision", "PRECISIONS"]
+__all__ = ["Dense", "check_features", "check_argument", "is_int", "matmul", "compute_precision", "current_precision",
+           "PRECISIONS"]
 
 PRECISIONS = ("default", "bfloat16")
 """The values of ``PPOConfig.precision`` (:func:`compute_precision`)."""
@@ -37,6 +38,11 @@ def compute_precision(precision: str):
         yield
     finally:
         _PRECISION.reset(token)
+
+
+def current_precision() -> str:
+    """The precision :func:`compute_precision` set for the code running now (``"default"`` outside it)."""
+    return _PRECISION.get()
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:

@@ -36,6 +36,8 @@ def test_replay_unroll_defaults_to_the_whole_rollout_on_an_accelerator_only():
     ppo = PPOConfig(rollout_length=20)
     assert ppo.scan_unroll("cpu") == 1 and ppo.scan_unroll("tpu") == 20 and ppo.scan_unroll("gpu") == 20
     assert PPOConfig(rollout_length=20, replay_unroll=5).scan_unroll("tpu") == 5
+    # bfloat16 replays the whole network step by step: unrolled, it compiles for minutes
+    assert PPOConfig(rollout_length=20, precision="bfloat16").scan_unroll("tpu") == 1
     with pytest.raises(ValueError, match="PPOConfig.replay_unroll must be a positive integer or None, got 0"):
         PPOConfig(replay_unroll=0)
 

@@ -1,5 +1,6 @@
 """The replay guarantee, for a network holding every module the library ships."""
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,7 @@ from nnx_ppo.networks.noise import BernoulliGate, DropoutMask, GaussianNoise
 from nnx_ppo.networks.normalizer import Normalizer
 from nnx_ppo.networks.recurrent import GRU, LSTM, SimpleRNN
 from nnx_ppo.networks.sampling_layers import CategoricalSampler, NormalSampler, NormalTanhSampler
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
+from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, replay_flat
 from nnx_ppo.networks.utils import Filter, Flattener, Map, Merge, Scale
 from nnx_ppo.networks.variational import AR1VariationalBottleneck, VariationalBottleneck
 from nnx_ppo.testing import check_replay_consistency
@@ -211,3 +212,29 @@ def test_noise_shared_by_the_batch_is_named_by_trainer_and_checker():
     assert report.first_divergence is not None and __import__("re").search(said, report.first_divergence)
     with pytest.raises(ReplayMismatchError, match=f"First divergence: {said}"):
         train_ppo(Target(max_steps=5), net(), _TINY)
+
+
+class WrongFastReplay(StatefulModule):
+    """Identity whose fast ``replay_sequence`` (deliberately) adds 1: a probe of which replay runs."""
+
+    def __call__(self, state, x, rollout_extras=None):
+        return StatefulModuleOutput(next_state=state, output=x)
+
+    def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
+        out = replay_flat(self, carry, xs, rollout_extras, reset, stored_carry)
+        return dataclasses.replace(out, output=out.output + 1.0)
+
+
+@pytest.mark.parametrize("precision", ["default", "bfloat16"])
+def test_bfloat16_replays_the_rollouts_own_step(precision):
+    """Under bfloat16 the loss replay runs the network's own step, one step at a
+    time (the rollout's shapes), not the modules' fast replays: on a TPU those
+    round differently (bench/README, "Third sitting")."""
+    rngs = nnx.Rngs(0)
+    net = Sequential([
+        WrongFastReplay(),
+        PPOAdapter(action=Sequential([Dense(3, 4, rngs), NormalTanhSampler(rngs)]), value=Dense(3, 1, rngs)),
+    ])
+    report = check_replay_consistency(net, Target(max_steps=3), n_envs=4, rollout_length=8, n_minibatches=2,
+                                      precision=precision)
+    assert report.passed == (precision == "bfloat16"), str(report)

@@ -143,10 +143,12 @@ def test_the_cycle_check_sees_a_cycle():
 # One compiled PPO iteration reads top to bottom in these files (docs/architecture.md): the iteration
 # module, the network's functional view, the module contract and the config.
 ITERATION_FILES = {"algorithms/ppo.py", "algorithms/functional.py", "networks/types.py", "algorithms/config.py"}
-# Two helpers the iteration calls that live with the network modules sharing them: the matrix-product precision
-# of the library's layers (set around the whole iteration) and the running-moments merge of Normalizer (the
-# return statistics' too).
-SHARED_WITH_MODULES = {("networks/feedforward.py", "compute_precision"), ("networks/normalizer.py", "merge_moments")}
+# Helpers the iteration calls that live with the network modules sharing them: the matrix-product precision
+# of the library's layers (set around the whole iteration, read by the replay) and the running-moments merge of
+# Normalizer (the return statistics' too).
+SHARED_WITH_MODULES = {("networks/feedforward.py", "compute_precision"),
+                       ("networks/feedforward.py", "current_precision"),
+                       ("networks/normalizer.py", "merge_moments")}
 
 
 def _functions_run_for_the_algorithm(run) -> dict[str, set[str]]:
