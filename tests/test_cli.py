@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nnx_ppo import cli
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.app import process
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,12 +28,11 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.app.commands import PROG, CliError, TrainCommand, print_error, usage_errors
 
 if TYPE_CHECKING:
-    from nnx_ppo.progress import StopFlag
-    from nnx_ppo.runner import Run
+    from nnx_ppo.runner import Run, StopFlag
 
 __all__ = ["format_warning", "quiet_library_logs", "compilation_cache", "join_processes", "train_into"]
 
@@ -114,9 +113,8 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
     usage error (:class:`~nnx_ppo.app.commands.CliError`) passes through, and
     a bad row of a resumed run's metrics.jsonl becomes one (before training)."""
     from nnx_ppo.algorithms.distributed import await_lost_peer, process_count
-    from nnx_ppo.algorithms.driver import NonFiniteError
-    from nnx_ppo.algorithms.ppo import FootprintError
-    from nnx_ppo.progress import StopFlag, pretty_path
+    from nnx_ppo.algorithms.ppo import FootprintError, NonFiniteError
+    from nnx_ppo.runner import StopFlag, pretty_path
 
     stop = StopFlag(run.write)
     code, result = 0, None

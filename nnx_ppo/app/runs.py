@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.app.commands import (
     DEFAULT_ENV,
     DEFAULT_ENV_KWARGS,
@@ -29,6 +29,7 @@ from nnx_ppo.app.commands import (
     usage_errors,
 )
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs, resolve_factory_reference
+from nnx_ppo.runner import PYTHON_NETWORK, pretty_path
 
 __all__ = ["has_checkpoint", "fresh_run_dir", "run_policy_spec", "read_run", "checkpoint_choice", "load_run_network",
            "only_best_policy", "parse_env_kwargs", "prepared", "make_env", "make_envs", "build_network",
@@ -59,8 +60,6 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> None:
     naming what it holds and what to do (resume a run with a training
     checkpoint; ``--overwrite`` deletes the data first). The caller holds
     the directory's lock (:func:`run_directory`)."""
-    from nnx_ppo.progress import pretty_path
-
     with usage_errors(ValueError):
         rd.check_writable(run_dir)
     if not run_dir.is_dir():
@@ -131,7 +130,6 @@ def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
     it was trained from Python on an env or network the command line cannot
     rebuild, or on an env name only the training script registered."""
     from nnx_ppo.envs.registry import is_known
-    from nnx_ppo.runner import PYTHON_NETWORK
 
     with usage_errors(FileNotFoundError, ValueError):
         saved = rd.read_run_config(run_dir)
@@ -240,7 +238,7 @@ def make_env(spec: str, kwargs: dict[str, Any]):
 
 
 def make_envs(spec: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any]):
-    """``(train_env, eval_env)`` (:func:`nnx_ppo.run_dir.training_env_kwargs`
+    """``(train_env, eval_env)`` (:func:`nnx_ppo.runner.training_env_kwargs`
     says how the training env differs)."""
     return make_env(spec, rd.training_env_kwargs(env_kwargs, train_env_kwargs)), make_env(spec, env_kwargs)
 

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.app.commands import (
     DEFAULT_HIDDEN_SIZE,
     PROG,
@@ -48,8 +48,7 @@ from nnx_ppo.app.runs import (
 from nnx_ppo.app.trained import check_video_target, render_episode, video_fps, write_video
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference
 from nnx_ppo.presets import NETWORK_DEFAULTS, find_preset
-from nnx_ppo.progress import fmt_seconds, pretty_path
-from nnx_ppo.runner import Run, RunSpec
+from nnx_ppo.runner import Run, RunSpec, fmt_seconds, pretty_path
 
 __all__ = ["run_train", "resume_defaults", "student_run", "resumed_distillation", "DistillSetup", "import_wandb",
            "wandb_init", "video_recorder"]

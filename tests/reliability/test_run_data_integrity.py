@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from nnx_ppo import cli
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.app import process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,7 +160,7 @@ def test_ctrl_c_twice_during_a_checkpoint_write_lets_it_finish(tmp_path, monkeyp
 
     from nnx_ppo.algorithms import checkpointing
     from nnx_ppo.algorithms.config import TrainConfig
-    from nnx_ppo.progress import StopFlag
+    from nnx_ppo.runner import StopFlag
 
     save = ocp.Checkpointer.save  # the write that CheckpointManager.save makes
 
@@ -259,7 +259,7 @@ def test_pyproject_license_is_an_spdx_string():
 def test_the_first_progress_line_shows_no_rate(capsys):
     """The bar's first line (no terminal: a line per redraw) has no rate or
     time left yet (tqdm's "?"); the next has both."""
-    from nnx_ppo.progress import Progress
+    from nnx_ppo.runner import Progress
 
     bar = Progress(4 * STEPS, quiet=False, interval=0.0)
     bar.start()
