@@ -128,7 +128,7 @@ def training_env_kwargs(env_kwargs: dict[str, Any], train_env_kwargs: dict[str, 
 def make_run_envs(env: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any]):
     """``(train_env, eval_env)`` of a run: ``make(env, **training_env_kwargs(...))``
     and ``make(env, **env_kwargs)``."""
-    from nnx_ppo.envs import make
+    from nnx_ppo.envs.registry import make
 
     return make(env, **training_env_kwargs(env_kwargs, train_env_kwargs)), make(env, **env_kwargs)
 
@@ -713,6 +713,7 @@ class RunLogger:
 
 
 def pretty_path(p: Path) -> str:
+    """``p`` relative to the current directory where it is under it, else absolute."""
     try:
         return str(p.resolve().relative_to(Path.cwd()))
     except ValueError:
@@ -720,6 +721,7 @@ def pretty_path(p: Path) -> str:
 
 
 def fmt_seconds(s: float) -> str:
+    """``s`` seconds as ``M:SS`` or ``H:MM:SS``."""
     s = int(round(s))
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
@@ -1090,7 +1092,7 @@ def _snapshot_own_code(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
     """Copy the files of the user's env and network (``FILE.py:NAME`` or
     ``MODULE:NAME`` references) into ``run_dir/source/``; what
     :func:`nnx_ppo.user_code.snapshot` returns, for ``config.json``."""
-    from nnx_ppo import user_code
+    import nnx_ppo.user_code as user_code
     from nnx_ppo.envs.registry import is_own_code
     from nnx_ppo.network_spec import is_factory_reference
 

@@ -124,7 +124,7 @@ def check_fresh_checkpoint_dir(checkpoint_dir: str) -> None:
     """Refuse to start a fresh run in a directory holding checkpoints:
     keeping only the newest ``keep_checkpoints`` would delete the other
     run's, or this run's own when the other's steps are higher."""
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
 
     what = checkpointing.held_checkpoints(checkpoint_dir)
     if what is not None:
@@ -205,7 +205,7 @@ def resume_state(resume_from: str, checkpoint_dir: str | None, state: TrainingSt
     holds checkpoints later than the one resumed from. A change of ``n_envs``
     or ``rollout_length`` (the size of an iteration) is refused before
     anything is read or written."""
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
 
     # Only the sizes are compared: a placeholder rate lets a config saved with a schedule (not saved) load.
     saved = checkpointing.load_config(resume_from, learning_rate=1.0).ppo
@@ -234,7 +234,7 @@ def resumed(state: TrainingState, members: Members, resume_from: str, checkpoint
     """``state`` restored from ``resume_from`` (a seed batch only from a
     checkpoint of the same seeds, a population only from one of the same members)."""
     if members.stacked:
-        from nnx_ppo.algorithms import checkpointing
+        import nnx_ppo.algorithms.checkpointing as checkpointing
 
         metadata = checkpointing.load_metadata(resume_from) or {}
         saved = metadata.get("seeds")
@@ -765,7 +765,7 @@ def best_policy_hook(evaluate: Callable[[TrainingState, int], dict], config: Tra
     (also across a resume) as the best policy
     (:func:`~nnx_ppo.algorithms.checkpointing.best_policy_dir`): parameters
     and statistics only, with the evaluation in its metadata."""
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
 
     paths = [checkpointing.best_policy_dir(directory, s) for s in (seeds or [None])]
     base = {k: v for k, v in (metadata or {}).items() if k != "seeds"}
@@ -802,7 +802,7 @@ def checkpoint_hook(
     def save(state: TrainingState, steps: int) -> None:
         import os
 
-        from nnx_ppo.algorithms import checkpointing
+        import nnx_ppo.algorithms.checkpointing as checkpointing
 
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise RuntimeError(f"cannot save the checkpoint at {steps} env steps: {directory} is no longer a directory "

@@ -44,8 +44,7 @@ from nnx_ppo.app.plot import (
     threshold_cells,
     threshold_reached,
 )
-from nnx_ppo.app.process import train_into
-from nnx_ppo.app.runs import build_network, make_envs, network_spec_of, prepared, run_directory
+from nnx_ppo.app.runs import build_network, make_envs, network_spec_of, prepared, run_directory, train_into
 from nnx_ppo.network_spec import NetworkSpec
 from nnx_ppo.presets import find_preset
 from nnx_ppo.runner import Run, RunSpec, pretty_path

@@ -21,7 +21,7 @@ import pytest
 
 from nnx_ppo import cli
 from nnx_ppo import runner as rd
-from nnx_ppo.app import process
+from nnx_ppo.app import runs as app_runs
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--network", "mlp", "--hidden-size", "8", "--ppo.n-envs", "8", "--ppo.n-minibatches", "2",
@@ -97,7 +97,7 @@ def test_damaged_lines_are_reported_and_a_half_written_last_line_is_not(tmp_path
     [message] = _data_warnings(record)
     assert str(tmp_path / rd.METRICS_FILE) in message
     assert re.search(r"\blines 3, 5 \(", message), message  # not the half-written last line (7)
-    formatted = process.format_warning(record[0].message, record[0].category, record[0].filename, record[0].lineno)
+    formatted = app_runs.format_warning(record[0].message, record[0].category, record[0].filename, record[0].lineno)
     assert _one_line(formatted).startswith("nnx-ppo: warning: ") and formatted.count("\n") == 1
 
     half = tmp_path / "half"
@@ -280,5 +280,5 @@ def test_an_unknown_config_field_is_a_one_line_warning():
         warnings.simplefilter("always")
         rd.train_config_from_dict(saved)
     [w] = [w for w in record if "bogus_field" in str(w.message)]
-    line = _one_line(process.format_warning(w.message, w.category, w.filename, w.lineno))
+    line = _one_line(app_runs.format_warning(w.message, w.category, w.filename, w.lineno))
     assert line.startswith("nnx-ppo: warning: ") and "bogus_field" in line
