@@ -23,17 +23,10 @@ from nnx_ppo.algorithms import outputs as _outputs
 
 _original_paths.install()  # the original nnx-ppo 0.3.0's import paths (docs/migrating.md)
 
-
-def _run_layer():
-    from nnx_ppo import runner
-
-    return runner
-
-
 # The trainers (algorithms/) write run directories through the run layer above
-# them (nnx_ppo.runner); installing it here, where every import of nnx_ppo
+# them (nnx_ppo.runner); naming it here, where every import of nnx_ppo
 # starts, keeps every import pointing down the layers (docs/architecture.md).
-_outputs.install(_run_layer)
+_outputs.RUN_LAYER = "nnx_ppo.runner"
 
 __version__ = "0.1.0"
 

@@ -29,7 +29,6 @@ import dataclasses
 import io
 import json
 import os
-import re
 import sys
 import typing
 import warnings
@@ -61,8 +60,15 @@ from nnx_ppo.app.commands import (
     run_envs,
     usage_errors,
 )
-from nnx_ppo.app.process import compilation_cache, format_warning, join_processes, quiet_library_logs
-from nnx_ppo.app.runs import parse_env_kwargs, use_run_code
+from nnx_ppo.app.runs import (
+    compilation_cache,
+    format_warning,
+    join_processes,
+    parse_env_kwargs,
+    quiet_library_logs,
+    use_run_code,
+)
+from nnx_ppo.app.train import resume_defaults, run_train, student_run
 from nnx_ppo.presets import find_preset, library_defaults
 
 __all__ = ["main", "TrainCommand", "EvalCommand", "DistillCommand", "ExportCommand", "PlotCommand", "SweepCommand",
@@ -114,7 +120,7 @@ def _tyro_parse(argv: list[str], default: TrainCommand | None = None):
                 cmd = tyro.cli(commands, args=argv, prog=PROG, description=description)
             return dataclasses.replace(cmd, config=checked(cmd.config)) if isinstance(cmd, TrainCommand) else cmd
     finally:
-        sys.stderr.write(err.getvalue() + _did_you_mean(err.getvalue(), argv))
+        sys.stderr.write(err.getvalue() + (_did_you_mean(argv) if err.getvalue() else ""))
 
 
 def _flags(command: type) -> list[str]:
@@ -132,20 +138,23 @@ def _flags(command: type) -> list[str]:
     return ["--" + name.replace("_", "-") for name in names]
 
 
-def _did_you_mean(error: str, argv: list[str]) -> str:
-    """For an unknown flag tyro found no near match for (``--ppo.lr``), the
-    flags whose last part it abbreviates (``--ppo.learning-rate``)."""
-    match = re.search(r"Unrecognized options: (--[\w.-]+)", error)
-    if not match or "Perhaps you meant" in error or not argv or argv[0] not in _COMMANDS:
+def _did_you_mean(argv: list[str]) -> str:
+    """For a flag of ``argv`` its command lacks (``--ppo.lr``), the flags
+    of the command whose last part it abbreviates (``--ppo.learning-rate``)."""
+    if not argv or argv[0] not in _COMMANDS:
         return ""
-    prefix, _, short = match.group(1)[2:].rpartition(".")
+    known = _flags(_COMMANDS[argv[0]])
 
     def initials(flag: str) -> str:
         return "".join(word[0] for word in flag.rpartition(".")[2].split("-") if word)
 
-    found = sorted(f for f in _flags(_COMMANDS[argv[0]]) if f[2:].startswith(prefix) and short and
-                   (initials(f) == short.replace("-", "") or f.rpartition(".")[2].startswith(short)))
-    return f"{PROG}: did you mean {' or '.join(found[:3])}?\n" if found else ""
+    for given in (arg.partition("=")[0] for arg in argv[1:] if arg.startswith("--")):
+        prefix, _, short = given[2:].rpartition(".")
+        found = sorted(f for f in known if f[2:].startswith(prefix) and short and
+                       (initials(f) == short.replace("-", "") or f.rpartition(".")[2].startswith(short)))
+        if given not in known and found:
+            return f"{PROG}: did you mean {' or '.join(found[:3])}?\n"
+    return ""
 
 
 def _preset_of_help(argv: list[str]):
@@ -166,8 +175,6 @@ def _parse(argv: list[str]):
     resume = _find_resume(argv)
     helping = any(a in ("-h", "--help") for a in argv)
     if resume is not None and not helping:
-        from nnx_ppo.app.train import resume_defaults
-
         default, saved = resume_defaults(resume)
         rest = ["--resume", *argv[1:]] if argv[0] == "resume" else argv[1:]
         return _tyro_parse(["sweep" if isinstance(default, SweepCommand) else "train", *rest], default), saved
@@ -251,8 +258,6 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_sweep(cmd, argv, saved)
         if isinstance(cmd, TrainCommand):
-            from nnx_ppo.app.train import run_train
-
             join_processes(cmd)
             return run_train(cmd, argv, saved)
         if isinstance(cmd, EvalCommand):
@@ -260,8 +265,6 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_eval(cmd)
         if isinstance(cmd, DistillCommand):
-            from nnx_ppo.app.train import run_train, student_run
-
             student, setup = student_run(cmd)
             return run_train(student, argv, None, distill=setup)
         if isinstance(cmd, PlotCommand):

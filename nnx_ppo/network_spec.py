@@ -44,7 +44,7 @@ def resolve_factory_reference(ref: str):
     found from the current directory) or ``path/to/file.py:function`` (see
     :func:`nnx_ppo.user_code.load`). It is called as ``function(env, rngs)``
     and returns the network. A ValueError says in one line what could not be found."""
-    from nnx_ppo import user_code
+    import nnx_ppo.user_code as user_code
 
     function = user_code.load(ref, "network", "function")
     if not callable(function):
@@ -160,7 +160,7 @@ class NetworkSpec:
 
     def make_env(self):
         """The env the network was built for."""
-        from nnx_ppo.envs import make
+        from nnx_ppo.envs.registry import make
 
         return make(self.env, **self.env_kwargs)
 
@@ -212,7 +212,7 @@ def load_network(directory: str | os.PathLike, network: Any = None, seed: int | 
     sweep``), ``member`` (its index, ``0 .. N-1``). See
     :func:`nnx_ppo.algorithms.checkpointing.restore_network` for the errors.
     """
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
 
     if member is not None:
         if seed is not None:

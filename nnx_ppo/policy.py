@@ -378,7 +378,7 @@ def _env_maker(run_or_checkpoint: str | os.PathLike, step: int | str | None, see
     """A function that makes the env of the checkpoint :func:`load_policy`
     loads, from its metadata's network spec; None when the metadata names
     no env that :func:`nnx_ppo.envs.make` can rebuild."""
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
     from nnx_ppo.network_spec import NetworkSpec
 
     which = seed if member is None else member

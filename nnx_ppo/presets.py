@@ -60,10 +60,10 @@ class Preset:
     description: str = ""
 
     def make_envs(self):
-        """``(train_env, eval_env)`` (see :func:`nnx_ppo.run_dir.make_run_envs`):
+        """``(train_env, eval_env)`` (see :func:`nnx_ppo.runner.make_run_envs`):
         the training env has de-synchronized episodes; the evaluation env is
         plain. A reward scale is the config's ``ppo.reward_scale``."""
-        from nnx_ppo.run_dir import make_run_envs
+        from nnx_ppo.runner import make_run_envs
 
         return make_run_envs(self.env, self.env_kwargs, self.train_env_kwargs)
 

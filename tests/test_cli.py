@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from nnx_ppo import cli
-from nnx_ppo import run_dir as rd
-from nnx_ppo.app import process
+from nnx_ppo import runner as rd
+from nnx_ppo.app import runs as app_runs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -265,7 +265,7 @@ def test_compilation_cache_can_be_turned_off(tmp_path, monkeypatch):
     was = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)  # what JAX_ENABLE_COMPILATION_CACHE=false sets
     try:
-        process.compilation_cache()
+        app_runs.compilation_cache()
     finally:
         jax.config.update("jax_enable_compilation_cache", was)
     assert not (tmp_path / "nnx_ppo").exists()

@@ -1,4 +1,4 @@
-"""The light entry points import no JAX: ``import nnx_ppo.run_dir``,
+"""The light entry points import no JAX: ``import nnx_ppo.runner``,
 ``nnx-ppo --help`` (and each command's ``--help``) and ``nnx-ppo envs``.
 
 Each check runs in a fresh interpreter, since this test process has long
@@ -46,7 +46,7 @@ def _cli(*argv: str) -> str:
 
 
 @pytest.mark.parametrize("code", [
-    pytest.param("import nnx_ppo.run_dir", id="import-run_dir"),
+    pytest.param("import nnx_ppo.runner", id="import-runner"),
     pytest.param("import nnx_ppo.presets, nnx_ppo.algorithms.config", id="import-presets-config"),
     pytest.param("import nnx_ppo.envs\nassert 'cue_memory' in nnx_ppo.envs.list_envs()", id="list_envs"),
     pytest.param(_cli("--help"), id="help"),
@@ -180,7 +180,7 @@ def test_progress_without_a_terminal_is_lines_at_a_bounded_rate(capsys):
     """Piped (pytest captures stderr: no terminal), tqdm draws its bar as
     whole lines, at most one per interval: the first and the last, with the
     step count (the messages stay on stdout)."""
-    from nnx_ppo.progress import Progress
+    from nnx_ppo.runner import Progress
 
     progress = Progress(total_steps=1000, quiet=False, interval=3600.0)
     progress.start()

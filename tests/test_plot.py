@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nnx_ppo import cli
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.app.plot import interquartile_mean, summarize_run
 
 

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo import cli, load_policy
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.algorithms.population import train_seeds
 from nnx_ppo.algorithms.trainer import CheckpointDirInUseError, train_ppo
 from nnx_ppo.envs import make
@@ -140,7 +140,7 @@ def test_an_env_object_and_a_failed_start(tmp_path, capsys):
     once it is cleared, an env not made by ``make`` is recorded as not
     rebuildable, and the command line says so in one line."""
     from nnx_ppo.envs.tasks import CueMemory
-    from nnx_ppo.run_dir import RunDirInUseError
+    from nnx_ppo.runner import RunDirInUseError
 
     run = tmp_path / "run"
     run.mkdir()

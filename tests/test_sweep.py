@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo import cli
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.algorithms.config import TrainConfig
 from nnx_ppo.app.commands import CliError
 from nnx_ppo.app.sweep import grid_configs, parse_grid

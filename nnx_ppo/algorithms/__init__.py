@@ -15,12 +15,12 @@ from nnx_ppo._lazy import lazy_exports
 # the module defining them -> public names
 _EXPORTS = {
     "nnx_ppo.algorithms.config": ("PPOConfig", "EvalConfig", "TrainConfig"),
-    "nnx_ppo.algorithms.ppo": ("new_training_state", "compute_gae", "TrainingState"),
-    "nnx_ppo.algorithms.trainer": ("train_ppo", "TrainResult"),
+    "nnx_ppo.algorithms.ppo": ("new_training_state", "compute_gae", "TrainingState", "NonFiniteError"),
+    "nnx_ppo.algorithms.functional": ("ReplayMismatchError",),
+    "nnx_ppo.algorithms.trainer": ("train_ppo", "TrainResult", "Failure"),
     "nnx_ppo.algorithms.distillation": ("train_distillation", "DistillationConfig"),
     "nnx_ppo.algorithms.population": ("train_seeds", "train_population"),
     "nnx_ppo.algorithms.evaluation": ("evaluate", "Recording", "module_paths", "record_activations"),
-    "nnx_ppo.algorithms.driver": ("NonFiniteError", "ReplayMismatchError", "Failure"),
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -29,8 +29,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # for type checkers and IDEs
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.algorithms.distillation import DistillationConfig, train_distillation
-    from nnx_ppo.algorithms.driver import Failure, NonFiniteError, ReplayMismatchError
     from nnx_ppo.algorithms.evaluation import Recording, evaluate, module_paths, record_activations
+    from nnx_ppo.algorithms.functional import ReplayMismatchError
     from nnx_ppo.algorithms.population import train_population, train_seeds
-    from nnx_ppo.algorithms.ppo import TrainingState, compute_gae, new_training_state
-    from nnx_ppo.algorithms.trainer import TrainResult, train_ppo
+    from nnx_ppo.algorithms.ppo import NonFiniteError, TrainingState, compute_gae, new_training_state
+    from nnx_ppo.algorithms.trainer import Failure, TrainResult, train_ppo

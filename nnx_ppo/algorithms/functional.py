@@ -43,7 +43,42 @@ __all__ = [
     "copy_tree",
     "donatable",
     "check_network_matches_env",
+    "ReplayMismatchError",
+    "rule_breaking_module_error",
 ]
+
+
+class ReplayMismatchError(RuntimeError):
+    """Raised when the loss replay does not reproduce the rollout before the
+    first update: a module breaks the rules of docs/custom_modules.md."""
+
+
+def rule_breaking_module_error(err: BaseException, network: Any = None) -> ReplayMismatchError:
+    """A :class:`ReplayMismatchError` for Flax's ``TraceContextError`` (a module
+    mutated an NNX variable, e.g. drew from a class-level ``nnx.Rngs``,
+    inside ``__call__`` under a JAX transform), naming the innermost
+    :class:`~nnx_ppo.networks.types.StatefulModule` whose ``__call__`` was
+    running and, given the ``network``, its path in it
+    (``layers/1 (MyNoisyNeuron)``)."""
+    culprit = None
+    tb = err.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if tb.tb_frame.f_code.co_name == "__call__" and isinstance(owner, StatefulModule):
+            culprit = type(owner)
+        tb = tb.tb_next
+    where = "a module"
+    if culprit is not None:
+        paths = []
+        if network is not None:
+            paths = ["/".join(str(p) for p in path) or "(the network itself)"
+                     for path, module in nnx.iter_modules(network) if type(module) is culprit]
+        where = (f"module {', '.join(paths)} ({culprit.__name__})" if paths else f"module {culprit.__name__}")
+    return ReplayMismatchError(
+        f"{where} mutates an NNX variable inside __call__ (Flax: {str(err).splitlines()[0]}). The randomness rule "
+        "of docs/custom_modules.md: keep one key per env in the carry (seeded in initialize_state, split in "
+        "__call__) instead of drawing from a class-level nnx.Rngs; running statistics change only in "
+        "update_statistics.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +157,7 @@ class NetworkFn:
         is allowed when the replayed output does not depend on the value the
         variable had before it (a call counter, a cache written before it is
         read); otherwise the rollout's write would change what the replay
-        computes, and this raises :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError`
+        computes, and this raises :class:`ReplayMismatchError`
         naming the module (checked when the replay is traced)."""
         module = self.module()
         before = _variable_leaves(module)
@@ -182,8 +217,6 @@ def _written(before: tuple, after: tuple) -> list[int]:
     value object; an untouched variable keeps its own)."""
     (old, old_def), (new, new_def) = before, after
     if old_def != new_def:
-        from nnx_ppo.algorithms.driver import ReplayMismatchError
-
         raise ReplayMismatchError(
             "a module added or removed an NNX variable during the loss replay (inside __call__ or "
             "replay_sequence); variables are created in __init__ (docs/custom_modules.md)")
@@ -238,12 +271,10 @@ def _inputs_used(fn, args: list[Any]) -> list[bool]:
 
 def _output_changing_write_error(view: NetworkFn, trajectory: Any, module: nnx.Module,
                                  variable_paths: list[tuple]) -> Exception:
-    """The :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError` naming, for
+    """The :class:`ReplayMismatchError` naming, for
     each variable at ``variable_paths`` (paths in ``module``), the module that
     writes it: the innermost :class:`~nnx_ppo.networks.types.StatefulModule`
     whose ``__call__`` does (:func:`_writers`), else the innermost one holding it."""
-    from nnx_ppo.algorithms.driver import ReplayMismatchError
-
     owners = {tuple(path): m for path, m in nnx.iter_modules(module) if isinstance(m, StatefulModule)}
     writers = _writers(view, trajectory, variable_paths)
     named = []

@@ -5,9 +5,10 @@ directories: they write to a :class:`RunOutput`. Run directories, progress
 bars and networks named by a string (``"mlp"``, a
 :class:`~nnx_ppo.network_spec.NetworkSpec`) belong to the run layer
 (:mod:`nnx_ppo.runner`), which sits above ``algorithms/``. The package root
-(``nnx_ppo/__init__.py``, imported before any of its modules) installs it
-here with :func:`install`, so that ``train_ppo(..., run_dir=...)`` reaches it
-with no import running up the layers. No JAX is imported here.
+(``nnx_ppo/__init__.py``, imported before any of its modules) names it in
+:data:`RUN_LAYER`, so that ``train_ppo(..., run_dir=...)`` reaches it
+(:func:`nnx_ppo.algorithms.trainer.run_layer`) with no import running up the
+layers. Declarations only: no JAX is imported here, and no code runs.
 """
 
 from __future__ import annotations
@@ -15,12 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["FAILURE_KEY", "RunOutput", "RunLayer", "install", "run_layer"]
-
-FAILURE_KEY = "failure"
-"""The key of a failure row of ``metrics.jsonl``: a member or seed that
-failed (non-finite values, a replay mismatch) gets one row with its reason
-under this key, its ``failure_type``, ``iteration`` and ``env_steps``."""
+__all__ = ["RunOutput", "RunLayer", "RUN_LAYER"]
 
 
 class RunOutput(Protocol):
@@ -41,11 +37,11 @@ class RunOutput(Protocol):
     def log(self, metrics: dict[str, Any], env_steps: int, seed: int | None = None) -> None:
         """One row: an iteration's statistics or an evaluation (keys ``eval/...``)."""
 
-    def record_failure(self, row: dict[str, str], env_steps: int, seed: int) -> None:
-        """A failure row (:data:`FAILURE_KEY`) of batch entry ``seed``."""
+    def record_failure(self, failure: Any, seed: int) -> None:
+        """The :class:`~nnx_ppo.algorithms.trainer.Failure` of batch entry ``seed``."""
 
-    def earlier_failures(self) -> dict[int, dict[str, Any]]:
-        """The failure rows a resumed run recorded before (seed -> row)."""
+    def earlier_failures(self) -> dict[int, Any]:
+        """The failures a resumed run recorded before (seed -> :class:`~nnx_ppo.algorithms.trainer.Failure`)."""
 
     def close(self) -> None:
         """End the outputs (files flushed, the progress bar closed, the run directory released)."""
@@ -66,16 +62,5 @@ class RunLayer(Protocol):
         """``resume_from``, or the checkpoint directory of the run directory it names."""
 
 
-_loader: list[Callable[[], RunLayer]] = []
-
-
-def install(loader: Callable[[], RunLayer]) -> None:
-    """Install the run layer: ``loader()`` returns it (imported on first use)."""
-    _loader[:] = [loader]
-
-
-def run_layer() -> RunLayer:
-    """The installed run layer."""
-    if not _loader:
-        raise RuntimeError("nnx_ppo's run layer is not installed (import nnx_ppo first)")
-    return _loader[0]()
+RUN_LAYER: str | None = None
+"""The module implementing :class:`RunLayer` (``"nnx_ppo.runner"``), named by the package root."""

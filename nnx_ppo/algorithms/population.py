@@ -135,7 +135,7 @@ def train_population(
     up to float rounding (without ``pbt``), and a member fails alone, as a
     seed of a batch does: its result's ``failure`` says where and why, a
     ``run_dir`` records it (a failure row of ``metrics.jsonl``, see
-    :data:`nnx_ppo.run_dir.FAILURE_KEY`), and it stays failed on resume. PBT
+    :data:`nnx_ppo.runner.FAILURE_KEY`), and it stays failed on resume. PBT
     may copy a healthy member's state over a failed one (it ranks last):
     the member stays failed, and its only later rows record that takeover
     (``population/took_over``). Each member's iteration metrics include

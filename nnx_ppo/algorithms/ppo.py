@@ -57,14 +57,20 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seed_batching
 from nnx_ppo.algorithms.distributed import SEED_AXIS
-from nnx_ppo.algorithms.driver import NonFiniteError, ReplayMismatchError
-from nnx_ppo.algorithms.functional import NetworkFn, check_network_matches_env, copy_tree, observing_calls
+from nnx_ppo.algorithms.functional import (
+    NetworkFn,
+    ReplayMismatchError,
+    check_network_matches_env,
+    copy_tree,
+    observing_calls,
+)
 from nnx_ppo.envs.registry import as_env
 from nnx_ppo.networks.feedforward import compute_precision
 from nnx_ppo.networks.normalizer import merge_moments
 from nnx_ppo.networks.types import PPONetworkOutput, select_where
 
 __all__ = [
+    "NonFiniteError",
     "TrainingState",
     "new_training_state",
     "RolloutState",
@@ -1068,6 +1074,10 @@ def _mean_rate(rates: jax.Array, skipped: jax.Array | None) -> jax.Array:
 
 # ------------------------------------------------------------------------------------------------------- the iteration
 # The sections above in order (train_iteration), and what the driver reads of each iteration (Health).
+
+class NonFiniteError(FloatingPointError):
+    """Raised when rewards, observations or the loss stop being finite."""
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)

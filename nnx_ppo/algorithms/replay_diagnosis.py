@@ -1,6 +1,6 @@
 """Where a network's replay departs from its rollout: the diagnosis behind
 :func:`nnx_ppo.testing.check_replay_consistency` and the trainer's
-:class:`~nnx_ppo.algorithms.driver.ReplayMismatchError` (which runs it when
+:class:`~nnx_ppo.algorithms.functional.ReplayMismatchError` (which runs it when
 its health check finds a mismatch, to name the module).
 
 One rollout of ``network`` on ``env``, replayed minibatch by minibatch
@@ -20,8 +20,7 @@ from flax import errors as flax_errors
 from flax import nnx
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
-from nnx_ppo.algorithms.driver import rule_breaking_module_error
-from nnx_ppo.algorithms.functional import NetworkFn, module_name, observing_calls
+from nnx_ppo.algorithms.functional import NetworkFn, module_name, observing_calls, rule_breaking_module_error
 from nnx_ppo.algorithms.ppo import Minibatch, collect_rollout, new_training_state, split_minibatches
 from nnx_ppo.envs.registry import as_env
 from nnx_ppo.networks.feedforward import compute_precision
@@ -179,7 +178,7 @@ def diagnose_replay(network, env, *, n_envs: int = 8, rollout_length: int = 32, 
     ``n_minibatches`` minibatches, compared (``network`` is not modified),
     both at ``precision`` (``PPOConfig.precision``). A module that writes a
     variable its output depends on raises
-    :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError` naming it."""
+    :class:`~nnx_ppo.algorithms.functional.ReplayMismatchError` naming it."""
     env = as_env(env)
     ppo = PPOConfig(n_envs=n_envs, rollout_length=rollout_length, n_minibatches=n_minibatches, total_steps=1,
                     precision=precision)

@@ -4,7 +4,7 @@ Who trains and how they fail is one code path for 1..N members
 (:class:`Members`, :func:`gather_members`, the section "the members"): one
 plain run is one member; a seed batch or a population is N, whose state has
 a leading member axis ``[S, ...]``; a member's failure is logged
-(:func:`failure_metrics`), remembered on resume (:func:`earlier_failures`)
+(:meth:`~nnx_ppo.algorithms.outputs.RunOutput.record_failure`), remembered on resume (:func:`earlier_failures`)
 and raised by one plain run (:func:`run_failure`).
 
 PPO (:func:`train_ppo`, at the end of this module), many seeds
@@ -21,7 +21,7 @@ the rest, in this order:
    (a batch's stacked ``[S, ...]``), or resume;
 2. donate and place the state on the devices (:func:`~nnx_ppo.algorithms.distributed.place`);
 3. compile the iteration (:func:`~nnx_ppo.algorithms.ppo.compile_iterations`)
-   and run it in the :class:`~nnx_ppo.algorithms.driver.Driver` loop with
+   and run it in the :class:`Driver` loop with
    its hooks (the section "the hooks": :func:`evaluation_hook`,
    :func:`checkpoint_hook`, :func:`best_policy_hook`): log, evaluate,
    checkpoint, stop;
@@ -37,8 +37,11 @@ the rest, in this order:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import importlib
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, Unpack
@@ -50,20 +53,19 @@ from flax import errors as flax_errors
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from nnx_ppo.algorithms import outputs
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seeds
 from nnx_ppo.algorithms.distributed import any_process, local_devices, place, process_count, replicated
-from nnx_ppo.algorithms.driver import (
-    Driver,
-    Failure,
-    Hooks,
-    NonFiniteError,
+from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
+from nnx_ppo.algorithms.functional import (
+    NetworkFn,
     ReplayMismatchError,
+    copy_tree,
+    donatable,
     rule_breaking_module_error,
 )
-from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
-from nnx_ppo.algorithms.functional import NetworkFn, copy_tree, donatable
 from nnx_ppo.algorithms.hyperparameters import check_population, initial_member_state, member_entry
-from nnx_ppo.algorithms.outputs import FAILURE_KEY, RunOutput, run_layer
+from nnx_ppo.algorithms.outputs import RunLayer, RunOutput
 from nnx_ppo.algorithms.ppo import (
     IterationOutput,
     TrainingState,
@@ -91,12 +93,16 @@ __all__ = [
     "resumed",
     "write_back",
     "member_row",
-    "failure_metrics",
     "earlier_failures",
     "run_failure",
     "named_replay_error",
     "CheckpointDirInUseError",
     "check_fresh_checkpoint_dir",
+    "Failure",
+    "Hooks",
+    "DriverResult",
+    "Driver",
+    "run_layer",
     "evaluation_hook",
     "best_policy_hook",
     "checkpoint_hook",
@@ -118,7 +124,7 @@ def check_fresh_checkpoint_dir(checkpoint_dir: str) -> None:
     """Refuse to start a fresh run in a directory holding checkpoints:
     keeping only the newest ``keep_checkpoints`` would delete the other
     run's, or this run's own when the other's steps are higher."""
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
 
     what = checkpointing.held_checkpoints(checkpoint_dir)
     if what is not None:
@@ -199,7 +205,7 @@ def resume_state(resume_from: str, checkpoint_dir: str | None, state: TrainingSt
     holds checkpoints later than the one resumed from. A change of ``n_envs``
     or ``rollout_length`` (the size of an iteration) is refused before
     anything is read or written."""
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
 
     # Only the sizes are compared: a placeholder rate lets a config saved with a schedule (not saved) load.
     saved = checkpointing.load_config(resume_from, learning_rate=1.0).ppo
@@ -228,7 +234,7 @@ def resumed(state: TrainingState, members: Members, resume_from: str, checkpoint
     """``state`` restored from ``resume_from`` (a seed batch only from a
     checkpoint of the same seeds, a population only from one of the same members)."""
     if members.stacked:
-        from nnx_ppo.algorithms import checkpointing
+        import nnx_ppo.algorithms.checkpointing as checkpointing
 
         metadata = checkpointing.load_metadata(resume_from) or {}
         saved = metadata.get("seeds")
@@ -259,23 +265,11 @@ def member_row(row: dict[str, Any], index: int) -> dict[str, float]:
     return {k: float(v[index]) if np.ndim(v) else float(v) for k, v in row.items()}
 
 
-def failure_metrics(failure: Failure) -> dict[str, str]:
-    """The failure row's own fields: ``{"failure": reason, "failure_type": "NonFiniteError"}``."""
-    return {FAILURE_KEY: str(failure.error), "failure_type": type(failure.error).__name__}
-
-
-def earlier_failures(rows: dict[Any, dict[str, Any]], seeds: list[int], up_to_steps: int) -> dict[int, Failure]:
-    """The failures a run directory's failure ``rows`` (seed -> row) record (seed index ->
-    :class:`Failure`), up to the env step a resumed run continues from (a
-    later one is trained again, and found again)."""
-    kinds = {"NonFiniteError": NonFiniteError, "ReplayMismatchError": ReplayMismatchError}
-    failures = {}
-    for seed, row in rows.items():
-        if seed in seeds and int(row["env_steps"]) <= up_to_steps:
-            error = kinds.get(row.get("failure_type"), RuntimeError)(row[FAILURE_KEY])
-            failures[seeds.index(seed)] = Failure(iteration=int(row["iteration"]), env_steps=int(row["env_steps"]),
-                                                  error=error)
-    return failures
+def earlier_failures(failures: dict[Any, Failure], names: list, up_to_steps: int) -> dict[int, Failure]:
+    """The failures a resumed run directory records (member name -> :class:`Failure`, see
+    :meth:`~nnx_ppo.algorithms.outputs.RunOutput.earlier_failures`) by member index, up to the env step the run
+    continues from (a later one is trained again, and found again)."""
+    return {names.index(name): f for name, f in failures.items() if name in names and f.env_steps <= up_to_steps}
 
 
 def run_failure(failure: Failure, network, env, ppo: PPOConfig) -> Exception:
@@ -406,7 +400,7 @@ class TrainResult:
       total_iterations: iterations run (likewise).
       compile_seconds: time of the first (compiling) call.
       failure: for a seed of a batch whose health failed (non-finite values or a
-        replay mismatch), where and why (a :class:`~nnx_ppo.algorithms.driver.Failure`);
+        replay mismatch), where and why (a :class:`Failure`);
         None when it trained to the end.
       network: the trained network (the one given, updated in place; or the
         one the trainer built: a seed's from ``make_network``, or from a
@@ -560,8 +554,8 @@ class _Outputs:
         state is saved (None: no checkpoints, no best policies).
       on_evaluation: ``on_evaluation(policy, env_steps)`` (one run only).
       should_stop: polled between compiled calls.
-      earlier_failures: a resumed run directory's failure rows (name -> row): they stay failures.
-      record_failure: ``record_failure(row, env_steps, name)`` writes each new failure into the run directory.
+      earlier_failures: a resumed run directory's failures (name -> :class:`Failure`): they stay failures.
+      record_failure: ``record_failure(failure, name)`` writes each new failure into the run directory.
     """
 
     log: Callable[[dict[str, float], int, int | None], None] | None = None
@@ -569,8 +563,8 @@ class _Outputs:
     checkpoint_metadata: dict | None = None
     on_evaluation: Callable[[NetworkFn, int], None] | None = None
     should_stop: Callable[[], bool] | None = None
-    earlier_failures: dict[Any, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    record_failure: Callable[[dict[str, str], int, int | None], None] | None = None
+    earlier_failures: dict[Any, Failure] = dataclasses.field(default_factory=dict)
+    record_failure: Callable[[Failure, int | None], None] | None = None
 
 
 def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members, devices,
@@ -599,8 +593,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
         if i not in recorded:
             recorded.add(i)
             if out.record_failure is not None:
-                failure = driver.failures[i]
-                out.record_failure(failure_metrics(failure), failure.env_steps, team.names[i])
+                out.record_failure(driver.failures[i], team.names[i])
         kept = None if algorithm.failed_member_row is None else algorithm.failed_member_row(row)
         if kept and out.log is not None:
             out.log(kept, steps, team.names[i])
@@ -772,7 +765,7 @@ def best_policy_hook(evaluate: Callable[[TrainingState, int], dict], config: Tra
     (also across a resume) as the best policy
     (:func:`~nnx_ppo.algorithms.checkpointing.best_policy_dir`): parameters
     and statistics only, with the evaluation in its metadata."""
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
 
     paths = [checkpointing.best_policy_dir(directory, s) for s in (seeds or [None])]
     base = {k: v for k, v in (metadata or {}).items() if k != "seeds"}
@@ -809,7 +802,7 @@ def checkpoint_hook(
     def save(state: TrainingState, steps: int) -> None:
         import os
 
-        from nnx_ppo.algorithms import checkpointing
+        import nnx_ppo.algorithms.checkpointing as checkpointing
 
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise RuntimeError(f"cannot save the checkpoint at {steps} env steps: {directory} is no longer a directory "
@@ -822,3 +815,262 @@ def checkpoint_hook(
             raise RuntimeError(f"cannot save the checkpoint at {steps} env steps into {directory}: {first}") from err
 
     return save
+
+
+# ----------------------------------------------------------------------------- the driver loop
+# The only Python loop: call the compiled fn(state, n) -> (state, IterationOutput), which runs n iterations in one call
+# (nnx_ppo.algorithms.ppo.make_train_fn), check the health flags (ppo.Health), and run the hooks (log every iteration,
+# evaluate and checkpoint on their schedules, stop on request) between calls.
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Where and why one seed of a batch stopped training (its state stays
+    at the last healthy iteration, ``iteration - 1``).
+
+    Attributes:
+      iteration: the iteration whose health failed (1-based, as counted by the driver).
+      env_steps: env steps at the end of that iteration.
+      error: the :class:`NonFiniteError` or :class:`ReplayMismatchError` it would raise alone.
+    """
+
+    iteration: int
+    env_steps: int
+    error: Exception
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """What the driver does between compiled calls (every field optional).
+
+    Attributes:
+      log: ``log(metrics, env_steps)`` for every iteration's metrics and every evaluation.
+      evaluate: ``evaluate(state, env_steps) -> metrics``; run after the first
+        call, every ``eval_every_steps`` and at the end.
+      eval_every_steps: env steps between evaluations.
+      checkpoint: ``checkpoint(state, env_steps)``; run every
+        ``checkpoint_every_steps`` and once at the end (if not just saved).
+      checkpoint_every_steps: env steps between checkpoints (None: only at the end).
+      should_stop: polled after every call; True ends training early.
+      stop_may_lag: a stop may end training one call late (a stop on
+        request, as Ctrl-C), so each call can go out before the last one's
+        results are read; False: right after the call it answered True for.
+    """
+
+    log: Callable[[dict[str, float], int], None] | None = None
+    evaluate: Callable[[Any, int], dict[str, float]] | None = None
+    eval_every_steps: int | None = None
+    checkpoint: Callable[[Any, int], None] | None = None
+    checkpoint_every_steps: int | None = None
+    should_stop: Callable[[], bool] | None = None
+    stop_may_lag: bool = False
+
+
+@dataclasses.dataclass
+class DriverResult:
+    """What :meth:`Driver.run` returns.
+
+    Attributes:
+      state: the last training state.
+      metrics: the last iteration's metrics.
+      eval_history: ``(env_steps, metrics)`` of every evaluation.
+      iterations: iterations completed (counting those before the start).
+      compile_seconds: wall time of the first (compiling) call.
+    """
+
+    state: Any
+    metrics: dict[str, float]
+    eval_history: list[tuple[int, dict[str, float]]]
+    iterations: int
+    compile_seconds: float
+
+
+def _host_value(x: Any) -> Any:
+    """A float for a scalar; a NumPy array for a metric with a seed axis."""
+    return float(x) if np.ndim(x) == 0 else np.asarray(x, np.float64)
+
+
+def _host_rows(output: Any, n: int) -> list[tuple[Any, dict[str, Any]]]:
+    """Stacked ``[max_iterations, ...]`` outputs of one call (an
+    :class:`~nnx_ppo.algorithms.ppo.IterationOutput`) to ``n`` host rows ``(health, metrics)``."""
+    host = jax.device_get(output)
+    rows = []
+    for i in range(n):
+        health = jax.tree.map(lambda x, i=i: np.asarray(x)[i], host.health)
+        rows.append((health, {k: _host_value(np.asarray(v)[i]) for k, v in host.metrics.items()}))
+    return rows
+
+
+class Driver:
+    """Run a compiled ``train_fn(state, n)`` until ``total_iterations`` are done.
+
+    ``driver.state`` is always the latest state (also after an exception or
+    an interrupt between calls), so the caller can keep what was trained.
+
+    Every member fails alone: the compiled iteration keeps a failing member
+    at its last healthy state
+    (:func:`~nnx_ppo.algorithms.ppo.keep_last_healthy`), its first
+    :class:`Failure` goes into ``driver.failures`` (member index -> failure)
+    and the others train on; the loop ends early when every member has
+    failed (one plain run: at its failure).
+
+    Args:
+      train_fn: compiled ``fn(state, n) -> (state, IterationOutput)`` with
+        ``[iterations_per_call]``-stacked outputs (rows ``>= n`` unused).
+      state: the state to start from (donated to ``train_fn``).
+      start_iteration: iterations already done in ``state``.
+      total_iterations: iterations to reach.
+      iterations_per_call: the most iterations one call runs.
+      steps_per_iteration: env steps per iteration (for logging and schedules).
+      hooks: see :class:`Hooks`.
+      member_iterations: each member's completed iterations in ``state`` (a
+        member that failed before stays behind the others; default: one
+        member at ``start_iteration``); failures count each member's own iterations.
+      stacked: whether the state and the health have a leading member axis.
+    """
+
+    def __init__(self, train_fn: Callable, state: Any, *, start_iteration: int, total_iterations: int,
+                 iterations_per_call: int, steps_per_iteration: int, hooks: Hooks = Hooks(),
+                 member_iterations: list[int] | None = None, stacked: bool = False):
+        self.train_fn = train_fn
+        self.state = state
+        self.iteration = start_iteration
+        self.start_iteration = start_iteration
+        self.total_iterations = total_iterations
+        self.iterations_per_call = iterations_per_call
+        self.steps_per_iteration = steps_per_iteration
+        self.hooks = hooks
+        self.member_iterations = [start_iteration] if member_iterations is None else list(member_iterations)
+        self.stacked = stacked
+        self.failures: dict[int, Failure] = {}
+
+    @property
+    def steps(self) -> int:
+        """Env steps done so far."""
+        return self.iteration * self.steps_per_iteration
+
+    def _check(self, health: Any) -> None:
+        """Note each newly failed member (``health``: one row's
+        :class:`~nnx_ppo.algorithms.ppo.Health`)."""
+        for index, start in enumerate(self.member_iterations):
+            own = start + self.iteration - self.start_iteration  # the member's iteration, if it has not failed
+            error = None if index in self.failures else health.error(own, index if self.stacked else None)
+            if error is not None:
+                self.failures[index] = Failure(iteration=own, env_steps=own * self.steps_per_iteration, error=error)
+
+    @property
+    def all_failed(self) -> bool:
+        """Every member has failed."""
+        return len(self.failures) == len(self.member_iterations)
+
+    @property
+    def state_steps(self) -> int:
+        """Env steps the state holds, which names its checkpoint: the driver's,
+        or once every member has failed, the latest member's last healthy iteration."""
+        if not self.all_failed:
+            return self.steps
+        return max(f.iteration - 1 for f in self.failures.values()) * self.steps_per_iteration
+
+    def _last_scheduled_evaluation(self) -> int | None:
+        """The env step of the last evaluation a run that started from scratch
+        made before ``start_iteration`` (None for a fresh run), so that a
+        resumed run evaluates where the uninterrupted one does: after the first
+        call, then whenever ``eval_every_steps`` have passed since the last one."""
+        if self.start_iteration == 0:
+            return None
+        if self.hooks.eval_every_steps is None:  # only after the first call and at the end
+            return self.steps
+        iteration, last = 0, None
+        while iteration < self.start_iteration:
+            iteration += min(self.iterations_per_call, self.start_iteration - iteration)
+            steps = iteration * self.steps_per_iteration
+            if last is None or steps - last >= self.hooks.eval_every_steps:
+                last = steps
+        return last
+
+    def _dispatch(self, start: int) -> "_Call":
+        """Start the call that runs the iterations from ``start`` on (up to
+        ``iterations_per_call``); ``self.state`` becomes its (future) state."""
+        n = min(self.iterations_per_call, self.total_iterations - start)
+        started = time.perf_counter()
+        self.state, output = self.train_fn(self.state, jnp.asarray(n, jnp.int32))
+        return _Call(output=output, n=n, started=started)
+
+    def _due(self, iteration: int, last_eval: int | None, last_checkpoint: int) -> tuple[bool, bool]:
+        """``(evaluate, checkpoint)``: whether each hook falls due after ``iteration``."""
+        steps, hooks = iteration * self.steps_per_iteration, self.hooks
+        evaluate = hooks.evaluate is not None and (last_eval is None or iteration == self.total_iterations or (
+            hooks.eval_every_steps is not None and steps - last_eval >= hooks.eval_every_steps))
+        checkpoint = hooks.checkpoint is not None and hooks.checkpoint_every_steps is not None and (
+            steps - last_checkpoint >= hooks.checkpoint_every_steps)
+        return evaluate, checkpoint
+
+    def run(self) -> DriverResult:
+        """The loop. A failure ends it only when every member has failed (see ``failures``).
+        Each call goes out before the last one's results are read (the device
+        does not wait for the host), unless a hook reads the state between
+        them or a stop must be exact (:class:`Hooks`)."""
+        hooks = self.hooks
+        last_checkpoint = self.steps
+        saved = {self.steps} if self.start_iteration else set()  # env steps with a checkpoint (a resume's own)
+        last_eval = self._last_scheduled_evaluation()
+        eval_history: list[tuple[int, dict[str, float]]] = []
+        last_metrics: dict[str, float] = {}
+        compile_seconds = 0.0
+        tick = previous = time.perf_counter()
+        call = None if self.all_failed or self.iteration >= self.total_iterations else self._dispatch(self.iteration)
+        stopping = False
+        while call is not None:
+            after = self.iteration + call.n
+            ahead = None
+            if (not stopping and after < self.total_iterations and (hooks.should_stop is None or hooks.stop_may_lag)
+                    and not any(self._due(after, last_eval, last_checkpoint))):
+                ahead = self._dispatch(after)
+            rows = _host_rows(call.output, call.n)
+            now = time.perf_counter()
+            elapsed = now - max(call.started, previous)  # this call's share of the wall time
+            previous = now
+            if self.iteration == self.start_iteration:
+                compile_seconds = elapsed
+            for health, row in rows:
+                self.iteration += 1
+                self._check(health)
+                row["time/steps_per_second"] = call.n * self.steps_per_iteration / max(elapsed, 1e-9)
+                row["time/elapsed_seconds"] = now - tick
+                last_metrics = row
+                if hooks.log is not None:
+                    hooks.log(row, self.steps)
+            if self.all_failed:
+                if ahead is not None:  # it left every (failed) member's state as it was
+                    jax.block_until_ready(ahead.output)
+                break
+            evaluate, checkpoint = self._due(self.iteration, last_eval, last_checkpoint)
+            if evaluate:
+                metrics = hooks.evaluate(self.state, self.steps)
+                eval_history.append((self.steps, metrics))
+                last_eval = self.steps
+                if hooks.log is not None:
+                    hooks.log(metrics, self.steps)
+            if checkpoint:
+                hooks.checkpoint(self.state, self.steps)
+                last_checkpoint = self.steps
+                saved.add(self.steps)
+            if not stopping and hooks.should_stop is not None and hooks.should_stop():
+                stopping = True
+            if ahead is not None or stopping or self.iteration == self.total_iterations:
+                call = ahead
+            else:
+                call = self._dispatch(self.iteration)
+        if hooks.checkpoint is not None and self.state_steps not in saved:
+            hooks.checkpoint(self.state, self.state_steps)
+        return DriverResult(state=self.state, metrics=last_metrics, eval_history=eval_history,
+                            iterations=self.iteration, compile_seconds=compile_seconds)
+
+
+# A dispatched call: its [iterations_per_call]-stacked output, how many of its iterations count, when it went out.
+_Call = collections.namedtuple("_Call", "output n started")
+
+
+def run_layer() -> RunLayer:
+    """The run layer the package root names (:data:`nnx_ppo.algorithms.outputs.RUN_LAYER`)."""
+    return importlib.import_module(outputs.RUN_LAYER)

@@ -18,10 +18,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.app.commands import CliError, PlotCommand
 from nnx_ppo.app.runs import read_run
-from nnx_ppo.progress import pretty_path
+from nnx_ppo.runner import pretty_path
 
 __all__ = ["run_plot", "summarize_run", "interquartile_mean", "bootstrap_interval", "format_value", "mean",
            "elapsed_seconds", "threshold_reached", "threshold_cells"]

@@ -1,18 +1,39 @@
 """What the commands make runs of: the env and network a command's flags
 name, and the run directories they read and write (lock one, start one
 afresh, read a run's config, env, network and checkpoints back), each
-failure a one-line :class:`~nnx_ppo.app.commands.CliError`."""
+failure a one-line :class:`~nnx_ppo.app.commands.CliError`.
+
+And the process a command runs in (the section at the end): one-line warnings, quiet library logs, the
+compilation cache on disk, joining a run of several processes, and how
+every command that trains ends (:func:`train_into`): training into an open
+:class:`~nnx_ppo.runner.Run`, with each way it can end turned into an exit
+code and one line, the run directory intact (``train``, ``--seeds``,
+``distill``, ``sweep`` and ``resume`` alike).
+
+=====  ==================================================================
+code   how training ended
+=====  ==================================================================
+0      done, or stopped early by Ctrl-C / SIGTERM (a checkpoint is saved)
+1      failed: non-finite values, a replay mismatch, an env, checkpoint or disk error
+130    aborted by a second Ctrl-C (the last checkpoint is kept)
+=====  ==================================================================
+
+What training needs (JAX) is imported when it runs; ``nnx-ppo --help`` imports this module without it."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
+import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.app.commands import (
     DEFAULT_ENV,
     DEFAULT_ENV_KWARGS,
@@ -24,15 +45,18 @@ from nnx_ppo.app.commands import (
     ExportCommand,
     TrainCommand,
     check_distinct_seeds,
+    print_error,
     print_warning,
     shell_command,
     usage_errors,
 )
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs, resolve_factory_reference
+from nnx_ppo.runner import PYTHON_NETWORK, Run, StopFlag, pretty_path
 
 __all__ = ["has_checkpoint", "fresh_run_dir", "run_policy_spec", "read_run", "checkpoint_choice", "load_run_network",
            "only_best_policy", "parse_env_kwargs", "prepared", "make_env", "make_envs", "build_network",
-           "use_run_code", "run_directory", "resume_changes", "extra_network_kwargs", "network_spec_of"]
+           "use_run_code", "run_directory", "resume_changes", "extra_network_kwargs", "network_spec_of",
+           "format_warning", "quiet_library_logs", "compilation_cache", "join_processes", "train_into"]
 
 
 def only_best_policy(directory: Path) -> bool:
@@ -59,8 +83,6 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> None:
     naming what it holds and what to do (resume a run with a training
     checkpoint; ``--overwrite`` deletes the data first). The caller holds
     the directory's lock (:func:`run_directory`)."""
-    from nnx_ppo.progress import pretty_path
-
     with usage_errors(ValueError):
         rd.check_writable(run_dir)
     if not run_dir.is_dir():
@@ -131,7 +153,6 @@ def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
     it was trained from Python on an env or network the command line cannot
     rebuild, or on an env name only the training script registered."""
     from nnx_ppo.envs.registry import is_known
-    from nnx_ppo.runner import PYTHON_NETWORK
 
     with usage_errors(FileNotFoundError, ValueError):
         saved = rd.read_run_config(run_dir)
@@ -227,10 +248,10 @@ def prepared(cmd, saved: dict[str, Any] | None):
 
 
 def make_env(spec: str, kwargs: dict[str, Any]):
-    from nnx_ppo import envs
+    from nnx_ppo.envs.registry import make
 
     try:
-        return envs.make(spec, **kwargs)
+        return make(spec, **kwargs)
     except ValueError as e:
         raise CliError(str(e).splitlines()[0] if str(e) else f"invalid environment {spec!r}") from None
     except TypeError as e:
@@ -240,7 +261,7 @@ def make_env(spec: str, kwargs: dict[str, Any]):
 
 
 def make_envs(spec: str, env_kwargs: dict[str, Any], train_env_kwargs: dict[str, Any]):
-    """``(train_env, eval_env)`` (:func:`nnx_ppo.run_dir.training_env_kwargs`
+    """``(train_env, eval_env)`` (:func:`nnx_ppo.runner.training_env_kwargs`
     says how the training env differs)."""
     return make_env(spec, rd.training_env_kwargs(env_kwargs, train_env_kwargs)), make_env(spec, env_kwargs)
 
@@ -302,7 +323,7 @@ def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
     """With ``--ppo.learning-rate-decay``: one line when resuming stretches or
     shrinks the decay (its end moves; the rate jumps), with the rate before
     and after at the update the run continues from."""
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
 
     before, after = rd.train_config_from_dict(saved["config"], learning_rate=1.0).ppo, cmd.config.ppo
     saved_steps = checkpointing.list_checkpoints(Path(cmd.run.resume) / rd.CHECKPOINT_DIR)
@@ -366,3 +387,108 @@ def _normalized_network(network: str) -> str:
         return NetworkSpec.sized("", network, 1).kind
     except ValueError:
         return network
+
+
+# ----------------------------------------------- the process: warnings, logs, the cache, processes, how training ends
+
+_python_format_warning = warnings.formatwarning
+
+
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """The library's own warnings (e.g. a skipped unreadable checkpoint) as
+    one line; others as Python formats them."""
+    if category.__module__.startswith("nnx_ppo."):
+        return f"{PROG}: warning: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
+
+
+def _closed_loop(value) -> bool:
+    return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+
+def quiet_library_logs() -> None:
+    """Failures are reported in one line by the command itself: the logs that
+    orbax's background threads write when a checkpoint fails (absl errors,
+    asyncio callbacks after the loop closed) are not shown as well."""
+    import logging
+
+    for name in ("absl", "concurrent.futures", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    shown, unraisable = sys.excepthook, sys.unraisablehook
+    # tensorstore callbacks after a failure raise "Event loop is closed"
+    sys.excepthook = lambda kind, value, tb: None if _closed_loop(value) else shown(kind, value, tb)
+    sys.unraisablehook = lambda info: None if _closed_loop(info.exc_value) else unraisable(info)
+
+
+def compilation_cache() -> None:
+    """Keep compiled programs on disk between runs
+    (:func:`nnx_ppo.algorithms.ppo.enable_compilation_cache`): in the
+    folder ``JAX_COMPILATION_CACHE_DIR`` names, else ``~/.cache/nnx_ppo/jax``;
+    ``JAX_ENABLE_COMPILATION_CACHE=false`` turns it off. A folder that cannot
+    be made is a warning, not an error."""
+    import jax
+
+    from nnx_ppo.algorithms.ppo import enable_compilation_cache
+
+    if not jax.config.jax_enable_compilation_cache:
+        return
+    try:
+        enable_compilation_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR") or None,
+                                 jax.config.jax_persistent_cache_min_compile_time_secs)
+    except OSError as e:
+        warnings.warn(f"no compilation cache ({e}); every run compiles afresh", stacklevel=2)
+
+
+def join_processes(cmd: TrainCommand) -> None:
+    """``--coordinator-address``: join a run of several processes before
+    anything touches a device (``nnx_ppo.algorithms.distributed.initialize``)."""
+    flags = cmd.processes
+    if flags.coordinator_address is None:
+        if flags.num_processes != 1 or flags.process_id != 0:
+            raise CliError("--num-processes and --process-id need --coordinator-address HOST:PORT")
+        return
+    from nnx_ppo.algorithms.distributed import check_same_everywhere, initialize, watch_peers
+
+    with usage_errors(ValueError):
+        initialize(flags.coordinator_address, flags.num_processes, flags.process_id, timeout=flags.distributed_timeout)
+        # Every process must train the same run: compare a hash of the settings (all but --process-id).
+        settings = {**vars(cmd), "processes": dataclasses.replace(flags, process_id=0),
+                    "config": rd.train_config_to_dict(cmd.config)}
+        digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
+        check_same_everywhere(digest, "settings (flags)")
+    # A peer that dies or hangs ends every process within --distributed-timeout, in one line.
+    watch_peers(flags.distributed_timeout)
+
+
+def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bool]:
+    """``train(stop)`` into ``run`` (``stop()`` turns True after a Ctrl-C or
+    SIGTERM): ``(exit code, its result or None, whether a stop was
+    asked)``; ``run`` is closed (its directory released) in every case. A
+    usage error (:class:`~nnx_ppo.app.commands.CliError`) passes through, and
+    a bad row of a resumed run's metrics.jsonl becomes one (before training)."""
+    from nnx_ppo.algorithms.distributed import await_lost_peer, process_count
+    from nnx_ppo.algorithms.ppo import FootprintError, NonFiniteError
+
+    stop = StopFlag(run.write)
+    code, result = 0, None
+    try:  # (a bad metrics row of a resumed run, a config too large for the memory: refused before training)
+        with stop, usage_errors(rd.MetricsError, FootprintError):
+            result = train(stop)
+    except KeyboardInterrupt:
+        run.close()
+        where = f" is in {pretty_path(run.path / rd.CHECKPOINT_DIR)}" if run.path is not None else " is kept"
+        print_error(f"aborted; metrics so far are kept, and the last saved checkpoint (if any){where}")
+        code = 130
+    except NonFiniteError as e:
+        run.close()
+        print_error(str(e))
+        code = 1
+    except (ValueError, OSError, RuntimeError) as e:  # env checks, checkpoints, shapes, the disk
+        run.close()
+        if process_count() > 1:  # a collective that failed because a peer is gone: the watch names the peer
+            await_lost_peer(e)
+        print_error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        code = 1
+    finally:
+        run.close()
+    return code, result, stop.requested

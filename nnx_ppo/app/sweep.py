@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.app.commands import (
     PROG,
@@ -44,12 +44,10 @@ from nnx_ppo.app.plot import (
     threshold_cells,
     threshold_reached,
 )
-from nnx_ppo.app.process import train_into
-from nnx_ppo.app.runs import build_network, make_envs, network_spec_of, prepared, run_directory
+from nnx_ppo.app.runs import build_network, make_envs, network_spec_of, prepared, run_directory, train_into
 from nnx_ppo.network_spec import NetworkSpec
 from nnx_ppo.presets import find_preset
-from nnx_ppo.progress import pretty_path
-from nnx_ppo.runner import Run, RunSpec
+from nnx_ppo.runner import Run, RunSpec, pretty_path
 
 __all__ = ["run_sweep", "parse_grid", "grid_configs", "sweep_summary", "format_table", "write_outputs",
            "member_lineage", "lineage_text", "failure_text", "SUMMARY_FILE", "TABLE_FILE"]
@@ -195,7 +193,7 @@ def member_lineage(rows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]
     """Per member, the states it took over under PBT, in order, from the
     ``population/took_over`` of its iteration rows: ``[{"iteration": 2,
     "from": 3, "revived": False}, ...]``. ``revived``: the first takeover at
-    or after the member's failure (see :func:`~nnx_ppo.run_dir.failure_rows`),
+    or after the member's failure (see :func:`~nnx_ppo.runner.failure_rows`),
     which copied a healthy state over the failed one."""
     failures = rd.failure_rows(rows)
     lineage: dict[int, list[dict[str, Any]]] = {}
@@ -221,7 +219,7 @@ def lineage_text(events: list[dict[str, Any]], only_revival: bool = False) -> st
 
 def failure_text(failure: dict[str, Any]) -> str:
     """``FAILED at iteration 1 (env steps 128): non-finite values ...`` of a
-    failure row (:data:`~nnx_ppo.run_dir.FAILURE_KEY`) or a summary's ``failure``."""
+    failure row (:data:`~nnx_ppo.runner.FAILURE_KEY`) or a summary's ``failure``."""
     reason = failure.get(rd.FAILURE_KEY, failure.get("reason", ""))
     return f"FAILED at iteration {failure['iteration']} (env steps {failure['env_steps']}): {reason}"
 

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.app.commands import (
     DEFAULT_HIDDEN_SIZE,
     PROG,
@@ -33,7 +33,6 @@ from nnx_ppo.app.commands import (
     shell_command,
     usage_errors,
 )
-from nnx_ppo.app.process import train_into
 from nnx_ppo.app.runs import (
     build_network,
     extra_network_kwargs,
@@ -44,12 +43,12 @@ from nnx_ppo.app.runs import (
     read_run,
     run_directory,
     run_policy_spec,
+    train_into,
 )
 from nnx_ppo.app.trained import check_video_target, render_episode, video_fps, write_video
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference
 from nnx_ppo.presets import NETWORK_DEFAULTS, find_preset
-from nnx_ppo.progress import fmt_seconds, pretty_path
-from nnx_ppo.runner import Run, RunSpec
+from nnx_ppo.runner import Run, RunSpec, fmt_seconds, pretty_path
 
 __all__ = ["run_train", "resume_defaults", "student_run", "resumed_distillation", "DistillSetup", "import_wandb",
            "wandb_init", "video_recorder"]
@@ -88,7 +87,7 @@ def resume_defaults(run_dir: str) -> tuple[TrainCommand, dict[str, Any]]:
 def _already_trained(cmd: TrainCommand, run_dir: Path) -> bool:
     """For ``--resume``: whether the run's latest checkpoint already holds the
     steps asked for (then nothing is trained, and nothing is rewritten)."""
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
 
     done = max((step for step, _ in checkpointing.list_checkpoints(run_dir / rd.CHECKPOINT_DIR)), default=0)
     wanted = cmd.config.ppo.n_iterations * cmd.config.ppo.steps_per_iteration
@@ -144,7 +143,7 @@ def _summary(result, elapsed: float, stopped: bool, run_dir: Path, n_seeds: int 
 
 def _best_policies(run_dir: Path) -> list[str]:
     """``"R at step S"`` of each best policy kept in the run (``"seed N: ..."`` for a seed batch)."""
-    from nnx_ppo.algorithms import checkpointing
+    import nnx_ppo.algorithms.checkpointing as checkpointing
 
     root = checkpointing.best_policy_dir(run_dir / rd.CHECKPOINT_DIR)
     found = []

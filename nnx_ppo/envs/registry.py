@@ -437,7 +437,7 @@ def _make_own(spec: str, kwargs: dict[str, Any], reset_options: dict[str, Any]) 
     """The user's env ``FILE.py:NAME`` or ``MODULE:NAME`` (see :func:`make`).
     A ValueError says in one line what could not be found; a prefix that
     is neither a source nor importable is told apart from a typo of one."""
-    from nnx_ppo import user_code
+    import nnx_ppo.user_code as user_code
 
     try:
         ctor = user_code.load(spec, "env", "class or function")

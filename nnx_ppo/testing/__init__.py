@@ -252,7 +252,7 @@ def check_replay_consistency(
     ``__call__`` that changes its output, samplers replaying the stored
     action) passes with errors around 1e-7; one that draws from a
     class-level RNG inside ``__call__`` raises
-    :class:`~nnx_ppo.algorithms.driver.ReplayMismatchError` naming it (its
+    :class:`~nnx_ppo.algorithms.functional.ReplayMismatchError` naming it (its
     path in the network and its class), with or without a carry; one whose
     carry the replay does not reproduce fails, and ``first_divergence`` names
     it.

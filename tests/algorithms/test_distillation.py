@@ -258,7 +258,7 @@ def test_initial_eval_evaluates_the_student_before_the_first_update():
 def test_initial_eval_is_the_first_row_of_a_run_directory(tmp_path):
     """With run_dir, the evaluation before the first update is metrics.jsonl's
     first row (env step 0), as log_fn sees it."""
-    from nnx_ppo import run_dir as rd
+    from nnx_ppo import runner as rd
 
     env = make("cartpole_no_velocity", full_observation=True)
     logs = []

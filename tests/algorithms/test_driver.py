@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nnx_ppo.algorithms.driver import Driver, Hooks
 from nnx_ppo.algorithms.ppo import Health, IterationOutput
+from nnx_ppo.algorithms.trainer import Driver, Hooks
 
 
 class FakeProgram:

@@ -9,8 +9,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.driver import NonFiniteError
-from nnx_ppo.algorithms.ppo import over_seeds
+from nnx_ppo.algorithms.ppo import NonFiniteError, over_seeds
 from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.networks.factories import make_mlp_actor_critic
 from tests.algorithms.toy_envs import Constant, Target

@@ -9,9 +9,8 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.driver import NonFiniteError
 from nnx_ppo.algorithms.population import train_seeds
-from nnx_ppo.algorithms.ppo import new_training_state
+from nnx_ppo.algorithms.ppo import NonFiniteError, new_training_state
 from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env, make_mlp_actor_critic

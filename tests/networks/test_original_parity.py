@@ -13,8 +13,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.driver import ReplayMismatchError
-from nnx_ppo.algorithms.functional import NetworkFn, copy_leaf
+from nnx_ppo.algorithms.functional import NetworkFn, ReplayMismatchError, copy_leaf
 from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.networks import (
     LSTM,

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.driver import ReplayMismatchError
+from nnx_ppo.algorithms.functional import ReplayMismatchError
 from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.networks import Dense, NormalTanhSampler, PPOAdapter, Sequential
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, split_key_carry

@@ -114,7 +114,7 @@ def test_action_spaces_are_checked_before_the_env_steps():
 def test_a_learning_curve_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch):
     """Disk full while drawing the curve: a warning, once; the rows are
     written and no temporary PNG stays."""
-    from nnx_ppo import run_dir as rd
+    from nnx_ppo import runner as rd
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")

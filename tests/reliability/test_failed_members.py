@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from nnx_ppo import cli
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.algorithms import checkpointing
 
 TINY = [

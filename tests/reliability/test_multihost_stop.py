@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from tests.algorithms.test_multihost import _command, _free_port
 
 pytestmark = pytest.mark.slow

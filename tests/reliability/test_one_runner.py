@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from nnx_ppo import cli
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.runner import RunSpec
 
 TINY = [
@@ -105,7 +105,7 @@ def test_reward_scale_is_one_thing_and_returns_are_in_env_units(train_run):
 
 _HOLDER = textwrap.dedent("""
     import sys, time
-    from nnx_ppo.run_dir import RunLock
+    from nnx_ppo.runner import RunLock
     RunLock(sys.argv[1]).acquire()
     print("locked", flush=True)
     time.sleep(120)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nnx_ppo import cli
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 
 TMAZE = textwrap.dedent('''
     """A T-maze: a cue (left or right) at the first step, the choice at the end of the corridor."""

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from nnx_ppo import cli
-from nnx_ppo import run_dir as rd
-from nnx_ppo.app import process
+from nnx_ppo import runner as rd
+from nnx_ppo.app import runs as app_runs
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--network", "mlp", "--hidden-size", "8", "--ppo.n-envs", "8", "--ppo.n-minibatches", "2",
@@ -97,7 +97,7 @@ def test_damaged_lines_are_reported_and_a_half_written_last_line_is_not(tmp_path
     [message] = _data_warnings(record)
     assert str(tmp_path / rd.METRICS_FILE) in message
     assert re.search(r"\blines 3, 5 \(", message), message  # not the half-written last line (7)
-    formatted = process.format_warning(record[0].message, record[0].category, record[0].filename, record[0].lineno)
+    formatted = app_runs.format_warning(record[0].message, record[0].category, record[0].filename, record[0].lineno)
     assert _one_line(formatted).startswith("nnx-ppo: warning: ") and formatted.count("\n") == 1
 
     half = tmp_path / "half"
@@ -160,7 +160,7 @@ def test_ctrl_c_twice_during_a_checkpoint_write_lets_it_finish(tmp_path, monkeyp
 
     from nnx_ppo.algorithms import checkpointing
     from nnx_ppo.algorithms.config import TrainConfig
-    from nnx_ppo.progress import StopFlag
+    from nnx_ppo.runner import StopFlag
 
     save = ocp.Checkpointer.save  # the write that CheckpointManager.save makes
 
@@ -259,7 +259,7 @@ def test_pyproject_license_is_an_spdx_string():
 def test_the_first_progress_line_shows_no_rate(capsys):
     """The bar's first line (no terminal: a line per redraw) has no rate or
     time left yet (tqdm's "?"); the next has both."""
-    from nnx_ppo.progress import Progress
+    from nnx_ppo.runner import Progress
 
     bar = Progress(4 * STEPS, quiet=False, interval=0.0)
     bar.start()
@@ -280,5 +280,5 @@ def test_an_unknown_config_field_is_a_one_line_warning():
         warnings.simplefilter("always")
         rd.train_config_from_dict(saved)
     [w] = [w for w in record if "bogus_field" in str(w.message)]
-    line = _one_line(process.format_warning(w.message, w.category, w.filename, w.lineno))
+    line = _one_line(app_runs.format_warning(w.message, w.category, w.filename, w.lineno))
     assert line.startswith("nnx-ppo: warning: ") and "bogus_field" in line

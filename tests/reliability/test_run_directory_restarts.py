@@ -9,7 +9,7 @@ import json
 import pytest
 
 from nnx_ppo import cli
-from nnx_ppo import run_dir as rd
+from nnx_ppo import runner as rd
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.trainer import train_ppo
 

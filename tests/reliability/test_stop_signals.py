@@ -1,4 +1,4 @@
-"""How a training process takes signals (nnx_ppo.progress.StopFlag): the first
+"""How a training process takes signals (nnx_ppo.runner.StopFlag): the first
 Ctrl-C or SIGTERM asks for a stop with a checkpoint, a second Ctrl-C aborts,
 and a repeated SIGTERM (GNU ``timeout`` signals the command and then its
 process group) does not."""
@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from nnx_ppo.progress import StopFlag
+from nnx_ppo.runner import StopFlag
 
 
 def _signal_self(sig):
