@@ -29,16 +29,7 @@ from nnx_ppo.networks.types import (
     unflatten_time,
 )
 
-__all__ = [
-    "Sequential",
-    "Parallel",
-    "Concat",
-    "Splitter",
-    "DictContainer",
-    "MissingKeyError",
-    "combine_sequences",
-    "combine_outputs",
-]
+__all__ = ["Sequential", "Parallel", "Concat", "Splitter", "DictContainer", "MissingKeyError"]
 
 
 class MissingKeyError(KeyError, ValueError):
