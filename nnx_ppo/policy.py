@@ -42,9 +42,7 @@ import numpy as np
 from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
 from nnx_ppo.networks.types import select_where
 
-__all__ = ["Policy", "load_policy", "ExportedPolicy", "load_exported", "export_info", "check_export_directory",
-           "ExportedPolicyError", "ExportDirInUseError", "ExportWarning", "EXPORT_FILES", "STEP_FILE", "INIT_FILE",
-           "INFO_FILE", "PARAMS_FILE", "FORMAT", "ANY", "first_line"]
+__all__ = ["Policy", "load_policy", "load_exported", "ExportedPolicyError", "ExportDirInUseError", "ExportWarning"]
 
 
 # --------------------------------------------------------------------------- the files of an export

@@ -49,9 +49,9 @@ import numpy as np
 from flax import nnx
 
 __all__ = [
-    "CheckpointError", "CheckpointFallbackWarning", "FORMAT_VERSION", "BEST_DIR", "save_training_state", "save_policy",
-    "latest_checkpoint", "find_checkpoint", "best_policy_dir", "list_checkpoints", "held_checkpoints",
-    "restore_training_state", "load_config", "load_metadata", "restore_network", "save", "load", "resume",
+    "CheckpointError", "CheckpointFallbackWarning", "save_training_state", "save_policy", "latest_checkpoint",
+    "find_checkpoint", "best_policy_dir", "list_checkpoints", "restore_training_state", "load_config", "load_metadata",
+    "restore_network", "load",
 ]
 
 FORMAT_VERSION = 3

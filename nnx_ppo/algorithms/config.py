@@ -28,10 +28,10 @@ from typing import Annotated, Any, Literal
 
 from tyro.constructors import PrimitiveConstructorSpec  # tyro is light: no NumPy or JAX
 
-__all__ = ["PPOConfig", "EvalConfig", "TrainConfig", "ConfigTypeError", "SEED_BATCHING", "check_seed_batching",
-           "check_seed", "check_seeds", "deferred_checks", "checked", "describe_schedule",
-           "ScheduleNotSavedError", "UnknownFieldWarning", "config_to_dict", "config_from_dict", "per_member_bounds",
-           "flat_fields", "resume_changes"]
+__all__ = [
+    "PPOConfig", "EvalConfig", "TrainConfig", "ScheduleNotSavedError", "config_to_dict", "config_from_dict",
+    "per_member_bounds", "resume_changes",
+]
 
 SeedBatching = Literal["vmap", "map"]  # TrainConfig.seed_batching
 SEED_BATCHING = typing.get_args(SeedBatching)  # its choices, for checks and messages

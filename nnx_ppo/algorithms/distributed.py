@@ -36,29 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from nnx_ppo.algorithms.config import PPOConfig
 
-__all__ = [
-    "initialize",
-    "check_port_free",
-    "check_same_everywhere",
-    "any_process",
-    "watch_peers",
-    "is_primary",
-    "process_count",
-    "barrier",
-    "to_global",
-    "await_lost_peer",
-    "DEFAULT_TIMEOUT",
-    "local_devices",
-    "env_mesh",
-    "seed_mesh",
-    "state_shardings",
-    "seed_shardings",
-    "sharded_config",
-    "place",
-    "replicated",
-    "ENV_AXIS",
-    "SEED_AXIS",
-]
+__all__ = ["initialize", "any_process", "watch_peers"]
 
 
 DEFAULT_TIMEOUT = 120

@@ -48,18 +48,7 @@ from nnx_ppo.algorithms.ppo import reset_ended, sum_leaves
 from nnx_ppo.networks.recording import Recorder
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, select_where
 
-__all__ = [
-    "Episodes",
-    "start_episodes",
-    "policy_step",
-    "run_episodes",
-    "make_eval_fn",
-    "evaluate",
-    "episode_metrics",
-    "Recording",
-    "module_paths",
-    "record_activations",
-]
+__all__ = ["run_episodes", "evaluate", "episode_metrics", "Recording", "module_paths", "record_activations"]
 
 
 @jax.tree_util.register_dataclass

@@ -37,15 +37,7 @@ from nnx_ppo.networks.feedforward import current_precision
 from nnx_ppo.networks.sampling_layers import categorical_choices
 from nnx_ppo.networks.types import SequenceOutput, StatefulModule, StatefulModuleOutput, replay_in_time, unrolled
 
-__all__ = [
-    "NetworkFn",
-    "copy_leaf",
-    "copy_tree",
-    "donatable",
-    "check_network_matches_env",
-    "ReplayMismatchError",
-    "rule_breaking_module_error",
-]
+__all__ = ["NetworkFn", "copy_leaf", "ReplayMismatchError"]
 
 
 class ReplayMismatchError(RuntimeError):

@@ -28,8 +28,7 @@ import jax.numpy as jnp
 
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, per_member_bounds
 
-__all__ = ["PER_MEMBER", "PopulationConfigError", "MemberState", "check_population", "hyperparameters_of",
-           "initial_member_state", "member_entry"]
+__all__ = ["PER_MEMBER", "PopulationConfigError"]
 
 PER_MEMBER: tuple[str, ...] = tuple(per_member_bounds())
 """The :class:`PPOConfig` fields that may differ between members (numbers

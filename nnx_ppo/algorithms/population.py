@@ -57,18 +57,7 @@ from nnx_ppo.algorithms.hyperparameters import PER_MEMBER, check_population
 from nnx_ppo.algorithms.ppo import IterationOutput, TrainingState
 from nnx_ppo.algorithms.trainer import PPO, TrainOptions, TrainResult, train
 
-__all__ = [
-    "Member",
-    "population_members",
-    "train_population",
-    "pbt_fields",
-    "train_seeds",
-    "PBTConfig",
-    "BOUNDS",
-    "population_step",
-    "failed_member_row",
-    "NO_TAKEOVER",
-]
+__all__ = ["population_members", "train_population", "train_seeds", "PBTConfig", "BOUNDS"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ import copy
 import dataclasses
 import functools
 import math
+import operator
 import os
 import pathlib
 import warnings
@@ -71,53 +72,10 @@ from nnx_ppo.networks.types import PPONetworkOutput, select_where
 
 __all__ = [
     "NonFiniteError",
-    "TrainingState",
-    "new_training_state",
-    "RolloutState",
-    "Trajectory",
-    "RolloutStats",
-    "Rollout",
-    "collect_rollout",
-    "reset_ended",
-    "sum_leaves",
-    "all_finite",
-    "ReturnStatistics",
-    "initial_return_statistics",
-    "update_return_statistics",
-    "scale_rewards",
-    "compute_gae",
-    "next_values",
-    "trajectory_gae",
-    "Minibatch",
-    "minibatch_indices",
-    "split_minibatches",
-    "largest_difference",
-    "normalize_advantages",
-    "replay_error",
-    "check_scalar_regularization",
-    "ppo_loss",
-    "make_optimizer",
-    "learning_rate_schedule",
-    "update_epochs",
-    "Health",
-    "IterationOutput",
-    "train_iteration",
-    "with_hyperparameters",
-    "make_iteration",
-    "keep_last_healthy",
-    "over_seeds",
-    "compile_iterations",
-    "make_train_fn",
-    "stack_trees",
-    "seed_slice",
-    "default_cache_dir",
+    "TrainingState", "new_training_state", "Trajectory", "RolloutStats", "collect_rollout", "ReturnStatistics",
+    "compute_gae", "trajectory_gae", "split_minibatches", "ppo_loss", "make_optimizer", "update_epochs", "Health",
+    "IterationOutput", "train_iteration", "with_hyperparameters", "compile_iterations", "stack_trees", "seed_slice",
     "enable_compilation_cache",
-    "FootprintError",
-    "FootprintWarning",
-    "estimate_bytes",
-    "available_bytes",
-    "check_footprint",
-    "TRAJECTORY_COPIES",
 ]
 
 
@@ -315,16 +273,7 @@ class RolloutStats:
     @classmethod
     def total(cls, per_step: "RolloutStats") -> "RolloutStats":
         """Sum (flags: all) over a leading step axis."""
-        return cls(
-            completed_episodes=jnp.sum(per_step.completed_episodes),
-            completed_return_sum=jnp.sum(per_step.completed_return_sum),
-            completed_length_sum=jnp.sum(per_step.completed_length_sum),
-            finite_reward=jnp.all(per_step.finite_reward),
-            finite_obs=jnp.all(per_step.finite_obs),
-            nonfinite_rewards=jnp.sum(per_step.nonfinite_rewards),
-            nonfinite_observations=jnp.sum(per_step.nonfinite_observations),
-            nonfinite_actions=jnp.sum(per_step.nonfinite_actions),
-        )
+        return jax.tree.map(lambda x: jnp.all(x) if x.dtype == jnp.bool_ else jnp.sum(x), per_step)
 
     def metrics(self) -> dict[str, jax.Array]:
         """``train/...`` metrics of the completed episodes (count, mean
@@ -366,11 +315,7 @@ class Rollout:
 
 def sum_leaves(tree: Any) -> jax.Array:
     """Sum of the leaves of a pytree of equally shaped arrays (e.g. dict rewards)."""
-    leaves = jax.tree.leaves(tree)
-    total = leaves[0]
-    for leaf in leaves[1:]:
-        total = total + leaf
-    return total
+    return functools.reduce(operator.add, jax.tree.leaves(tree))
 
 
 def count_nonfinite(tree: Any, where: jax.Array | None = None) -> jax.Array:
@@ -613,19 +558,6 @@ def _learner_rewards(traj, stats: ReturnStatistics, config: PPOConfig):
 # ----------------------------------------------------------------------------------------------------------------- GAE
 # Generalized advantage estimation, terminations and truncations kept apart.
 
-def next_values(values, last_value, truncated, final_values, bootstrap_on_truncation=True):
-    """The value each transition bootstraps from, ``[T, B]``.
-
-    ``values[t + 1]`` (``last_value`` after the last step), except where a time
-    limit truncated the episode: there the value of the true final
-    observation, ``final_values[t]``.
-    """
-    following = jnp.concatenate([values[1:], last_value[None]], axis=0)
-    if not bootstrap_on_truncation:
-        return following
-    return jnp.where(truncated > 0, final_values, following)
-
-
 def compute_gae(
     rewards: jax.Array,
     values: jax.Array,
@@ -661,7 +593,10 @@ def compute_gae(
     """
     done = jnp.maximum(terminated, truncated)
     cut = terminated if bootstrap_on_truncation else done
-    bootstrap = next_values(values, last_value, truncated, final_values, bootstrap_on_truncation)
+    # V_next_t: values[t + 1] (last_value after the last step); where truncated, the true final observation's
+    bootstrap = jnp.concatenate([values[1:], last_value[None]], axis=0)
+    if bootstrap_on_truncation:
+        bootstrap = jnp.where(truncated > 0, final_values, bootstrap)
     deltas = rewards + discounting_factor * (1.0 - cut) * bootstrap - values
 
     def backward(advantage, inputs):
@@ -694,8 +629,7 @@ def trajectory_gae(trajectory, values, last_values, config):
         )
 
     pairs = jax.tree.map(one_key, trajectory.rewards, values, last_values, trajectory.final_values)
-    is_pair = lambda x: isinstance(x, tuple)
-    return (jax.tree.map(lambda p: p[0], pairs, is_leaf=is_pair), jax.tree.map(lambda p: p[1], pairs, is_leaf=is_pair))
+    return jax.tree.transpose(jax.tree.structure(trajectory.rewards), None, pairs)
 
 
 # ------------------------------------------------------------------------------------------------------------ the loss
@@ -1267,9 +1201,7 @@ def over_seeds(iteration: Callable, seed_batching: str = "vmap", shardings: Any 
     if seed_batching == "vmap":
         return jax.vmap(iteration)
 
-    def in_turn(state):
-        return jax.lax.map(iteration, state)
-
+    in_turn = functools.partial(jax.lax.map, iteration)
     mesh = None if shardings is None else jax.tree.leaves(shardings)[0].mesh
     if mesh is None or SEED_AXIS not in mesh.axis_names:
         return in_turn  # one device, or every seed's envs split: XLA partitions each seed's step
@@ -1350,12 +1282,6 @@ def seed_slice(tree: Any, index: int) -> Any:
     return jax.tree.map(lambda x: x[index], tree)
 
 
-def default_cache_dir() -> pathlib.Path:
-    """``$XDG_CACHE_HOME/nnx_ppo/jax`` (default ``~/.cache/nnx_ppo/jax``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(base, "nnx_ppo", "jax")
-
-
 def enable_compilation_cache(path: str | os.PathLike | None = None, min_compile_seconds: float = 1.0) -> pathlib.Path:
     """Turn on JAX's persistent compilation cache in ``path`` (created if needed).
 
@@ -1364,7 +1290,7 @@ def enable_compilation_cache(path: str | os.PathLike | None = None, min_compile_
     this for every command that compiles (docs/cli.md).
 
     Args:
-      path: the cache folder; default :func:`default_cache_dir`.
+      path: the cache folder; default ``$XDG_CACHE_HOME/nnx_ppo/jax`` (``~/.cache/nnx_ppo/jax``).
       min_compile_seconds: programs that compiled faster than this are not stored.
 
     Returns the folder. Programs compiled after the call are cached (and
@@ -1372,7 +1298,9 @@ def enable_compilation_cache(path: str | os.PathLike | None = None, min_compile_
     """
     from jax.experimental.compilation_cache import compilation_cache
 
-    folder = pathlib.Path(path).expanduser() if path is not None else default_cache_dir()
+    if path is None:
+        path = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache", "nnx_ppo", "jax")
+    folder = pathlib.Path(path).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))

@@ -25,7 +25,7 @@ from nnx_ppo.algorithms.ppo import Minibatch, collect_rollout, new_training_stat
 from nnx_ppo.envs.registry import as_env
 from nnx_ppo.networks.feedforward import compute_precision
 
-__all__ = ["ReplayDiagnosis", "diagnose_replay"]
+__all__ = ["diagnose_replay"]
 
 
 @dataclasses.dataclass(frozen=True)

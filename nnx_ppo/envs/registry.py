@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nnx_ppo.envs.types import RLEnv
 
-__all__ = ["make", "spec_of", "list_envs", "register", "register_source", "unregister_source", "list_sources",
-           "EnvSource", "ENTRY_POINT_GROUP", "is_own_code", "is_known", "as_env", "playground_episode_length"]
+__all__ = ["make", "list_envs", "register", "register_source", "unregister_source", "EnvSource", "as_env"]
 
 ENTRY_POINT_GROUP = "nnx_ppo.env_sources"
 """The entry-point group an installed package declares env sources under:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Box", "Discrete", "Space", "space_shape", "flat_size", "is_space", "sample"]
+__all__ = ["Box", "Discrete", "space_shape", "flat_size"]
 
 
 class Box:

@@ -24,7 +24,7 @@ import numpy as np
 from nnx_ppo.envs import spaces as _spaces
 from nnx_ppo.envs.spaces import Box, Discrete
 
-__all__ = ["EnvState", "RLEnv", "as_f32", "EnvCheckError", "check_env_structure", "check_actions"]
+__all__ = ["EnvState", "RLEnv", "EnvCheckError"]
 
 
 def as_f32(x: Any) -> jax.Array:

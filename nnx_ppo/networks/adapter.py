@@ -12,7 +12,7 @@ from nnx_ppo.networks.sampling_layers import ActionSampler
 from nnx_ppo.networks.types import PPONetworkOutput, StatefulModule
 from nnx_ppo.networks.utils import Merge
 
-__all__ = ["PPOAdapter", "is_sampler_dict", "extras_for_actions"]
+__all__ = ["PPOAdapter", "extras_for_actions"]
 
 
 def is_sampler_dict(x: Any) -> bool:

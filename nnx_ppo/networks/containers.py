@@ -29,17 +29,7 @@ from nnx_ppo.networks.types import (
     unflatten_time,
 )
 
-__all__ = [
-    "Sequential",
-    "Parallel",
-    "Concat",
-    "Splitter",
-    "DictContainer",
-    "MissingKeyError",
-    "resolve_components",
-    "combine_sequences",
-    "combine_outputs",
-]
+__all__ = ["Sequential", "Parallel", "Concat", "Splitter", "DictContainer", "MissingKeyError"]
 
 
 class MissingKeyError(KeyError, ValueError):
@@ -62,16 +52,6 @@ def _named(owner: str, positional: Mapping[str, Any] | None, kwargs: dict[str, A
     if not entries:
         raise ValueError(f"{owner}: needs at least one {what}")
     return entries
-
-
-def resolve_components(owner: str, modules: Mapping[str, StatefulModule] | None,
-                       kwargs: dict[str, StatefulModule]) -> dict[str, StatefulModule]:
-    """Accept ``Container({"a": m})`` or ``Container(a=m)`` (not both, not empty)."""
-    components = _named(owner, modules, kwargs, "child module")
-    for name, child in components.items():
-        if not isinstance(child, StatefulModule):
-            raise TypeError(f"{owner}: child {name!r} must be a StatefulModule, got {type(child).__name__}")
-    return components
 
 
 def _regularization_and_metrics(results: dict[Any, Any]) -> tuple[Any, dict[str, Any]]:
@@ -117,7 +97,12 @@ class DictContainer(StatefulModule):
     """
 
     def __init__(self, modules=None, /, **kwargs):
-        components = resolve_components(type(self).__name__, modules, kwargs)
+        # Container({"a": m}) or Container(a=m) (not both, not empty)
+        components = _named(type(self).__name__, modules, kwargs, "child module")
+        for name, child in components.items():
+            if not isinstance(child, StatefulModule):
+                raise TypeError(f"{type(self).__name__}: child {name!r} must be a StatefulModule, got "
+                                f"{type(child).__name__}")
         self.components = nnx.Dict(components)
         # nnx.split/merge rebuilds ``components`` with sorted keys; keep the
         # construction order (Concat's concatenation order) as static data.

@@ -52,18 +52,9 @@ from nnx_ppo.networks.utils import Filter, Flattener
 from nnx_ppo.networks.variational import VariationalBottleneck
 
 __all__ = [
-    "ActorCriticOptions",
-    "make_mlp_layers",
-    "make_mlp",
-    "make_mlp_actor_critic",
-    "make_recurrent_actor_critic",
-    "make_actor_critic_for_env",
-    "make_modular_actor_critic",
-    "INTENTION_USERS_SIZE",
-    "INTENTION_CPU_SIZE",
-    "make_intention_network",
-    "make_users_intention_network",
-    "count_parameters",
+    "make_mlp_layers", "make_mlp", "make_mlp_actor_critic", "make_recurrent_actor_critic", "make_actor_critic_for_env",
+    "make_modular_actor_critic", "INTENTION_USERS_SIZE", "INTENTION_CPU_SIZE", "make_intention_network",
+    "make_users_intention_network", "count_parameters",
 ]
 
 _ACTIVATIONS = {"relu": nnx.relu, "tanh": nnx.tanh, "elu": nnx.elu, "swish": nnx.swish, "gelu": nnx.gelu}

@@ -13,8 +13,7 @@ from flax import nnx
 
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["Dense", "check_features", "check_argument", "is_int", "matmul", "compute_precision", "current_precision",
-           "PRECISIONS"]
+__all__ = ["Dense", "matmul", "compute_precision"]
 
 PRECISIONS = ("default", "bfloat16")
 """The values of ``PPOConfig.precision`` (:func:`compute_precision`)."""

@@ -26,7 +26,7 @@ from flax import nnx
 
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["ActionSampler", "NormalTanhSampler", "NormalSampler", "CategoricalSampler", "categorical_choices"]
+__all__ = ["ActionSampler", "NormalTanhSampler", "NormalSampler", "CategoricalSampler"]
 
 _CHOICES: list[int] | None = None
 

@@ -43,26 +43,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 __all__ = [
-    "ACTIVATION_KEY",
-    "activation_metrics",
-    "StatefulModule",
-    "StatefulModuleOutput",
-    "PPONetworkOutput",
-    "ModuleState",
-    "batch_size_of",
-    "as_rngs",
-    "split_key_carry",
-    "SequenceOutput",
-    "select_where",
-    "replay_in_time",
-    "replay_flat",
-    "scan_unroll",
-    "flatten_time",
-    "unflatten_time",
-    "straight_through",
-    "has_fast_replay",
-    "unrolled",
-    "JaxDataclass",
+    "ACTIVATION_KEY", "StatefulModule", "StatefulModuleOutput", "PPONetworkOutput", "ModuleState", "batch_size_of",
+    "as_rngs", "split_key_carry", "select_where", "replay_in_time", "scan_unroll", "has_fast_replay", "JaxDataclass",
 ]
 
 

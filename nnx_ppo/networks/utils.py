@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from nnx_ppo.networks.containers import DictContainer, Parallel
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput
 
-__all__ = ["Flattener", "Filter", "Map", "Merge", "Scale", "flatten_batch", "NotADictError"]
+__all__ = ["Flattener", "Filter", "Map", "Merge", "Scale", "NotADictError"]
 
 
 class NotADictError(TypeError, ValueError):

@@ -20,8 +20,9 @@ _EXPORTS = {
     "nnx_ppo.envs.rodent.clips": ("Clips", "generate_clips", "load_clips"),
     "nnx_ppo.envs.rodent.body": ("load_model", "rodent_xml_path"),
 }
-_names, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = [*_names, "make_env"]
+# all importable from here; the tasks are the public names
+_, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = ["RodentImitation", "RodentRun"]
 
 _CLASSES = {"rodent_imitation": "RodentImitation", "rodent_run": "RodentRun"}
 

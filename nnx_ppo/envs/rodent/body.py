@@ -53,8 +53,7 @@ import xml.etree.ElementTree as ET
 import mujoco
 import numpy as np
 
-__all__ = ["rodent_xml_path", "build_spec", "load_model", "TRACKED_BODIES", "END_EFFECTORS", "body_site_ids",
-           "BODY_VERSION", "ARMATURE_FLOOR"]
+__all__ = []
 
 # bumped whenever an edit below changes the compiled model (reference clips are keyed on it)
 BODY_VERSION = 3

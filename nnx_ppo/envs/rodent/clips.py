@@ -33,7 +33,7 @@ import numpy as np
 
 from nnx_ppo.envs.rodent import body as _body
 
-__all__ = ["Clips", "generate_clips", "load_clips", "clip_cache_dir", "CLIP_VERSION"]
+__all__ = []
 
 # bumped whenever generate_clips changes what it produces
 CLIP_VERSION = 2

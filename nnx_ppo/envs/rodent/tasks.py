@@ -27,8 +27,7 @@ from mujoco_playground._src import mjx_env
 from nnx_ppo.envs.rodent import body as _body
 from nnx_ppo.envs.rodent import clips as _clips
 
-__all__ = ["Pose", "RodentBase", "RodentRun", "RodentImitation", "base_config", "run_config", "imitation_config",
-           "quat_rotate", "quat_rotate_inv", "quat_mul", "quat_conj", "finite"]
+__all__ = ["RodentRun", "RodentImitation"]
 
 
 def finite(tree: Any) -> Any:
