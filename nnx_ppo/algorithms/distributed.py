@@ -309,11 +309,6 @@ def local_devices(n_devices: int | None, n_envs: int, n_seeds: int | None = None
     return available[:n]
 
 
-def env_mesh(devices: list) -> Mesh:
-    """A one-axis mesh over ``devices`` named :data:`ENV_AXIS`."""
-    return Mesh(np.asarray(devices), (ENV_AXIS,))
-
-
 def seed_mesh(devices: list) -> Mesh:
     """A one-axis mesh over ``devices`` named :data:`SEED_AXIS`."""
     return Mesh(np.asarray(devices), (SEED_AXIS,))
@@ -373,7 +368,7 @@ def place(state: Any, ppo: PPOConfig, devices: list, *, seed_batch: bool = False
         mesh = seed_mesh(devices)
         shardings = seed_shardings(state, mesh)
     else:
-        mesh = env_mesh(devices)
+        mesh = Mesh(np.asarray(devices), (ENV_AXIS,))
         ppo = sharded_config(ppo, len(devices))
         shardings = state_shardings(state, mesh, seed_batch=seed_batch)
     return to_global(state, shardings), ppo, shardings, mesh

@@ -1,7 +1,7 @@
 """Running a policy for whole episodes: evaluation, videos and activation recording.
 
-One stepper, :func:`run_episodes`, serves both the periodic evaluation in
-training (:func:`make_eval_fn`, :func:`evaluate`) and video recording (with
+One stepper, :func:`run_episodes`, serves the periodic evaluation in
+training, :func:`evaluate` and video recording (with
 ``record_states``): a compiled scan over steps, one episode per env. Its two
 pieces, :func:`start_episodes` and :func:`policy_step`, also step
 :func:`record_activations`.
@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -129,17 +129,11 @@ def episode_metrics(episodes: Episodes) -> dict[str, jax.Array]:
     }
 
 
-def make_eval_fn(env, n_envs: int, max_episode_length: int) -> Callable[[NetworkFn, jax.Array], dict]:
-    """Compiled ``fn(network, key) -> metrics`` (see :func:`episode_metrics`):
-    one episode per env, up to ``max_episode_length`` steps."""
-    return jax.jit(lambda network, key: episode_metrics(run_episodes(env, network, key, n_envs, max_episode_length)))
-
-
 def evaluate(env, network, *, n_envs: int = 16, max_episode_length: int = 1000, seed: int = 0,
              deterministic: bool = True) -> dict[str, float]:
     """Run ``n_envs`` episodes with ``network`` (an NNX module; mode/mean
     actions when ``deterministic``) and return return/length statistics."""
-    fn = make_eval_fn(env, n_envs, max_episode_length)
+    fn = jax.jit(lambda network, key: episode_metrics(run_episodes(env, network, key, n_envs, max_episode_length)))
     metrics = fn(NetworkFn.of(network, deterministic), jax.random.key(seed))
     return {k: float(v) for k, v in metrics.items()}
 

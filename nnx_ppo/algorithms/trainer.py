@@ -417,13 +417,6 @@ class TrainResult:
     network: Any = None
 
 
-def _check_options(options: dict[str, Any]) -> None:
-    unknown = sorted(set(options) - set(TrainOptions.__annotations__))
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; a trainer takes "
-                        f"{', '.join(TrainOptions.__annotations__)} (see nnx_ppo.algorithms.trainer.TrainOptions)")
-
-
 def train(
     algorithm: Algorithm,
     env,
@@ -453,7 +446,10 @@ def train(
     :func:`train_ppo`) are for a single run;
     ``options`` are the :class:`TrainOptions`.
     """
-    _check_options(options)
+    unknown = sorted(set(options) - set(TrainOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; a trainer takes "
+                        f"{', '.join(TrainOptions.__annotations__)} (see nnx_ppo.algorithms.trainer.TrainOptions)")
     if (network is None) == (seeds is None) or (seeds is None) != (make_network is None):
         raise ValueError("train: give a network (one run), or make_network and seeds (a seed batch)")
     checkpoint_dir, resume_from = options.get("checkpoint_dir"), options.get("resume_from")
@@ -502,10 +498,10 @@ def train(
         if algorithm.first_rows is not None and log is not None and not team.stacked:
             for steps, row in algorithm.first_rows():
                 log(row, steps, None)
-        return _run(algorithm, env, eval_env, config, team, devices, state, _Outputs(
-            log=log, checkpoint_dir=checkpoint_dir, checkpoint_metadata=metadata or None,
-            on_evaluation=on_evaluation, should_stop=options.get("should_stop"),
-            earlier_failures=earlier_failures, record_failure=None if output is None else output.record_failure))
+        return _run(algorithm, env, eval_env, config, team, devices, state,
+                    log=log, checkpoint_dir=checkpoint_dir, checkpoint_metadata=metadata or None,
+                    on_evaluation=on_evaluation, should_stop=options.get("should_stop"),
+                    failed_before=earlier_failures, record_failure=None if output is None else output.record_failure)
     finally:
         if opened is not None:
             opened.close()
@@ -543,39 +539,26 @@ def _both(first, second):
     return lambda metrics, env_steps, name: (first(metrics, env_steps, name), second(metrics, env_steps, name))
 
 
-@dataclasses.dataclass(frozen=True)
-class _Outputs:
-    """Where a run's results go besides its networks and :class:`TrainResult`\\ s.
-
-    Attributes:
-      log: ``log(metrics, env_steps, name)`` for every member's iteration
-        and evaluation rows (None: nothing logged).
-      checkpoint_dir, checkpoint_metadata: where and with what the whole
-        state is saved (None: no checkpoints, no best policies).
-      on_evaluation: ``on_evaluation(policy, env_steps)`` (one run only).
-      should_stop: polled between compiled calls.
-      earlier_failures: a resumed run directory's failures (name -> :class:`Failure`): they stay failures.
-      record_failure: ``record_failure(failure, name)`` writes each new failure into the run directory.
-    """
-
-    log: Callable[[dict[str, float], int, int | None], None] | None = None
-    checkpoint_dir: str | None = None
-    checkpoint_metadata: dict | None = None
-    on_evaluation: Callable[[NetworkFn, int], None] | None = None
-    should_stop: Callable[[], bool] | None = None
-    earlier_failures: dict[Any, Failure] = dataclasses.field(default_factory=dict)
-    record_failure: Callable[[Failure, int | None], None] | None = None
-
-
-def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members, devices,
-         state: TrainingState, out: _Outputs) -> list[TrainResult]:
+def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members, devices, state: TrainingState, *,
+         log, checkpoint_dir: str | None, checkpoint_metadata: dict | None, on_evaluation, should_stop,
+         failed_before: dict[Any, Failure], record_failure) -> list[TrainResult]:
     """Place and compile, then drive the iterations with their hooks (steps
     2-5 above). Every member fails alone, kept at its last healthy state; one
-    plain run then raises its failure."""
+    plain run then raises its failure.
+
+    Where the results go besides the networks and :class:`TrainResult`\\ s:
+    ``log(metrics, env_steps, name)`` for every member's iteration and
+    evaluation rows (None: nothing logged); ``checkpoint_dir`` and
+    ``checkpoint_metadata``: where and with what the whole state is saved
+    (None: no checkpoints, no best policies); ``on_evaluation(policy,
+    env_steps)`` (one run only); ``should_stop``: polled between compiled
+    calls; ``failed_before``: a resumed run directory's failures (name ->
+    :class:`Failure`): they stay failures; ``record_failure(failure, name)``
+    writes each new failure into the run directory."""
     ppo = config.ppo
-    should_stop = out.should_stop
+    stop = should_stop
     if process_count() > 1:  # a stop asked for in one process stops every process at the same iteration
-        should_stop = lambda: any_process(out.should_stop is not None and out.should_stop())  # noqa: E731
+        stop = lambda: any_process(should_stop is not None and should_stop())  # noqa: E731
     state = donatable(state)
     iterations = np.atleast_1d(np.asarray(state.iteration))  # read before the state spans other processes
     start_iteration = int(np.max(iterations))
@@ -592,11 +575,11 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
         """Record member ``i``'s failure once; then log only what the algorithm keeps of its rows."""
         if i not in recorded:
             recorded.add(i)
-            if out.record_failure is not None:
-                out.record_failure(driver.failures[i], team.names[i])
+            if record_failure is not None:
+                record_failure(driver.failures[i], team.names[i])
         kept = None if algorithm.failed_member_row is None else algorithm.failed_member_row(row)
-        if kept and out.log is not None:
-            out.log(kept, steps, team.names[i])
+        if kept and log is not None:
+            log(kept, steps, team.names[i])
 
     def log_members(row: dict[str, Any], steps: int) -> None:
         for i, name in enumerate(team.names):
@@ -604,16 +587,16 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
                 own = member_row(row, i)
                 if not any(k.startswith("eval/") for k in own):
                     last_rows[i] = own
-                if out.log is not None:
-                    out.log(own, steps, name)
+                if log is not None:
+                    log(own, steps, name)
         for i in driver.failures:  # (after the healthy members' rows of the step)
             log_failed(i, member_row(row, i), steps)
 
     training_seeds = [c.seed for c in team.configs] if team.stacked else None
-    evaluate = evaluation_hook(config, team.networks[0], eval_env, training_seeds, mesh, out.on_evaluation) if (
+    evaluate = evaluation_hook(config, team.networks[0], eval_env, training_seeds, mesh, on_evaluation) if (
         config.eval.enabled) else None
-    if evaluate is not None and out.checkpoint_dir:
-        evaluate = best_policy_hook(evaluate, config, out.checkpoint_dir, out.checkpoint_metadata,
+    if evaluate is not None and checkpoint_dir:
+        evaluate = best_policy_hook(evaluate, config, checkpoint_dir, checkpoint_metadata,
                                     team.names if team.stacked else None, mesh, lambda: driver.failures)
     driver = Driver(
         train_fn, state,
@@ -624,15 +607,15 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
             log=log_members,
             evaluate=evaluate,
             eval_every_steps=config.eval.every_steps,
-            checkpoint=checkpoint_hook(config, out.checkpoint_dir, out.checkpoint_metadata) if (
-                out.checkpoint_dir) else None,
+            checkpoint=checkpoint_hook(config, checkpoint_dir, checkpoint_metadata) if (
+                checkpoint_dir) else None,
             checkpoint_every_steps=config.checkpoint_every_steps,
-            should_stop=should_stop,
-            stop_may_lag=getattr(out.should_stop, "may_lag_one_call", False),
+            should_stop=stop,
+            stop_may_lag=getattr(should_stop, "may_lag_one_call", False),
         ),
     )
     # A member that failed before the resumed step stays failed.
-    driver.failures.update(earlier_failures(out.earlier_failures, team.names,
+    driver.failures.update(earlier_failures(failed_before, team.names,
                                              start_iteration * ppo.steps_per_iteration))
     recorded.update(driver.failures)
     try:
@@ -800,8 +783,6 @@ def checkpoint_hook(
     in one line if something replaced the directory during the run)."""
 
     def save(state: TrainingState, steps: int) -> None:
-        import os
-
         import nnx_ppo.algorithms.checkpointing as checkpointing
 
         if os.path.exists(directory) and not os.path.isdir(directory):
