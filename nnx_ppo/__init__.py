@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from nnx_ppo import _original_paths
 from nnx_ppo._lazy import lazy_exports
-from nnx_ppo.algorithms import outputs as _outputs
+from nnx_ppo.algorithms import _outputs
 
 _original_paths.install()  # the original nnx-ppo 0.3.0's import paths (docs/migrating.md)
 

@@ -21,7 +21,7 @@ RunSpec (:func:`open_output`) and open the same Run. The Run:
   ``checkpoints/`` (through the trainer's hooks), and shows progress.
 
 Its layer sits above ``algorithms/``: the trainers see a Run only as their
-:class:`~nnx_ppo.algorithms.outputs.RunOutput`.
+:class:`~nnx_ppo.algorithms._outputs.RunOutput`.
 
 The logger (:class:`RunLogger`: ``metrics.jsonl``, TensorBoard, W&B,
 ``learning_curve.png``) comes with the curves read back from ``metrics.jsonl``
@@ -1106,7 +1106,7 @@ def _snapshot_own_code(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
 def open_output(run_dir, *, progress: bool, train_env, eval_env, network_spec, network, config: TrainConfig,
                 seeds, resuming: bool) -> Run:
     """The Run of a trainer's ``run_dir=`` / ``progress=`` (the run layer's
-    part of :class:`~nnx_ppo.algorithms.outputs.RunLayer`)."""
+    part of :class:`~nnx_ppo.algorithms._outputs.RunLayer`)."""
     from nnx_ppo.algorithms.distributed import is_primary
 
     spec = RunSpec.of_python(train_env=train_env, eval_env=eval_env, network_spec=network_spec, network=network,

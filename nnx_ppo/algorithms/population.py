@@ -15,7 +15,7 @@ members, which is how several CPU devices (one per core) train many seeds
 fastest.
 
 The members' configs may differ only in the numbers of
-:data:`~nnx_ppo.algorithms.hyperparameters.PER_MEMBER` (learning rate, clip
+:data:`~nnx_ppo.algorithms._hyperparameters.PER_MEMBER` (learning rate, clip
 range, discount, GAE lambda, critic weight, regularization (entropy) weight,
 reward scale, gradient-clip norm, value clip range, target KL); each member
 carries its own in its state.
@@ -52,8 +52,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo.algorithms._hyperparameters import PER_MEMBER, check_population
 from nnx_ppo.algorithms.config import TrainConfig, check_seeds, per_member_bounds
-from nnx_ppo.algorithms.hyperparameters import PER_MEMBER, check_population
 from nnx_ppo.algorithms.ppo import IterationOutput, TrainingState
 from nnx_ppo.algorithms.trainer import PPO, TrainOptions, TrainResult, train
 
@@ -77,7 +77,7 @@ def population_members(configs: Sequence[TrainConfig], seeds: Sequence[int]) -> 
 
     Raises:
       PopulationConfigError: the configs differ in a field that changes the
-        program (see :func:`~nnx_ppo.algorithms.hyperparameters.check_population`).
+        program (see :func:`~nnx_ppo.algorithms._hyperparameters.check_population`).
       ValueError: no config or no seed, or a seed repeated.
     """
     configs, seeds = list(configs), check_seeds(seeds, "train_population: seeds")
@@ -103,7 +103,7 @@ def train_population(
         network from its seed (every member the same architecture), or a
         network's name as for :func:`~nnx_ppo.algorithms.trainer.train_ppo`.
       configs: the :class:`TrainConfig` of each variant; they may differ only
-        in :data:`~nnx_ppo.algorithms.hyperparameters.PER_MEMBER` numbers
+        in :data:`~nnx_ppo.algorithms._hyperparameters.PER_MEMBER` numbers
         (a difference elsewhere raises ``PopulationConfigError`` naming the
         fields). Their ``seed`` is replaced by each seed.
       seeds: the seeds every config is trained with.

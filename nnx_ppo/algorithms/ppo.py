@@ -97,7 +97,7 @@ class TrainingState:
       return_stats: running discounted-return statistics (used with
         ``PPOConfig.normalize_rewards``).
       member: a population member's own hyperparameters, score and parent
-        (a :class:`~nnx_ppo.algorithms.hyperparameters.MemberState`); None
+        (a :class:`~nnx_ppo.algorithms._hyperparameters.MemberState`); None
         outside a population (one run, a seed batch: the config's numbers).
     """
 
@@ -1143,7 +1143,7 @@ def train_iteration(env, graphdef, optimizer: optax.GradientTransformation, conf
 
 def with_hyperparameters(ppo: PPOConfig, values: dict[str, Any] | None) -> PPOConfig:
     """``ppo`` with the numbers in ``values`` (a population member's
-    :data:`~nnx_ppo.algorithms.hyperparameters.PER_MEMBER` numbers, from its
+    :data:`~nnx_ppo.algorithms._hyperparameters.PER_MEMBER` numbers, from its
     state: traced scalars inside the compiled iteration) in place of its
     own; ``ppo`` itself when ``values`` is None (a single run or a seed
     batch, whose numbers are constants). The copy is not validated again:

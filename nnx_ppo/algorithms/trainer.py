@@ -4,7 +4,7 @@ Who trains and how they fail is one code path for 1..N members
 (:class:`Members`, :func:`gather_members`, the section "the members"): one
 plain run is one member; a seed batch or a population is N, whose state has
 a leading member axis ``[S, ...]``; a member's failure is logged
-(:meth:`~nnx_ppo.algorithms.outputs.RunOutput.record_failure`), remembered on resume (:func:`earlier_failures`)
+(:meth:`~nnx_ppo.algorithms._outputs.RunOutput.record_failure`), remembered on resume (:func:`earlier_failures`)
 and raised by one plain run (:func:`run_failure`).
 
 PPO (:func:`train_ppo`, at the end of this module), many seeds
@@ -53,7 +53,9 @@ from flax import errors as flax_errors
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from nnx_ppo.algorithms import outputs
+from nnx_ppo.algorithms import _outputs
+from nnx_ppo.algorithms._hyperparameters import check_population, initial_member_state, member_entry
+from nnx_ppo.algorithms._outputs import RunLayer, RunOutput
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seeds
 from nnx_ppo.algorithms.distributed import any_process, local_devices, place, process_count, replicated
 from nnx_ppo.algorithms.evaluation import episode_metrics, run_episodes
@@ -64,8 +66,6 @@ from nnx_ppo.algorithms.functional import (
     donatable,
     rule_breaking_module_error,
 )
-from nnx_ppo.algorithms.hyperparameters import check_population, initial_member_state, member_entry
-from nnx_ppo.algorithms.outputs import RunLayer, RunOutput
 from nnx_ppo.algorithms.ppo import (
     IterationOutput,
     TrainingState,
@@ -267,7 +267,7 @@ def member_row(row: dict[str, Any], index: int) -> dict[str, float]:
 
 def earlier_failures(failures: dict[Any, Failure], names: list, up_to_steps: int) -> dict[int, Failure]:
     """The failures a resumed run directory records (member name -> :class:`Failure`, see
-    :meth:`~nnx_ppo.algorithms.outputs.RunOutput.earlier_failures`) by member index, up to the env step the run
+    :meth:`~nnx_ppo.algorithms._outputs.RunOutput.earlier_failures`) by member index, up to the env step the run
     continues from (a later one is trained again, and found again)."""
     return {names.index(name): f for name, f in failures.items() if name in names and f.env_steps <= up_to_steps}
 
@@ -286,9 +286,9 @@ def run_failure(failure: Failure, network, env, ppo: PPOConfig) -> Exception:
 def named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) -> ReplayMismatchError:
     """The health check's replay mismatch with the module named: the
     carry leaf the replay first departs from and the module that owns it
-    (:func:`~nnx_ppo.algorithms.replay_diagnosis.diagnose_replay`, one small
+    (:func:`~nnx_ppo.algorithms._replay_diagnosis.diagnose_replay`, one small
     rollout of ``network`` on ``env``); ``err`` as it is if nothing is found."""
-    from nnx_ppo.algorithms.replay_diagnosis import diagnose_replay
+    from nnx_ppo.algorithms._replay_diagnosis import diagnose_replay
 
     n_envs = min(ppo.n_envs, 8)
     try:
@@ -370,7 +370,7 @@ class TrainOptions(TypedDict, total=False):
         ``checkpoint_dir``.
       progress: show the command line's progress bar (plain lines at most
         every 30 s when stderr is not a terminal).
-      run: an open :class:`~nnx_ppo.algorithms.outputs.RunOutput` to write
+      run: an open :class:`~nnx_ppo.algorithms._outputs.RunOutput` to write
         into (what ``run_dir=`` opens; the command line opens its own and
         closes it).
     """
@@ -439,7 +439,7 @@ def train(
     :func:`~nnx_ppo.algorithms.population.train_population`): one config per
     entry of ``seeds`` (which then only name the members: ``0 .. N-1``); a
     member's network is built from, and its state starts at, its config's
-    ``seed``, and its :data:`~nnx_ppo.algorithms.hyperparameters.PER_MEMBER`
+    ``seed``, and its :data:`~nnx_ppo.algorithms._hyperparameters.PER_MEMBER`
     numbers ride in its state; ``config`` gives everything the members share.
 
     ``state`` (continue from it) and ``on_evaluation`` (see
@@ -1053,5 +1053,5 @@ _Call = collections.namedtuple("_Call", "output n started")
 
 
 def run_layer() -> RunLayer:
-    """The run layer the package root names (:data:`nnx_ppo.algorithms.outputs.RUN_LAYER`)."""
-    return importlib.import_module(outputs.RUN_LAYER)
+    """The run layer the package root names (:data:`nnx_ppo.algorithms._outputs.RUN_LAYER`)."""
+    return importlib.import_module(_outputs.RUN_LAYER)

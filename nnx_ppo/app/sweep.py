@@ -57,7 +57,7 @@ def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
     """``("ppo.learning-rate=1e-3,3e-4", ...)`` as ``{"learning_rate": [1e-3, 3e-4], ...}``
     (PPOConfig field names, in the order given). A CliError names a bad entry
     and what is expected."""
-    from nnx_ppo.algorithms.hyperparameters import PER_MEMBER
+    from nnx_ppo.algorithms._hyperparameters import PER_MEMBER
 
     known = {f.name for f in dataclasses.fields(PPOConfig)}
     allowed = ", ".join("ppo." + f.replace("_", "-") for f in PER_MEMBER)
@@ -135,7 +135,7 @@ def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None =
 def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, seeds: list[int], env_kwargs: dict,
            train_env_kwargs: dict, saved: dict[str, Any] | None) -> int:
     """Train the population, then write and print the ranked table."""
-    from nnx_ppo.algorithms.hyperparameters import PopulationConfigError
+    from nnx_ppo.algorithms._hyperparameters import PopulationConfigError
     from nnx_ppo.algorithms.population import PBTConfig, train_population
 
     resuming = cmd.run.resume is not None

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nnx_ppo.algorithms.replay_diagnosis import diagnose_replay
+from nnx_ppo.algorithms._replay_diagnosis import diagnose_replay
 from nnx_ppo.envs import spaces as _spaces
 from nnx_ppo.envs.registry import as_env
 from nnx_ppo.envs.types import (

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from nnx_ppo.algorithms._hyperparameters import PER_MEMBER, PopulationConfigError
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.hyperparameters import PER_MEMBER, PopulationConfigError
 from nnx_ppo.algorithms.population import population_members, train_population
 from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.envs import make
@@ -98,7 +98,7 @@ def _fake_population(scores):
     """A stacked state of len(scores) members whose every field tells the members apart."""
     import jax.numpy as jnp
 
-    from nnx_ppo.algorithms.hyperparameters import MemberState
+    from nnx_ppo.algorithms._hyperparameters import MemberState
     from nnx_ppo.algorithms.ppo import TrainingState
 
     n = len(scores)

@@ -148,7 +148,7 @@ class _State:
 def test_pbt_replaces_a_failing_member_and_never_copies_it():
     """Member 0's iteration failed (its returns are infinite, its score was
     the best): it scores nothing, is replaced first, and is no source."""
-    from nnx_ppo.algorithms.hyperparameters import MemberState
+    from nnx_ppo.algorithms._hyperparameters import MemberState
     from nnx_ppo.algorithms.population import PBTConfig, failed_member_row, population_step
     from nnx_ppo.algorithms.ppo import Health, IterationOutput
 
