@@ -3,10 +3,11 @@ name, and the run directories they read and write (lock one, start one
 afresh, read a run's config, env, network and checkpoints back), each
 failure a one-line :class:`~nnx_ppo.app.commands.CliError`.
 
-And the process a command runs in (the section at the end): one-line
-errors and warnings (:func:`usage_errors` turns an exception of a check
-into a usage error, exit code 2), quiet library logs, the compilation cache on disk, joining a run of several processes, and how
-every command that trains ends (:func:`train_into`): training into an open
+And the process a command runs in (the section at the end): one-line errors
+and warnings (:func:`usage_errors` turns an exception of a check into a
+usage error, exit code 2), quiet library logs, the compilation cache on
+disk, joining a run of several processes, and how every command that trains
+ends (:func:`train_into`): training into an open
 :class:`~nnx_ppo.runner.Run`, with each way it can end turned into an exit
 code and one line, the run directory intact (``train``, ``--seeds``,
 ``distill``, ``sweep`` and ``resume`` alike).
@@ -175,7 +176,7 @@ def use_run_code(cmd) -> None:
     since it was trained are said in one line each, and loaded from the
     run's copies (``source/``) from now on, or as they are now with
     ``--current-code``."""
-    from nnx_ppo.user_code import use_run_copies
+    from nnx_ppo.envs.registry import use_run_copies
 
     run, current = None, False
     if isinstance(cmd, TrainCommand):
@@ -235,7 +236,7 @@ def prepared(cmd, saved: dict[str, Any] | None):
     command with a FILE.py:NAME env made absolute (as the run records it), and
     its env's keyword arguments; with ``--resume`` what the flags change of
     the run ``saved`` is checked and printed (:func:`resume_changes`)."""
-    from nnx_ppo.user_code import normalized
+    from nnx_ppo.envs.registry import normalized
 
     cmd = dataclasses.replace(cmd, env=normalized(cmd.env))
     env_kwargs = parse_env_kwargs(cmd.setup.env_kwargs, cmd.env)
@@ -354,7 +355,7 @@ def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train"):
     directory another process trains into is refused in one line naming its
     pid, a fresh run's is checked (:func:`fresh_run_dir`), a resumed one must
     hold a checkpoint to resume from and writable files."""
-    from nnx_ppo.user_code import short_name
+    from nnx_ppo.envs.registry import short_name
 
     check_distinct_seeds(cmd.seeds)
     if cmd.run.resume is None:
