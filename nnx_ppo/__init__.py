@@ -22,6 +22,7 @@ from nnx_ppo._lazy import lazy_exports
 from nnx_ppo.algorithms import _outputs
 
 _original_paths.install()  # the original nnx-ppo 0.3.0's import paths (docs/migrating.md)
+__path__.append(_original_paths.PATH)  # its modules this library lacks: nnx_ppo.wrappers, ...
 
 # The trainers (algorithms/) write run directories through the run layer above
 # them (nnx_ppo.runner); naming it here, where every import of nnx_ppo

@@ -5,17 +5,22 @@ simply work in this library: its dotted path in the original maps either to
 ``"module:attr"`` (the same thing here, under another path) or to a
 :class:`Replaced` (importing it raises :class:`ReplacedImportError`, one line
 naming what replaced it and the section of ``docs/migrating.md`` that says
-more). One import finder, installed from ``nnx_ppo/__init__.py``, serves the
-table:
+more). Two things serve the table, and neither takes part in an import of
+this library's own modules:
 
-* an original module that does not exist here (``nnx_ppo.algorithms.types``,
-  ``nnx_ppo.wrappers.episode_wrapper``, ...) is made on import: a module
-  without contents whose ``__getattr__`` answers from the table;
 * an original module that exists here (``nnx_ppo.algorithms.config``, ...)
-  is imported as usual and then given a ``__getattr__`` for its names in
-  the table (asked only for names the module lacks); one that has original
-  submodules under it (``nnx_ppo.networks.graph``, a package in the
-  original) also gets an empty ``__path__``.
+  has a module-level ``__getattr__`` (PEP 562) that answers its names in
+  :data:`NAMES` with :func:`resolve` (Python asks it only for names the
+  module lacks);
+* an original module that does not exist here (``nnx_ppo.algorithms.types``,
+  ``nnx_ppo.wrappers.episode_wrapper``, ...) is found on :data:`PATH`, an
+  entry of the ``__path__`` of the package that held it (``nnx_ppo`` and
+  ``nnx_ppo.algorithms`` after their own folder; ``nnx_ppo.networks.graph``,
+  a package in the original and a module here, has it as its ``__path__``):
+  a module without contents whose ``__getattr__`` answers from the table
+  (:func:`attribute`). The import system asks the finder of that entry
+  (:func:`install` registers it) only for a submodule of those packages
+  that their folder lacks.
 
 A replaced name raises on attribute access too, so ``hasattr`` raises for
 it. Nothing else changes: a name or module the original did not have fails
@@ -28,10 +33,9 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import sys
-import types
 from typing import Any, NamedTuple
 
-__all__ = ["TABLE", "Replaced", "ReplacedImportError", "install"]
+__all__ = ["TABLE", "NAMES", "PATH", "Replaced", "ReplacedImportError", "resolve", "attribute", "install"]
 
 DOC = "docs/migrating.md"
 SECTION = "the-originals-import-paths"  # the section of DOC listing this table
@@ -147,9 +151,14 @@ def _entries() -> dict[str, dict[str, str | Replaced]]:
     return by_module
 
 
-_BY_MODULE = _entries()
-# original modules with original submodules under them (they need a __path__)
-_PARENTS = frozenset(module.rsplit(".", 1)[0] for module in _BY_MODULE)
+#: original module -> {its names in the table: their entries}
+NAMES = _entries()
+# original modules with original submodules under them (packages)
+_PARENTS = frozenset(module.rsplit(".", 1)[0] for module in NAMES)
+
+PATH = "<nnx-ppo 0.3.0 import paths>"
+"""The ``__path__`` entry (not a folder) under which the original's modules
+that this library lacks are found."""
 
 
 def message(path: str) -> str:
@@ -168,88 +177,58 @@ def resolve(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def _add_getattr(module: types.ModuleType) -> None:
-    """Give ``module`` a ``__getattr__`` answering its names in the table
-    (after the module's own ``__getattr__``, if it has one)."""
-    name = module.__name__
-    names = _BY_MODULE[name]
-    if name in _PARENTS and not hasattr(module, "__path__"):
-        module.__path__ = []  # type: ignore[attr-defined]
-    own = module.__dict__.get("__getattr__")
-    if not names or getattr(own, "_original_paths", False):
-        return
-
-    def __getattr__(attr: str) -> Any:
-        if own is not None:
-            try:
-                return own(attr)
-            except AttributeError:
-                if attr not in names:
-                    raise
-        if attr not in names:
-            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
-        return resolve(f"{name}.{attr}")
-
-    __getattr__._original_paths = True  # type: ignore[attr-defined]
-    module.__getattr__ = __getattr__  # type: ignore[method-assign]
+def attribute(module: str, attr: str) -> Any:
+    """``module.attr`` of an original module: what :func:`resolve` gives for
+    a name of the table, the usual AttributeError for any other."""
+    if attr not in NAMES.get(module, ()):
+        raise AttributeError(f"module {module!r} has no attribute {attr!r}")
+    return resolve(f"{module}.{attr}")
 
 
 class _Loader:
-    """Loads an original module: ``inner`` (this library's module of that
-    name) patched afterwards, or, without one, an empty module of the table.
-    (An import loader; not an ``importlib.abc.Loader``, whose import costs
-    more than this whole module.)"""
-
-    def __init__(self, inner: Any = None):
-        self.inner = inner
+    """Makes an original module this library lacks: no contents, its
+    ``__all__`` the table's names that work, its ``__getattr__``
+    :func:`attribute`. (An import loader; not an ``importlib.abc.Loader``,
+    whose import costs more than this whole module.)"""
 
     def create_module(self, spec):
-        return self.inner.create_module(spec) if self.inner is not None else None
+        return None
 
     def exec_module(self, module):
-        if self.inner is not None:
-            self.inner.exec_module(module)
-        else:
-            name = module.__name__
-            mapped = sorted(attr for attr, entry in _BY_MODULE[name].items() if isinstance(entry, str))
-            module.__doc__ = (f"``{name}`` of the original nnx-ppo 0.3.0, kept as an import path "
-                              f"(see {DOC}#{SECTION}).")
-            module.__all__ = mapped
-            module.__dir__ = lambda: sorted(set(vars(module)) | set(mapped))
-        _add_getattr(module)
-
-    def __getattr__(self, attr):  # get_source, get_filename, ... of the wrapped loader
-        if self.inner is None:
-            raise AttributeError(attr)
-        return getattr(self.inner, attr)
+        name = module.__name__
+        mapped = sorted(attr for attr, entry in NAMES[name].items() if isinstance(entry, str))
+        module.__doc__ = f"``{name}`` of the original nnx-ppo 0.3.0, kept as an import path (see {DOC}#{SECTION})."
+        module.__all__ = mapped
+        module.__dir__ = lambda: sorted(set(vars(module)) | set(mapped))
+        module.__getattr__ = lambda attr: attribute(name, attr)
 
 
 class _Finder:
-    """The import finder (a meta path finder) of the original's modules,
-    first in ``sys.meta_path``."""
+    """The finder (a path entry finder) of :data:`PATH`: the original's
+    modules this library lacks."""
 
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _BY_MODULE:
+    def find_spec(self, fullname, target=None):
+        if fullname not in NAMES:
             return None
-        for finder in sys.meta_path:
-            if finder is self or isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
-                return spec
-        is_package = fullname in _PARENTS
-        return importlib.machinery.ModuleSpec(fullname, _Loader(), origin="nnx-ppo 0.3.0 import path",
-                                              is_package=is_package)
+        spec = importlib.machinery.ModuleSpec(fullname, _Loader(), origin="nnx-ppo 0.3.0 import path",
+                                              is_package=fullname in _PARENTS)
+        if spec.submodule_search_locations is not None:
+            spec.submodule_search_locations.append(PATH)
+        return spec
+
+    def invalidate_caches(self):
+        pass
+
+
+def _path_hook(entry: str) -> _Finder:
+    if entry != PATH:
+        raise ImportError("not the original's import paths")
+    return _Finder()
 
 
 def install() -> None:
-    """Put the finder first in ``sys.meta_path`` (once) and patch original
-    modules imported before it."""
-    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-    for name in _BY_MODULE:
-        module = sys.modules.get(name)
-        if module is not None:
-            _add_getattr(module)
+    """Let the import system find the original's modules under :data:`PATH`
+    (once): the last of ``sys.path_hooks``, asked only for a ``__path__``
+    entry that no other hook takes (folders and zip files are taken)."""
+    if _path_hook not in sys.path_hooks:
+        sys.path_hooks.append(_path_hook)

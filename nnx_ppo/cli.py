@@ -55,17 +55,16 @@ from nnx_ppo.app.commands import (
     SetupFlags,
     SweepCommand,
     TrainCommand,
-    env_spec_forms,
-    print_error,
     run_envs,
-    usage_errors,
 )
 from nnx_ppo.app.runs import (
     compilation_cache,
     format_warning,
     join_processes,
     parse_env_kwargs,
+    print_error,
     quiet_library_logs,
+    usage_errors,
     use_run_code,
 )
 from nnx_ppo.app.train import resume_defaults, run_train, student_run
@@ -101,6 +100,13 @@ def _find_resume(argv: list[str]) -> str | None:
 
 _COMMANDS = {"train": TrainCommand, "sweep": SweepCommand, "resume": ResumeCommand, "eval": EvalCommand,
              "distill": DistillCommand, "export": ExportCommand, "plot": PlotCommand, "envs": EnvsCommand}
+
+
+def env_spec_forms() -> str:
+    """The forms an env spec takes, from the registry's table of sources."""
+    from nnx_ppo.envs.registry import list_sources
+
+    return ", ".join(["NAME (a built-in task)", *(f"{s.prefix}:NAME" for s in list_sources())])
 
 
 def _tyro_parse(argv: list[str], default: TrainCommand | None = None):

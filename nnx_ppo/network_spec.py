@@ -42,11 +42,11 @@ def is_factory_reference(kind: str) -> bool:
 def resolve_factory_reference(ref: str):
     """The function ``ref`` names: ``package.module:function`` (importable, or
     found from the current directory) or ``path/to/file.py:function`` (see
-    :func:`nnx_ppo.user_code.load`). It is called as ``function(env, rngs)``
+    :func:`nnx_ppo.envs.registry.load`). It is called as ``function(env, rngs)``
     and returns the network. A ValueError says in one line what could not be found."""
-    import nnx_ppo.user_code as user_code
+    from nnx_ppo.envs.registry import load
 
-    function = user_code.load(ref, "network", "function")
+    function = load(ref, "network", "function")
     if not callable(function):
         raise ValueError(f"network {ref!r}: {ref.rpartition(':')[0]} has no function {ref.rpartition(':')[2]!r}")
     return function
@@ -149,7 +149,7 @@ class NetworkSpec:
         if not isinstance(hidden_size, int) or hidden_size <= 0:
             raise ValueError(f"NetworkSpec: hidden_size must be a positive integer, got {hidden_size!r}")
         if is_factory_reference(kind):
-            from nnx_ppo.user_code import normalized
+            from nnx_ppo.envs.registry import normalized
 
             kind = normalized(kind)
         elif kind not in FACTORY_KINDS:

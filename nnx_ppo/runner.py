@@ -1091,16 +1091,15 @@ class Run:
 def _snapshot_own_code(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
     """Copy the files of the user's env and network (``FILE.py:NAME`` or
     ``MODULE:NAME`` references) into ``run_dir/source/``; what
-    :func:`nnx_ppo.user_code.snapshot` returns, for ``config.json``."""
-    import nnx_ppo.user_code as user_code
-    from nnx_ppo.envs.registry import is_own_code
+    :func:`nnx_ppo.envs.registry.snapshot` returns, for ``config.json``."""
+    from nnx_ppo.envs.registry import is_own_code, snapshot
     from nnx_ppo.network_spec import is_factory_reference
 
     refs = [spec.env] if spec.env_rebuildable and is_own_code(spec.env) else []
     kind = spec.network.get("kind")
     if isinstance(kind, str) and is_factory_reference(kind):
         refs.append(kind)
-    return user_code.snapshot(refs, run_dir) if refs else {}
+    return snapshot(refs, run_dir) if refs else {}
 
 
 def open_output(run_dir, *, progress: bool, train_env, eval_env, network_spec, network, config: TrainConfig,

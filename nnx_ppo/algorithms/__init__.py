@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nnx_ppo import _original_paths
 from nnx_ppo._lazy import lazy_exports
 
 # the module defining them -> public names
@@ -24,6 +25,7 @@ _EXPORTS = {
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__path__.append(_original_paths.PATH)  # the original nnx-ppo 0.3.0's modules this library lacks (types, ...)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs

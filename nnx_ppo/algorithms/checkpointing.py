@@ -48,6 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from nnx_ppo import _original_paths
+
 __all__ = [
     "CheckpointError", "CheckpointFallbackWarning", "save_training_state", "save_policy", "latest_checkpoint",
     "find_checkpoint", "best_policy_dir", "list_checkpoints", "restore_training_state", "load_config", "load_metadata",
@@ -629,3 +631,11 @@ load = restore_network
 """Short name of :func:`restore_network` (a trained network's variables, for inference)."""
 resume = restore_training_state
 """Short name of :func:`restore_training_state`."""
+
+
+def __getattr__(name: str) -> Any:
+    """The original nnx-ppo 0.3.0's names of this module that moved or were
+    replaced (:mod:`nnx_ppo._original_paths`); Python asks only for names the module lacks."""
+    if name not in _original_paths.NAMES[__name__]:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _original_paths.resolve(f"{__name__}.{name}")

@@ -28,6 +28,8 @@ from typing import Annotated, Any, Literal
 
 from tyro.constructors import PrimitiveConstructorSpec  # tyro is light: no NumPy or JAX
 
+from nnx_ppo import _original_paths
+
 __all__ = [
     "PPOConfig", "EvalConfig", "TrainConfig", "ScheduleNotSavedError", "config_to_dict", "config_from_dict",
     "per_member_bounds", "resume_changes",
@@ -584,3 +586,11 @@ def resume_changes(saved: dict[str, Any], config: TrainConfig) -> dict[str, list
                              "changes the network, the training state or what the run is; start a new run instead")
         changes[name] = [before, after]
     return changes
+
+
+def __getattr__(name: str) -> Any:
+    """The original nnx-ppo 0.3.0's names of this module that moved or were
+    replaced (:mod:`nnx_ppo._original_paths`); Python asks only for names the module lacks."""
+    if name not in _original_paths.NAMES[__name__]:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _original_paths.resolve(f"{__name__}.{name}")

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from nnx_ppo import _original_paths
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.functional import NetworkFn, copy_tree
 from nnx_ppo.algorithms.ppo import (
@@ -401,3 +402,11 @@ def _stop_options(stop_fn: Callable[[dict[str, float], int], bool], log_fn: Call
         return bool(stop_fn(metrics, steps[0])) or (should_stop is not None and bool(should_stop()))
 
     return {"log_fn": logged, "should_stop": stop}
+
+
+def __getattr__(name: str) -> Any:
+    """The original nnx-ppo 0.3.0's names of this module that moved or were
+    replaced (:mod:`nnx_ppo._original_paths`); Python asks only for names the module lacks."""
+    if name not in _original_paths.NAMES[__name__]:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _original_paths.resolve(f"{__name__}.{name}")

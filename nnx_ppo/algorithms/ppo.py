@@ -56,6 +56,7 @@ from flax import nnx
 from jax.experimental.layout import Layout, with_layout_constraint
 from jax.sharding import NamedSharding, PartitionSpec
 
+from nnx_ppo import _original_paths
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig, check_seed_batching
 from nnx_ppo.algorithms.distributed import SEED_AXIS
 from nnx_ppo.algorithms.functional import (
@@ -1392,3 +1393,11 @@ def check_footprint(env, network, ppo, entries: int = 1, devices: int = 1, warn:
         raise FootprintError(f"this config needs at least {_gb(need)} for its rollout buffers (n_envs "
                              f"{ppo.n_envs:,} x rollout_length {ppo.rollout_length}{members}), more than the "
                              f"{_gb(have)} of {where}; lower n_envs or rollout_length")
+
+
+def __getattr__(name: str) -> Any:
+    """The original nnx-ppo 0.3.0's names of this module that moved or were
+    replaced (:mod:`nnx_ppo._original_paths`); Python asks only for names the module lacks."""
+    if name not in _original_paths.NAMES[__name__]:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _original_paths.resolve(f"{__name__}.{name}")

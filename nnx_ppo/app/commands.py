@@ -1,12 +1,10 @@
-"""The command line's commands, defaults and shared helpers (see :mod:`nnx_ppo.cli`),
+"""The command line's commands, their defaults and :class:`CliError` (see :mod:`nnx_ppo.cli`),
 and ``nnx-ppo envs``: the built-in tasks, the env sources, the presets and the
 library defaults of each kind of network."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import sys
 from typing import Annotated, Any, Optional
 
 import tyro
@@ -15,14 +13,6 @@ from nnx_ppo.algorithms.config import TrainConfig, per_member_bounds
 from nnx_ppo.presets import DEFAULT_CONFIG, NETWORK_DEFAULTS, PRESETS, get_preset
 
 PROG = "nnx-ppo"
-
-
-def check_distinct_seeds(seeds, flag: str = "--seeds") -> list[int]:
-    """``seeds`` (none: one run) as distinct valid seeds; a one-line CliError naming ``flag`` otherwise."""
-    from nnx_ppo.algorithms.config import check_seeds
-
-    with usage_errors(ValueError):
-        return check_seeds(seeds, flag) if seeds else []
 
 
 # ----------------------------------------------------------------------------- the default agent
@@ -58,17 +48,6 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 2):
         super().__init__(message)
         self.code = code
-
-
-@contextlib.contextmanager
-def usage_errors(*kinds: type[BaseException], prefix: str = ""):
-    """``with usage_errors(ValueError, prefix="--grid: "):`` an exception of
-    ``kinds`` raised in the block is a usage error: a :class:`CliError` (exit
-    code 2) of its message after ``prefix``."""
-    try:
-        yield
-    except kinds as e:
-        raise CliError(prefix + str(e)) from None
 
 
 # ----------------------------------------------------------------------------- commands
@@ -407,22 +386,7 @@ def check_writable_target(path: str, what: str) -> None:
         raise CliError(f"{what}: {existing} is not writable")
 
 
-def print_error(msg: str) -> None:
-    print(f"{PROG}: error: {msg}", file=sys.stderr)
-
-
-def print_warning(msg: str) -> None:
-    print(f"{PROG}: warning: {msg}", file=sys.stderr)
-
-
 # ----------------------------------------------------------------------------- nnx-ppo envs
-
-
-def env_spec_forms() -> str:
-    """The forms an env spec takes, from the registry's table of sources."""
-    from nnx_ppo.envs.registry import list_sources
-
-    return ", ".join(["NAME (a built-in task)", *(f"{s.prefix}:NAME" for s in list_sources())])
 
 
 def run_envs() -> int:

@@ -3,9 +3,11 @@ name, and the run directories they read and write (lock one, start one
 afresh, read a run's config, env, network and checkpoints back), each
 failure a one-line :class:`~nnx_ppo.app.commands.CliError`.
 
-And the process a command runs in (the section at the end): one-line warnings, quiet library logs, the
-compilation cache on disk, joining a run of several processes, and how
-every command that trains ends (:func:`train_into`): training into an open
+And the process a command runs in (the section at the end): one-line errors
+and warnings (:func:`usage_errors` turns an exception of a check into a
+usage error, exit code 2), quiet library logs, the compilation cache on
+disk, joining a run of several processes, and how every command that trains
+ends (:func:`train_into`): training into an open
 :class:`~nnx_ppo.runner.Run`, with each way it can end turned into an exit
 code and one line, the run directory intact (``train``, ``--seeds``,
 ``distill``, ``sweep`` and ``resume`` alike).
@@ -44,11 +46,7 @@ from nnx_ppo.app.commands import (
     EvalCommand,
     ExportCommand,
     TrainCommand,
-    check_distinct_seeds,
-    print_error,
-    print_warning,
     shell_command,
-    usage_errors,
 )
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference, network_kwargs, resolve_factory_reference
 from nnx_ppo.runner import PYTHON_NETWORK, Run, StopFlag, pretty_path
@@ -56,7 +54,8 @@ from nnx_ppo.runner import PYTHON_NETWORK, Run, StopFlag, pretty_path
 __all__ = ["has_checkpoint", "fresh_run_dir", "run_policy_spec", "read_run", "checkpoint_choice", "load_run_network",
            "only_best_policy", "parse_env_kwargs", "prepared", "make_env", "make_envs", "build_network",
            "use_run_code", "run_directory", "resume_changes", "extra_network_kwargs", "network_spec_of",
-           "format_warning", "quiet_library_logs", "compilation_cache", "join_processes", "train_into"]
+           "check_distinct_seeds", "usage_errors", "print_error", "print_warning", "format_warning",
+           "quiet_library_logs", "compilation_cache", "join_processes", "train_into"]
 
 
 def only_best_policy(directory: Path) -> bool:
@@ -177,7 +176,7 @@ def use_run_code(cmd) -> None:
     since it was trained are said in one line each, and loaded from the
     run's copies (``source/``) from now on, or as they are now with
     ``--current-code``."""
-    from nnx_ppo.user_code import use_run_copies
+    from nnx_ppo.envs.registry import use_run_copies
 
     run, current = None, False
     if isinstance(cmd, TrainCommand):
@@ -237,7 +236,7 @@ def prepared(cmd, saved: dict[str, Any] | None):
     command with a FILE.py:NAME env made absolute (as the run records it), and
     its env's keyword arguments; with ``--resume`` what the flags change of
     the run ``saved`` is checked and printed (:func:`resume_changes`)."""
-    from nnx_ppo.user_code import normalized
+    from nnx_ppo.envs.registry import normalized
 
     cmd = dataclasses.replace(cmd, env=normalized(cmd.env))
     env_kwargs = parse_env_kwargs(cmd.setup.env_kwargs, cmd.env)
@@ -340,6 +339,14 @@ def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
           f"from {rates}", flush=True)
 
 
+def check_distinct_seeds(seeds, flag: str = "--seeds") -> list[int]:
+    """``seeds`` (none: one run) as distinct valid seeds; a one-line CliError naming ``flag`` otherwise."""
+    from nnx_ppo.algorithms.config import check_seeds
+
+    with usage_errors(ValueError):
+        return check_seeds(seeds, flag) if seeds else []
+
+
 @contextlib.contextmanager
 def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train"):
     """``with run_directory(cmd, saved, command) as run_dir:`` the run
@@ -348,7 +355,7 @@ def run_directory(cmd, saved: dict[str, Any] | None, command: str = "train"):
     directory another process trains into is refused in one line naming its
     pid, a fresh run's is checked (:func:`fresh_run_dir`), a resumed one must
     hold a checkpoint to resume from and writable files."""
-    from nnx_ppo.user_code import short_name
+    from nnx_ppo.envs.registry import short_name
 
     check_distinct_seeds(cmd.seeds)
     if cmd.run.resume is None:
@@ -389,7 +396,26 @@ def _normalized_network(network: str) -> str:
         return network
 
 
-# ----------------------------------------------- the process: warnings, logs, the cache, processes, how training ends
+# ----------------------------- the process: one-line errors and warnings, logs, the cache, processes, how training ends
+
+@contextlib.contextmanager
+def usage_errors(*kinds: type[BaseException], prefix: str = ""):
+    """``with usage_errors(ValueError, prefix="--grid: "):`` an exception of
+    ``kinds`` raised in the block is a usage error: a :class:`CliError` (exit
+    code 2) of its message after ``prefix``."""
+    try:
+        yield
+    except kinds as e:
+        raise CliError(prefix + str(e)) from None
+
+
+def print_error(msg: str) -> None:
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+
+
+def print_warning(msg: str) -> None:
+    print(f"{PROG}: warning: {msg}", file=sys.stderr)
+
 
 _python_format_warning = warnings.formatwarning
 

@@ -30,10 +30,7 @@ from nnx_ppo.app.commands import (
     PROG,
     CliError,
     SweepCommand,
-    check_distinct_seeds,
-    print_error,
     shell_command,
-    usage_errors,
 )
 from nnx_ppo.app.plot import (
     bootstrap_interval,
@@ -44,7 +41,17 @@ from nnx_ppo.app.plot import (
     threshold_cells,
     threshold_reached,
 )
-from nnx_ppo.app.runs import build_network, make_envs, network_spec_of, prepared, run_directory, train_into
+from nnx_ppo.app.runs import (
+    build_network,
+    check_distinct_seeds,
+    make_envs,
+    network_spec_of,
+    prepared,
+    print_error,
+    run_directory,
+    train_into,
+    usage_errors,
+)
 from nnx_ppo.network_spec import NetworkSpec
 from nnx_ppo.presets import find_preset
 from nnx_ppo.runner import Run, RunSpec, pretty_path

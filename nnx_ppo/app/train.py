@@ -28,10 +28,7 @@ from nnx_ppo.app.commands import (
     SweepCommand,
     SweepFlags,
     TrainCommand,
-    print_error,
-    print_warning,
     shell_command,
-    usage_errors,
 )
 from nnx_ppo.app.runs import (
     build_network,
@@ -40,10 +37,13 @@ from nnx_ppo.app.runs import (
     make_envs,
     network_spec_of,
     prepared,
+    print_error,
+    print_warning,
     read_run,
     run_directory,
     run_policy_spec,
     train_into,
+    usage_errors,
 )
 from nnx_ppo.app.trained import check_video_target, render_episode, video_fps, write_video
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference

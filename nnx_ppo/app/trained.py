@@ -16,8 +16,8 @@ import errno
 from pathlib import Path
 
 from nnx_ppo import runner as rd
-from nnx_ppo.app.commands import CliError, EvalCommand, ExportCommand, check_writable_target, usage_errors
-from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec
+from nnx_ppo.app.commands import CliError, EvalCommand, ExportCommand, check_writable_target
+from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec, usage_errors
 from nnx_ppo.app.sweep import failure_text, lineage_text, member_lineage
 from nnx_ppo.runner import pretty_path
 

@@ -37,11 +37,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo import _original_paths
 from nnx_ppo.networks.containers import child_extras, combine_outputs
 from nnx_ppo.networks.feedforward import Dense, check_argument, is_int
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, activation_metrics
 
 __all__ = ["PopulationGraph", "PopulationInfo", "ConnectionInfo", "Population", "Connection"]
+
+# A package in the original nnx-ppo 0.3.0: its modules graph.connection, graph.graph and graph.population are
+# found on this path (nnx_ppo._original_paths).
+__path__ = [_original_paths.PATH]
 
 _INPUT, _HIDDEN, _OUTPUT = "input", "population", "output"
 

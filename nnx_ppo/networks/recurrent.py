@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo import _original_paths
 from nnx_ppo.networks.feedforward import check_argument, check_features, is_int, matmul
 from nnx_ppo.networks.types import (
     SequenceOutput,
@@ -359,3 +360,11 @@ class GRU(_ProjectedCell):
         n = jnp.tanh(zx[:, 2 * hdim:] + r * zh_n)
         h_new = (1.0 - u) * n + u * h
         return h_new, h_new
+
+
+def __getattr__(name: str) -> Any:
+    """The original nnx-ppo 0.3.0's names of this module that moved or were
+    replaced (:mod:`nnx_ppo._original_paths`); Python asks only for names the module lacks."""
+    if name not in _original_paths.NAMES[__name__]:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _original_paths.resolve(f"{__name__}.{name}")

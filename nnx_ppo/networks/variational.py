@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo import _original_paths
 from nnx_ppo.networks.feedforward import check_argument, is_int
 from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, as_rngs, batch_size_of, split_key_carry
 
@@ -169,3 +170,11 @@ class AR1VariationalBottleneck(VariationalBottleneck):
         next_state = {"key": next_keys, "prev_z": z, "has_previous": jnp.ones_like(state["has_previous"])}
         return StatefulModuleOutput(next_state=next_state, output=z, regularization_loss=loss,
                                     metrics={"kl_divergence": kl_mean, "smoothness": smooth_mean})
+
+
+def __getattr__(name: str) -> Any:
+    """The original nnx-ppo 0.3.0's names of this module that moved or were
+    replaced (:mod:`nnx_ppo._original_paths`); Python asks only for names the module lacks."""
+    if name not in _original_paths.NAMES[__name__]:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _original_paths.resolve(f"{__name__}.{name}")
