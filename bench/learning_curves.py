@@ -295,7 +295,7 @@ def summarize(rows: list[dict], task: dict) -> dict:
     """Statistics over the seeds of one (task, label)."""
     import numpy as np
 
-    from nnx_ppo.app.plot import bootstrap_interval, interquartile_mean
+    from nnx_ppo._app.plot import bootstrap_interval, interquartile_mean
 
     finals = [r["evals"][-1][1] for r in rows]
     aucs = [area_under_curve(r["evals"], task["total"]) for r in rows]
@@ -371,7 +371,7 @@ def plot_task(task_name: str, task: dict, by_label: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from nnx_ppo.app.plot import bootstrap_interval
+    from nnx_ppo._app.plot import bootstrap_interval
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, group in by_label.items():

@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from nnx_ppo._app.plot import bootstrap_interval
 from nnx_ppo.algorithms import ppo
 from nnx_ppo.algorithms.config import PPOConfig, TrainConfig
 from nnx_ppo.algorithms.functional import NetworkFn, donatable
 from nnx_ppo.algorithms.trainer import PPO
-from nnx_ppo.app.plot import bootstrap_interval
 from nnx_ppo.envs import make
 from nnx_ppo.networks.factories import make_actor_critic_for_env
 

@@ -491,7 +491,7 @@ def summarize(rows: list[dict]) -> dict:
     """Aggregate statistics of one label's rows (all tasks and networks)."""
     import numpy as np
 
-    from nnx_ppo.app.plot import bootstrap_interval, interquartile_mean
+    from nnx_ppo._app.plot import bootstrap_interval, interquartile_mean
 
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
@@ -518,7 +518,7 @@ def _task_order() -> dict[tuple[str, str], int]:
 
 def report_markdown(rows: list[dict], labels: list[str], plot: Path | None) -> str:
     """The results section: aggregate table per label, then one table of every (task, network)."""
-    from nnx_ppo.app.plot import interquartile_mean
+    from nnx_ppo._app.plot import interquartile_mean
 
     lines = []
     lines.append("| label | runs | (task, network) solved | runs solved | median normalized [95% CI] | "

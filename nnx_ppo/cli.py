@@ -14,7 +14,7 @@
 Every :class:`~nnx_ppo.algorithms.config.TrainConfig` field is a flag
 (``--ppo.n-envs``, ``--eval.every-steps``, ``--seed`` ...), with its
 documentation as help. See docs/cli.md. The commands live in
-:mod:`nnx_ppo.app` (``commands``, ``train``, ``sweep``, ``evaluate``,
+:mod:`nnx_ppo._app` (``commands``, ``train``, ``sweep``, ``evaluate``,
 ``distill``, ``export``, ``plot``, ``listing``; ``process`` sets up the
 process a command runs in); this module parses the command line (tyro:
 ``train --help`` shows a box per group of flags, a nested dataclass of the
@@ -37,8 +37,7 @@ from typing import Annotated, Union
 import tyro
 from tyro.constructors import MISSING_NONPROP
 
-from nnx_ppo.algorithms.config import TrainConfig, checked, config_to_dict, deferred_checks, flat_fields
-from nnx_ppo.app.commands import (
+from nnx_ppo._app.commands import (
     DEFAULT_ENV,
     DEFAULT_ENV_KWARGS,
     DEFAULT_HIDDEN_SIZE,
@@ -57,7 +56,7 @@ from nnx_ppo.app.commands import (
     TrainCommand,
     run_envs,
 )
-from nnx_ppo.app.runs import (
+from nnx_ppo._app.runs import (
     compilation_cache,
     format_warning,
     join_processes,
@@ -67,7 +66,8 @@ from nnx_ppo.app.runs import (
     usage_errors,
     use_run_code,
 )
-from nnx_ppo.app.train import resume_defaults, run_train, student_run
+from nnx_ppo._app.train import resume_defaults, run_train, student_run
+from nnx_ppo.algorithms.config import TrainConfig, checked, config_to_dict, deferred_checks, flat_fields
 from nnx_ppo.presets import find_preset, library_defaults
 
 __all__ = ["main", "TrainCommand", "EvalCommand", "DistillCommand", "ExportCommand", "PlotCommand", "SweepCommand",
@@ -260,25 +260,25 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(cmd, (SweepCommand, TrainCommand, EvalCommand, DistillCommand, ExportCommand)):
             compilation_cache()
         if isinstance(cmd, SweepCommand):
-            from nnx_ppo.app.sweep import run_sweep
+            from nnx_ppo._app.sweep import run_sweep
 
             return run_sweep(cmd, argv, saved)
         if isinstance(cmd, TrainCommand):
             join_processes(cmd)
             return run_train(cmd, argv, saved)
         if isinstance(cmd, EvalCommand):
-            from nnx_ppo.app.trained import run_eval
+            from nnx_ppo._app.trained import run_eval
 
             return run_eval(cmd)
         if isinstance(cmd, DistillCommand):
             student, setup = student_run(cmd)
             return run_train(student, argv, None, distill=setup)
         if isinstance(cmd, PlotCommand):
-            from nnx_ppo.app.plot import run_plot
+            from nnx_ppo._app.plot import run_plot
 
             return run_plot(cmd)
         if isinstance(cmd, ExportCommand):
-            from nnx_ppo.app.trained import run_export
+            from nnx_ppo._app.trained import run_export
 
             return run_export(cmd)
         return run_envs()

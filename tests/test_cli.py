@@ -16,7 +16,7 @@ import pytest
 
 from nnx_ppo import cli
 from nnx_ppo import runner as rd
-from nnx_ppo.app import runs as app_runs
+from nnx_ppo._app import runs as app_runs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -372,8 +372,8 @@ def test_playground_train_then_eval_video(tmp_path):
 
 
 def test_video_writer_is_checked_before_rendering(tmp_path):
-    from nnx_ppo.app.commands import CliError
-    from nnx_ppo.app.trained import check_video_writer, write_video
+    from nnx_ppo._app.commands import CliError
+    from nnx_ppo._app.trained import check_video_writer, write_video
 
     check_video_writer(str(tmp_path / "v.mp4"))  # imageio-ffmpeg comes with the playground extra
     check_video_writer(str(tmp_path / "v.gif"))
@@ -568,7 +568,7 @@ def test_library_defaults_are_their_own_not_the_default_presets():
     decay without changing the defaults every other task gets."""
     import dataclasses
 
-    from nnx_ppo.app.commands import DEFAULT_TRAIN_CONFIG
+    from nnx_ppo._app.commands import DEFAULT_TRAIN_CONFIG
     from nnx_ppo.presets import DEFAULT_CONFIG, get_preset
 
     assert DEFAULT_TRAIN_CONFIG is DEFAULT_CONFIG and not DEFAULT_CONFIG.ppo.learning_rate_decay

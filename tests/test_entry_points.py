@@ -110,8 +110,8 @@ def test_train_help_groups_its_flags(capsys):
     under "options" (a new flag of the command must be given a group), then
     env and network, run directory and logging, multi-process, ppo and eval."""
     from nnx_ppo import cli
+    from nnx_ppo._app.commands import ProcessFlags, RunFlags, SetupFlags
     from nnx_ppo.algorithms.config import TrainConfig, flat_fields
-    from nnx_ppo.app.commands import ProcessFlags, RunFlags, SetupFlags
 
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])

@@ -8,7 +8,7 @@ import pytest
 
 from nnx_ppo import cli
 from nnx_ppo import runner as rd
-from nnx_ppo.app.plot import interquartile_mean, summarize_run
+from nnx_ppo._app.plot import interquartile_mean, summarize_run
 
 
 def _run(path, evals, seconds_per_step=0.01):

@@ -15,9 +15,9 @@ from flax import nnx
 
 from nnx_ppo import cli
 from nnx_ppo import runner as rd
+from nnx_ppo._app.commands import CliError
+from nnx_ppo._app.sweep import grid_configs, parse_grid
 from nnx_ppo.algorithms.config import TrainConfig
-from nnx_ppo.app.commands import CliError
-from nnx_ppo.app.sweep import grid_configs, parse_grid
 from nnx_ppo.network_spec import load_network
 
 TINY = [
@@ -129,8 +129,8 @@ def test_sweep_refuses_a_train_run_and_a_missing_grid(tmp_path, capsys):
 
 def test_resume_keeps_the_network_kwargs(tmp_path):
     """A run trained with --network-kwargs resumes with them (they are not among the sized kwargs)."""
+    from nnx_ppo._app.train import resume_defaults
     from nnx_ppo.algorithms.config import config_to_dict
-    from nnx_ppo.app.train import resume_defaults
 
     run = tmp_path / "run"
     run.mkdir()

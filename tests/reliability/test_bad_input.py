@@ -133,7 +133,7 @@ def test_a_stopped_distillation_suggests_what_works(tmp_path, capsys):
     """A distillation run resumes like any other run: the stop line says how."""
     from types import SimpleNamespace
 
-    from nnx_ppo.app.train import _summary
+    from nnx_ppo._app.train import _summary
 
     result = SimpleNamespace(total_steps=512, compile_seconds=1.0, eval_history=[], metrics={})
     _summary(result, 2.0, True, tmp_path / "student")

@@ -98,7 +98,7 @@ def test_printed_commands_are_quoted_for_the_shell(trained, tmp_path, capsys):
 def test_the_stop_line_is_quoted_for_the_shell(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from nnx_ppo.app.train import _summary
+    from nnx_ppo._app.train import _summary
 
     run = tmp_path / "it's here"
     result = SimpleNamespace(total_steps=512, compile_seconds=1.0, eval_history=[], metrics={})

@@ -176,7 +176,7 @@ def test_pbt_replaces_a_failing_member_and_never_copies_it():
 def test_without_pbt_configs_with_failed_members_rank_last(tmp_path):
     """The config ranking (no PBT): a failed member's last evaluation is no
     final return, and its config ranks below those without failures."""
-    from nnx_ppo.app.sweep import TABLE_FILE, format_table, sweep_summary, write_outputs
+    from nnx_ppo._app.sweep import TABLE_FILE, format_table, sweep_summary, write_outputs
 
     members = [{"seed": s, "hyperparameters": {"learning_rate": lr}} for lr in (1e-2, 1e-3) for s in (0, 1)]
     rd.write_run_config(tmp_path, {"env": "cue_memory", "network": {}, "members": members,

@@ -9,7 +9,7 @@ import nnx_ppo
 ROOT = Path(nnx_ppo.__file__).parent
 LOWER = ("envs", "networks", "algorithms", "testing")  # below the run layer
 ABOVE = ("nnx_ppo.runner", "nnx_ppo.network_spec", "nnx_ppo.presets",
-         "nnx_ppo.policy", "nnx_ppo.app", "nnx_ppo.cli")
+         "nnx_ppo.policy", "nnx_ppo._app", "nnx_ppo.cli")
 
 
 def _imports(path: Path) -> list[str]:

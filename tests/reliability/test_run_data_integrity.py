@@ -21,7 +21,7 @@ import pytest
 
 from nnx_ppo import cli
 from nnx_ppo import runner as rd
-from nnx_ppo.app import runs as app_runs
+from nnx_ppo._app import runs as app_runs
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--network", "mlp", "--hidden-size", "8", "--ppo.n-envs", "8", "--ppo.n-minibatches", "2",

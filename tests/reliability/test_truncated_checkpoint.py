@@ -10,12 +10,12 @@ import pytest
 from flax import nnx
 
 from nnx_ppo import cli
+from nnx_ppo._app.runs import format_warning
 from nnx_ppo.algorithms import checkpointing
 from nnx_ppo.algorithms.checkpointing import CheckpointError, CheckpointFallbackWarning
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
 from nnx_ppo.algorithms.ppo import new_training_state
 from nnx_ppo.algorithms.trainer import train_ppo
-from nnx_ppo.app.runs import format_warning
 from nnx_ppo.networks.factories import make_mlp_actor_critic
 from tests.algorithms.toy_envs import Target
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import runner as rd
-from nnx_ppo.app.commands import CliError, PlotCommand
-from nnx_ppo.app.runs import read_run
+from nnx_ppo._app.commands import CliError, PlotCommand
+from nnx_ppo._app.runs import read_run
 from nnx_ppo.runner import pretty_path
 
 __all__ = ["run_plot", "summarize_run", "interquartile_mean", "bootstrap_interval", "format_value", "mean",

@@ -1,7 +1,7 @@
 """What the commands make runs of: the env and network a command's flags
 name, and the run directories they read and write (lock one, start one
 afresh, read a run's config, env, network and checkpoints back), each
-failure a one-line :class:`~nnx_ppo.app.commands.CliError`.
+failure a one-line :class:`~nnx_ppo._app.commands.CliError`.
 
 And the process a command runs in (the section at the end): one-line errors
 and warnings (:func:`usage_errors` turns an exception of a check into a
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import runner as rd
-from nnx_ppo.app.commands import (
+from nnx_ppo._app.commands import (
     DEFAULT_ENV,
     DEFAULT_ENV_KWARGS,
     DEFAULT_HIDDEN_SIZE,
@@ -490,7 +490,7 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
     """``train(stop)`` into ``run`` (``stop()`` turns True after a Ctrl-C or
     SIGTERM): ``(exit code, its result or None, whether a stop was
     asked)``; ``run`` is closed (its directory released) in every case. A
-    usage error (:class:`~nnx_ppo.app.commands.CliError`) passes through, and
+    usage error (:class:`~nnx_ppo._app.commands.CliError`) passes through, and
     a bad row of a resumed run's metrics.jsonl becomes one (before training)."""
     from nnx_ppo.algorithms.distributed import await_lost_peer, process_count
     from nnx_ppo.algorithms.ppo import FootprintError, NonFiniteError

@@ -16,9 +16,9 @@ import errno
 from pathlib import Path
 
 from nnx_ppo import runner as rd
-from nnx_ppo.app.commands import CliError, EvalCommand, ExportCommand, check_writable_target
-from nnx_ppo.app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec, usage_errors
-from nnx_ppo.app.sweep import failure_text, lineage_text, member_lineage
+from nnx_ppo._app.commands import CliError, EvalCommand, ExportCommand, check_writable_target
+from nnx_ppo._app.runs import checkpoint_choice, load_run_network, read_run, run_policy_spec, usage_errors
+from nnx_ppo._app.sweep import failure_text, lineage_text, member_lineage
 from nnx_ppo.runner import pretty_path
 
 # ----------------------------------------------------------------------------- nnx-ppo eval
@@ -135,7 +135,7 @@ def _label(index: int, members: list[dict] | None, lineage: list[dict] | None = 
     """``seed 3``, or for a sweep ``member 5 (seed 1, learning_rate 0.001)``
     (its starting values), with its revival when PBT copied a healthy state
     over it after it failed (``..., revived from member 2 at iteration 4)``;
-    ``lineage``: its entry of :func:`~nnx_ppo.app.sweep.member_lineage`)."""
+    ``lineage``: its entry of :func:`~nnx_ppo._app.sweep.member_lineage`)."""
     if members is None:
         return f"seed {index}"
     member = members[index]

@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import runner as rd
-from nnx_ppo.algorithms.config import PPOConfig
-from nnx_ppo.app.commands import (
+from nnx_ppo._app.commands import (
     PROG,
     CliError,
     SweepCommand,
     shell_command,
 )
-from nnx_ppo.app.plot import (
+from nnx_ppo._app.plot import (
     bootstrap_interval,
     elapsed_seconds,
     format_value,
@@ -41,7 +40,7 @@ from nnx_ppo.app.plot import (
     threshold_cells,
     threshold_reached,
 )
-from nnx_ppo.app.runs import (
+from nnx_ppo._app.runs import (
     build_network,
     check_distinct_seeds,
     make_envs,
@@ -52,6 +51,7 @@ from nnx_ppo.app.runs import (
     train_into,
     usage_errors,
 )
+from nnx_ppo.algorithms.config import PPOConfig
 from nnx_ppo.network_spec import NetworkSpec
 from nnx_ppo.presets import find_preset
 from nnx_ppo.runner import Run, RunSpec, pretty_path

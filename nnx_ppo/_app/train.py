@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nnx_ppo import runner as rd
-from nnx_ppo.app.commands import (
+from nnx_ppo._app.commands import (
     DEFAULT_HIDDEN_SIZE,
     PROG,
     CliError,
@@ -30,7 +30,7 @@ from nnx_ppo.app.commands import (
     TrainCommand,
     shell_command,
 )
-from nnx_ppo.app.runs import (
+from nnx_ppo._app.runs import (
     build_network,
     extra_network_kwargs,
     load_run_network,
@@ -45,7 +45,7 @@ from nnx_ppo.app.runs import (
     train_into,
     usage_errors,
 )
-from nnx_ppo.app.trained import check_video_target, render_episode, video_fps, write_video
+from nnx_ppo._app.trained import check_video_target, render_episode, video_fps, write_video
 from nnx_ppo.network_spec import NetworkSpec, is_factory_reference
 from nnx_ppo.presets import NETWORK_DEFAULTS, find_preset
 from nnx_ppo.runner import Run, RunSpec, fmt_seconds, pretty_path
