@@ -17,7 +17,8 @@
 #  8. ours again with PPOConfig.precision="bfloat16", each configuration;
 #  9. the rodent's physics at 4096 envs: where a step's and a reset's device time goes
 #     (bench_rodent.py --profile), then the step rate under each physics setting of $PHYSICS
-#     (substeps through sim_dt, solver and line-search iterations, the body's floor contacts);
+#     (substeps through sim_dt, solver and line-search iterations, the body's floor contacts, the fastest two together;
+#     whether the body still tracks under a setting is a CPU check: bench/README, "Fourth sitting");
 # 10. the users' rodent preset (make_users_intention_network, 1024 envs x 20) trained through the CLI
 #     for $RODENT_SECONDS (default 420) and stopped with Ctrl-C (SIGINT: the run saves and ends),
 #     its metrics.jsonl copied to $OUT. A run cannot be carried to the next sitting: its
@@ -34,7 +35,7 @@ cd "$(dirname "$0")"
 PY=${1:-../.venv/bin/python}
 PARTS=" ${2:-1 2 3 4 5 6 7 8 9} "
 CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
-PHYSICS=${PHYSICS:-"sim_dt=0.004|iterations=2 ls_iterations=2|iterations=1 ls_iterations=1|body_contacts=false"}
+PHYSICS=${PHYSICS:-"sim_dt=0.004|iterations=2 ls_iterations=2|iterations=1 ls_iterations=1|body_contacts=false|sim_dt=0.004 iterations=1 ls_iterations=1"}
 ROWS="${OUT:-/tmp}/device_check.jsonl"
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 rows() { grep --line-buffered '^{' | tee -a "$ROWS"; }
