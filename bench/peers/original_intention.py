@@ -4,6 +4,8 @@ Runs in the peers' venv (../shared/peers/setup.sh creates /tmp/peers-venv):
 
     /tmp/peers-venv/bin/python bench/peers/original_intention.py [--env stand_in | --env rodent]
         [--n-envs 1024] [--rollout 20] [--iterations 4] [--skip 1] [--mlp-decoder | --lstm-decoder] [--profile]
+    /tmp/peers-venv/bin/python bench/peers/original_intention.py --env rodent --learn 1000000 --size cpu \
+        --n-envs 64 --seed S --out runs/original_rodent/seedS     (the learning side by side: learn())
 
 The same stand-in env (its dynamics are imported from bench_intention.py,
 which uses JAX only at import), wrapped in the original's env protocol
@@ -73,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -174,10 +177,15 @@ class RodentImitationOriginal:
         return state.replace(obs=flatten_rodent_obs(state.obs))
 
 
+# make_intention_network's two sizes (nnx_ppo.networks.factories INTENTION_USERS_SIZE and INTENTION_CPU_SIZE):
+# encoder widths, latent size, decoder widths, critic widths
+SIZES = {"users": ((512,) * 4, 60, (512,) * 4, (512,) * 4), "cpu": ((64, 64), 16, (64, 64), (64, 64))}
+
+
 def build_network(decoder: str, rngs, R: int = REFERENCE_FRAMES * FRAME_DIMS, P: int = PROPRIOCEPTION,
-                  A: int = ACTIONS):
-    """The intention network at the users' size, from the original's modules,
-    for ``R`` reference and ``P`` proprioception dims and ``A`` actions."""
+                  A: int = ACTIONS, size: str = "users"):
+    """The intention network at ``size`` (:data:`SIZES`), from the original's
+    modules, for ``R`` reference and ``P`` proprioception dims and ``A`` actions."""
     from flax import nnx
 
     from nnx_ppo.networks.adapter import PPOAdapter
@@ -190,27 +198,69 @@ def build_network(decoder: str, rngs, R: int = REFERENCE_FRAMES * FRAME_DIMS, P:
     from nnx_ppo.networks.utils import Filter, Flattener
     from nnx_ppo.networks.variational import VariationalBottleneck
 
-    L, W = 60, 512
+    encoder_sizes, L, decoder_sizes, critic_sizes = SIZES[size]
     act = nnx.swish
     encoder = Sequential([
         Flattener(),
-        *make_mlp_layers([R, W, W, W, W], rngs, act),
-        Dense(W, 2 * L, rngs),
+        *make_mlp_layers([R, *encoder_sizes], rngs, act),
+        Dense(encoder_sizes[-1], 2 * L, rngs),
         VariationalBottleneck(L, rngs, kl_weight=1e-3),
     ])
     if decoder == "mlp":
-        decoder_layers = make_mlp_layers([L + P, W, W, W, W], rngs, act)
+        decoder_layers = make_mlp_layers([L + P, *decoder_sizes], rngs, act)
     else:
-        decoder_layers = [LSTM(n_in, W, rngs) for n_in in (L + P, W, W, W)]
+        decoder_layers = [LSTM(n_in, n_out, rngs) for n_in, n_out in zip((L + P, *decoder_sizes), decoder_sizes)]
     action = Sequential([
         Filter({"intention": "reference", "proprioception": "proprioception"}),
         Concat(intention=encoder, proprioception=Flattener()),
         *decoder_layers,
-        Dense(W, 2 * A, rngs),
+        Dense(decoder_sizes[-1], 2 * A, rngs),
         NormalTanhSampler(rngs, entropy_weight=1e-3, min_std=1e-2),
     ])
-    value = Sequential([Flattener(), *make_mlp_layers([R + P, W, W, W, W], rngs, act), Dense(W, 1, rngs)])
+    value = Sequential([Flattener(), *make_mlp_layers([R + P, *critic_sizes], rngs, act),
+                        Dense(critic_sizes[-1], 1, rngs)])
     return Sequential([Normalizer({"reference": R, "proprioception": P}), PPOAdapter(action=action, value=value)])
+
+
+def learn(args) -> None:
+    """``--learn STEPS``: the rodent CPU preset's training on the original
+    (``nnx-ppo train rodent_imitation``'s settings in nnx_ppo/presets.py:
+    ``--n-envs 64 --rollout 20 --size cpu``, 4 epochs x 4 minibatches,
+    discount 0.95, Adam 3e-4, gradient clipping 0.5, critic weight 0.5; an
+    evaluation of 32 deterministic episodes of at most 150 steps every 100k
+    env steps) on :class:`RodentImitationOriginal`. Writes one row per
+    evaluation to ``OUT/metrics.jsonl`` (``env_steps``, ``wall_s``,
+    ``eval/episode_return``, ``eval/episode_length``: the original's mean
+    episode reward and lifespan, which leaves out an episode's last step),
+    which bench/rodent_learning.py draws beside this library's runs."""
+    from flax import nnx
+
+    from nnx_ppo.algorithms import ppo  # the original package, in the peers' venv
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+
+    env = RodentImitationOriginal()
+    sizes = env.observation_size
+    net = build_network(args.decoder, nnx.Rngs(args.seed), sizes["reference"], sizes["proprioception"],
+                        env.action_size, size=args.size)
+    config = TrainConfig(
+        ppo=PPOConfig(n_envs=args.n_envs, rollout_length=args.rollout, total_steps=args.learn, n_epochs=4,
+                      n_minibatches=4, discounting_factor=0.95, learning_rate=3e-4, gradient_clipping=0.5,
+                      critic_loss_weight=0.5),
+        eval=EvalConfig(enabled=True, every_steps=100_000, n_envs=32, max_episode_length=150,
+                        logging_percentiles=None),
+        seed=args.seed,
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(args.out / "metrics.jsonl", "w") as rows:
+        def log_fn(metrics, steps):
+            if "eval/episode_reward/mean" in metrics:
+                rows.write(json.dumps({"env_steps": int(steps), "wall_s": round(time.perf_counter() - t0, 1),
+                                       "eval/episode_return": float(metrics["eval/episode_reward/mean"]),
+                                       "eval/episode_length": float(metrics["eval/lifespan/mean"])}) + "\n")
+                rows.flush()
+
+        ppo.train_ppo(env, net, config, log_fn=log_fn)
 
 
 def main(argv):
@@ -225,8 +275,15 @@ def main(argv):
     decoder.add_argument("--mlp-decoder", dest="decoder", action="store_const", const="mlp")
     decoder.add_argument("--lstm-decoder", dest="decoder", action="store_const", const="lstm")
     parser.add_argument("--profile", action="store_true", help="also time the rollout alone")
+    parser.add_argument("--learn", type=int, default=None, metavar="STEPS",
+                        help="train the rodent for STEPS env steps with evaluations instead (see learn())")
+    parser.add_argument("--size", choices=tuple(SIZES), default="users", help="the network's size")
+    parser.add_argument("--seed", type=int, default=0, help="with --learn: the run's seed")
+    parser.add_argument("--out", type=Path, default=Path("runs/original_rodent"), help="with --learn: a folder")
     parser.set_defaults(decoder="mlp")
     args = parser.parse_args(argv)
+    if args.learn is not None:
+        return learn(args)
 
     from flax import nnx
 
