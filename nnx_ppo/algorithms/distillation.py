@@ -404,9 +404,6 @@ def _stop_options(stop_fn: Callable[[dict[str, float], int], bool], log_fn: Call
     return {"log_fn": logged, "should_stop": stop}
 
 
-def __getattr__(name: str) -> Any:
-    """The original nnx-ppo 0.3.0's names of this module that moved or were
-    replaced (:mod:`nnx_ppo._original_paths`); Python asks only for names the module lacks."""
-    if name not in _original_paths.NAMES[__name__]:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return _original_paths.resolve(f"{__name__}.{name}")
+# The original nnx-ppo 0.3.0's names of this module that moved or were replaced (PEP 562: Python asks only for
+# names the module lacks).
+__getattr__ = functools.partial(_original_paths.attribute, __name__)

@@ -1395,9 +1395,6 @@ def check_footprint(env, network, ppo, entries: int = 1, devices: int = 1, warn:
                              f"{_gb(have)} of {where}; lower n_envs or rollout_length")
 
 
-def __getattr__(name: str) -> Any:
-    """The original nnx-ppo 0.3.0's names of this module that moved or were
-    replaced (:mod:`nnx_ppo._original_paths`); Python asks only for names the module lacks."""
-    if name not in _original_paths.NAMES[__name__]:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return _original_paths.resolve(f"{__name__}.{name}")
+# The original nnx-ppo 0.3.0's names of this module that moved or were replaced (PEP 562: Python asks only for
+# names the module lacks).
+__getattr__ = functools.partial(_original_paths.attribute, __name__)

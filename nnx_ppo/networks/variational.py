@@ -11,6 +11,7 @@ reparameterisation ``z = mean + std * eps``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -172,9 +173,6 @@ class AR1VariationalBottleneck(VariationalBottleneck):
                                     metrics={"kl_divergence": kl_mean, "smoothness": smooth_mean})
 
 
-def __getattr__(name: str) -> Any:
-    """The original nnx-ppo 0.3.0's names of this module that moved or were
-    replaced (:mod:`nnx_ppo._original_paths`); Python asks only for names the module lacks."""
-    if name not in _original_paths.NAMES[__name__]:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return _original_paths.resolve(f"{__name__}.{name}")
+# The original nnx-ppo 0.3.0's names of this module that moved or were replaced (PEP 562: Python asks only for
+# names the module lacks).
+__getattr__ = functools.partial(_original_paths.attribute, __name__)
