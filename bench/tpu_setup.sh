@@ -6,8 +6,9 @@
 #   echo /.whl-tpu/ >> .git/info/exclude; echo /.whl-orig/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl-tpu tyro==1.0.17 gymnax==1.0.1 gymnasium==1.3.0 farama-notifications==0.0.4 seaborn==0.13.2
-#   (what the machine's index lacks: tyro for the command line; gymnax and what it imports, for
+#     -d .whl-tpu tyro==1.0.17 filelock==4.3.2 gymnax==1.0.1 gymnasium==1.3.0 farama-notifications==0.0.4 \
+#     seaborn==0.13.2
+#   (what the machine's index lacks: tyro for the command line, filelock for the run lock; gymnax and what it imports, for
 #   device_check.sh parts 1-3's gymnax tasks)
 #   python3 -m pip download --no-deps -d .whl-orig nnx-ppo==0.3.0   # the original, for the side-by-side runs
 # and carry both folders (the device tool's `carry`). For the rodent (device_check.sh parts 5 and 9), also
