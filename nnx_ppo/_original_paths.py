@@ -9,18 +9,19 @@ more). Two things serve the table, and neither takes part in an import of
 this library's own modules:
 
 * an original module that exists here (``nnx_ppo.algorithms.config``, ...)
-  has a module-level ``__getattr__`` (PEP 562) that answers its names in
-  :data:`NAMES` with :func:`resolve` (Python asks it only for names the
-  module lacks);
+  takes at its end the module class :data:`ANSWERING` holds for it, where
+  each of its names in :data:`NAMES` is a property giving :func:`resolve`'s
+  answer (a property, not a module ``__getattr__``: Python's own probes of a
+  module, ``__path__`` at every ``from ... import``, then find nothing
+  without running any code of this table);
 * an original module that does not exist here (``nnx_ppo.algorithms.types``,
   ``nnx_ppo.wrappers.episode_wrapper``, ...) is found on :data:`PATH`, an
   entry of the ``__path__`` of the package that held it (``nnx_ppo`` and
   ``nnx_ppo.algorithms`` after their own folder; ``nnx_ppo.networks.graph``,
   a package in the original and a module here, has it as its ``__path__``):
-  a module without contents whose ``__getattr__`` answers from the table
-  (:func:`attribute`). The import system asks the finder of that entry
-  (:func:`install` registers it) only for a submodule of those packages
-  that their folder lacks.
+  a module without contents answered the same way. The import system asks
+  the finder of that entry (:func:`install` registers it) only for a
+  submodule of those packages that their folder lacks.
 
 A replaced name raises on attribute access too, so ``hasattr`` raises for
 it. Nothing else changes: a name or module the original did not have fails
@@ -30,12 +31,14 @@ check that each imports or fails this way, is ``tests/test_original_paths.py``.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import sys
+import types
 from typing import Any, NamedTuple
 
-__all__ = ["TABLE", "NAMES", "PATH", "Replaced", "ReplacedImportError", "resolve", "attribute", "install"]
+__all__ = ["TABLE", "NAMES", "PATH", "Replaced", "ReplacedImportError", "resolve", "ANSWERING", "install"]
 
 DOC = "docs/migrating.md"
 SECTION = "the-originals-import-paths"  # the section of DOC listing this table
@@ -177,18 +180,28 @@ def resolve(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def attribute(module: str, attr: str) -> Any:
-    """``module.attr`` of an original module: what :func:`resolve` gives for
-    a name of the table, the usual AttributeError for any other."""
-    if attr not in NAMES.get(module, ()):
-        raise AttributeError(f"module {module!r} has no attribute {attr!r}")
-    return resolve(f"{module}.{attr}")
+def _resolved(path: str, _module: Any) -> Any:
+    return resolve(path)
+
+
+def _answering(module: str) -> type:
+    """The module class for the original module ``module``: each of its
+    names of the table is a property giving :func:`resolve`'s answer; any
+    other missing name raises Python's usual AttributeError."""
+    names = {attr: property(functools.partial(_resolved, f"{module}.{attr}")) for attr in NAMES[module]}
+    return type("OriginalPaths", (types.ModuleType,), names)
+
+
+#: original module -> the module class that answers its names of the table. A
+#: module of this library that the original had takes it as its class at its
+#: end: ``sys.modules[__name__].__class__ = _original_paths.ANSWERING[__name__]``.
+ANSWERING = {module: _answering(module) for module in NAMES}
 
 
 class _Loader:
     """Makes an original module this library lacks: no contents, its
-    ``__all__`` the table's names that work, its ``__getattr__``
-    :func:`attribute`. (An import loader; not an ``importlib.abc.Loader``,
+    ``__all__`` the table's names that work, those names answered by
+    the class :data:`ANSWERING` holds for it. (An import loader; not an ``importlib.abc.Loader``,
     whose import costs more than this whole module.)"""
 
     def create_module(self, spec):
@@ -200,7 +213,7 @@ class _Loader:
         module.__doc__ = f"``{name}`` of the original nnx-ppo 0.3.0, kept as an import path (see {DOC}#{SECTION})."
         module.__all__ = mapped
         module.__dir__ = lambda: sorted(set(vars(module)) | set(mapped))
-        module.__getattr__ = lambda attr: attribute(name, attr)
+        module.__class__ = ANSWERING[name]
 
 
 class _Finder:

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import math
 import os
 import pathlib
 import shutil
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -634,6 +634,5 @@ resume = restore_training_state
 """Short name of :func:`restore_training_state`."""
 
 
-# The original nnx-ppo 0.3.0's names of this module that moved or were replaced (PEP 562: Python asks only for
-# names the module lacks).
-__getattr__ = functools.partial(_original_paths.attribute, __name__)
+# The original nnx-ppo 0.3.0's names of this module that moved or were replaced.
+sys.modules[__name__].__class__ = _original_paths.ANSWERING[__name__]

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import sys
 import types
 import typing
 import warnings
@@ -588,6 +589,5 @@ def resume_changes(saved: dict[str, Any], config: TrainConfig) -> dict[str, list
     return changes
 
 
-# The original nnx-ppo 0.3.0's names of this module that moved or were replaced (PEP 562: Python asks only for
-# names the module lacks).
-__getattr__ = functools.partial(_original_paths.attribute, __name__)
+# The original nnx-ppo 0.3.0's names of this module that moved or were replaced.
+sys.modules[__name__].__class__ = _original_paths.ANSWERING[__name__]

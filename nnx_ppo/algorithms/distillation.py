@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, Unpack
 
@@ -404,6 +405,5 @@ def _stop_options(stop_fn: Callable[[dict[str, float], int], bool], log_fn: Call
     return {"log_fn": logged, "should_stop": stop}
 
 
-# The original nnx-ppo 0.3.0's names of this module that moved or were replaced (PEP 562: Python asks only for
-# names the module lacks).
-__getattr__ = functools.partial(_original_paths.attribute, __name__)
+# The original nnx-ppo 0.3.0's names of this module that moved or were replaced.
+sys.modules[__name__].__class__ = _original_paths.ANSWERING[__name__]

@@ -44,6 +44,7 @@ import math
 import operator
 import os
 import pathlib
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -1395,6 +1396,5 @@ def check_footprint(env, network, ppo, entries: int = 1, devices: int = 1, warn:
                              f"{_gb(have)} of {where}; lower n_envs or rollout_length")
 
 
-# The original nnx-ppo 0.3.0's names of this module that moved or were replaced (PEP 562: Python asks only for
-# names the module lacks).
-__getattr__ = functools.partial(_original_paths.attribute, __name__)
+# The original nnx-ppo 0.3.0's names of this module that moved or were replaced.
+sys.modules[__name__].__class__ = _original_paths.ANSWERING[__name__]

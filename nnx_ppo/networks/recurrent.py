@@ -19,8 +19,8 @@ through every episode start that the replay re-runs.
 
 from __future__ import annotations
 
-import functools
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -363,6 +363,5 @@ class GRU(_ProjectedCell):
         return h_new, h_new
 
 
-# The original nnx-ppo 0.3.0's names of this module that moved or were replaced (PEP 562: Python asks only for
-# names the module lacks).
-__getattr__ = functools.partial(_original_paths.attribute, __name__)
+# The original nnx-ppo 0.3.0's names of this module that moved or were replaced.
+sys.modules[__name__].__class__ = _original_paths.ANSWERING[__name__]

@@ -11,7 +11,7 @@ reparameterisation ``z = mean + std * eps``.
 
 from __future__ import annotations
 
-import functools
+import sys
 from typing import Any
 
 import jax
@@ -173,6 +173,5 @@ class AR1VariationalBottleneck(VariationalBottleneck):
                                     metrics={"kl_divergence": kl_mean, "smoothness": smooth_mean})
 
 
-# The original nnx-ppo 0.3.0's names of this module that moved or were replaced (PEP 562: Python asks only for
-# names the module lacks).
-__getattr__ = functools.partial(_original_paths.attribute, __name__)
+# The original nnx-ppo 0.3.0's names of this module that moved or were replaced.
+sys.modules[__name__].__class__ = _original_paths.ANSWERING[__name__]
