@@ -367,9 +367,6 @@ def record_activations(env, network: StatefulModule, paths: str | Iterable[str],
 # ----------------------------------------------------------------------------- the result
 
 
-_FIELDS = ("activations", "carries", "observations", "actions", "rewards", "done", "episode_start")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Recording:
     """Activations recorded by :func:`record_activations`; every array is
@@ -422,7 +419,7 @@ class Recording:
         if path.suffix != ".npz":
             raise ValueError(f"Recording.save: path must end in .npz, got {str(path)!r}")
         arrays: dict[str, np.ndarray] = {}
-        structure = {name: _encode(getattr(self, name), name, arrays) for name in _FIELDS}
+        structure = {f.name: _encode(getattr(self, f.name), f.name, arrays) for f in dataclasses.fields(self)}
         arrays[_STRUCTURE_KEY] = np.asarray(json.dumps({"format": _FORMAT, "fields": structure}))
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(path, **arrays)
@@ -438,7 +435,7 @@ class Recording:
             if header.get("format") != _FORMAT:
                 raise ValueError(f"Recording.load: {str(path)!r} has format {header.get('format')!r}, "
                                  f"expected {_FORMAT!r}")
-            fields = {name: _decode(header["fields"][name], data) for name in _FIELDS}
+            fields = {f.name: _decode(header["fields"][f.name], data) for f in dataclasses.fields(cls)}
         return cls(**fields)
 
 

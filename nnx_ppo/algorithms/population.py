@@ -53,7 +53,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from nnx_ppo.algorithms._hyperparameters import PER_MEMBER, check_population
-from nnx_ppo.algorithms.config import TrainConfig, check_seeds, per_member_bounds
+from nnx_ppo.algorithms.config import TrainConfig, _require_positive_int, check_seeds, per_member_bounds
 from nnx_ppo.algorithms.ppo import IterationOutput, TrainingState
 from nnx_ppo.algorithms.trainer import PPO, TrainOptions, TrainResult, train
 
@@ -250,9 +250,7 @@ class PBTConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if isinstance(self.every_iterations, bool) or not isinstance(self.every_iterations, int) or (
-                self.every_iterations <= 0):
-            raise ValueError(f"PBTConfig.every_iterations must be a positive integer, got {self.every_iterations!r}")
+        _require_positive_int("PBTConfig", "every_iterations", self.every_iterations)
         if not 0 < self.fraction <= 0.5:
             raise ValueError(f"PBTConfig.fraction must be in (0, 0.5], got {self.fraction}")
         if not all(f > 0 and math.isfinite(f) for f in self.perturb_factors):

@@ -38,6 +38,7 @@ the rest, in this order:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -466,20 +467,20 @@ def train(
         seeds = check_seeds(seeds, "train_seeds: seeds")
     devices = local_devices(config.n_devices, config.ppo.n_envs, len(seeds) if seeds and config.shard_seeds else None)
     team = gather_members(network, make_network, seeds, members, config)
-    check_footprint(env, team.networks[0], config.ppo, len(team.names) if team.stacked else 1, len(devices))
+    check_footprint(env, team.networks[0], config.ppo, len(team.names), len(devices))
     record = dict(algorithm.run_record or {})
     metadata = dict(options.get("checkpoint_metadata") or {})
     if team.stacked:
         metadata["seeds"] = team.names
     if members is not None:
         record["members"] = metadata["members"] = [member_entry(c) for c in team.configs]
-    opened = None
-    if output is None and (run_dir is not None or options.get("progress")):
-        output = opened = run_layer().open_output(
-            run_dir, progress=bool(options.get("progress")), train_env=env, eval_env=eval_env,
-            network_spec=network_spec, network=team.networks[0], config=config,
-            seeds=team.names if team.stacked else None, resuming=resume_from is not None)
-    try:
+    with contextlib.ExitStack() as stack:
+        if output is None and (run_dir is not None or options.get("progress")):
+            output = run_layer().open_output(
+                run_dir, progress=bool(options.get("progress")), train_env=env, eval_env=eval_env,
+                network_spec=network_spec, network=team.networks[0], config=config,
+                seeds=team.names if team.stacked else None, resuming=resume_from is not None)
+            stack.callback(output.close)
         if output is not None and output.checkpoint_dir is not None:
             checkpoint_dir = output.checkpoint_dir
         if checkpoint_dir is not None and resume_from is None:
@@ -502,9 +503,6 @@ def train(
                     log=log, checkpoint_dir=checkpoint_dir, checkpoint_metadata=metadata or None,
                     on_evaluation=on_evaluation, should_stop=options.get("should_stop"),
                     failed_before=earlier_failures, record_failure=None if output is None else output.record_failure)
-    finally:
-        if opened is not None:
-            opened.close()
 
 
 def _named_network(network, make_network, env, eval_env, config: TrainConfig):
@@ -728,14 +726,12 @@ def evaluation_hook(config: TrainConfig, network, eval_env, seeds: list[int] | N
     evaluate = jax.jit(one if seeds is None else jax.vmap(one), **out)
 
     def hook(state: TrainingState, steps: int) -> dict:
-        if seeds is None:
-            key = jax.random.fold_in(jax.random.key(config.seed + 1), steps)
-            metrics = {k: float(v) for k, v in evaluate(state.params, state.rest, key).items()}
-            if on_evaluation is not None:
-                on_evaluation(NetworkFn(graphdef, state.params, state.rest), steps)
-            return metrics
-        keys = jnp.stack([jax.random.fold_in(jax.random.key(s + 1), steps) for s in seeds])
-        return {k: np.asarray(v, np.float64) for k, v in evaluate(state.params, state.rest, keys).items()}
+        keys = [jax.random.fold_in(jax.random.key(s + 1), steps) for s in seeds or [config.seed]]
+        keys = keys[0] if seeds is None else jnp.stack(keys)
+        metrics = {k: _host_value(v) for k, v in evaluate(state.params, state.rest, keys).items()}
+        if on_evaluation is not None and seeds is None:
+            on_evaluation(NetworkFn(graphdef, state.params, state.rest), steps)
+        return metrics
 
     return hook
 
@@ -767,9 +763,8 @@ def best_policy_hook(evaluate: Callable[[TrainingState, int], dict], config: Tra
             (state.params, state.rest), mesh)
         for i in better:
             params, rest = variables if seeds is None else seed_slice(variables, i)
-            evaluation = {k: float(np.atleast_1d(v)[i]) for k, v in metrics.items()}
             checkpointing.save_policy(paths[i], params, rest, config, step=steps, metadata={
-                **base, "eval": evaluation, **({} if seeds is None else {"seed": seeds[i]})})
+                **base, "eval": member_row(metrics, i), **({} if seeds is None else {"seed": seeds[i]})})
             best[i] = float(returns[i])
         return metrics
 
@@ -875,11 +870,8 @@ def _host_rows(output: Any, n: int) -> list[tuple[Any, dict[str, Any]]]:
     """Stacked ``[max_iterations, ...]`` outputs of one call (an
     :class:`~nnx_ppo.algorithms.ppo.IterationOutput`) to ``n`` host rows ``(health, metrics)``."""
     host = jax.device_get(output)
-    rows = []
-    for i in range(n):
-        health = jax.tree.map(lambda x, i=i: np.asarray(x)[i], host.health)
-        rows.append((health, {k: _host_value(np.asarray(v)[i]) for k, v in host.metrics.items()}))
-    return rows
+    return [(jax.tree.map(lambda x, i=i: np.asarray(x)[i], host.health),
+             {k: _host_value(np.asarray(v)[i]) for k, v in host.metrics.items()}) for i in range(n)]
 
 
 class Driver:
@@ -1036,8 +1028,7 @@ class Driver:
                 hooks.checkpoint(self.state, self.steps)
                 last_checkpoint = self.steps
                 saved.add(self.steps)
-            if not stopping and hooks.should_stop is not None and hooks.should_stop():
-                stopping = True
+            stopping = stopping or (hooks.should_stop is not None and hooks.should_stop())
             if ahead is not None or stopping or self.iteration == self.total_iterations:
                 call = ahead
             else:
