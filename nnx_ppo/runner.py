@@ -42,6 +42,7 @@ Everything here is plain Python/NumPy; no JAX is imported with this module, none
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import itertools
@@ -251,9 +252,7 @@ def check_writable(run_dir: str | os.PathLike) -> None:
     ``checkpoints/``, ``videos/``, ``config.json``, ...) is of the wrong
     kind. A ValueError in one line names what is in the way."""
     path = Path(run_dir).absolute()
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next(p for p in (path, *path.parents) if p.exists())  # (the root at least)
     if not existing.is_dir():
         raise ValueError(f"cannot create the run directory {os.fspath(path)}: {os.fspath(existing)} is a file "
                          "(Not a directory)")
@@ -261,8 +260,7 @@ def check_writable(run_dir: str | os.PathLike) -> None:
         raise ValueError(f"cannot write the run directory {os.fspath(path)}: {os.fspath(existing)} is not writable")
     for name in (TB_DIR, CHECKPOINT_DIR, "videos", CONFIG_FILE, METRICS_FILE, CURVE_FILE):
         part = path / name
-        wrong = part.exists() and (part.is_dir() != (name in (TB_DIR, CHECKPOINT_DIR, "videos")))
-        if wrong:
+        if part.exists() and part.is_dir() != (name in (TB_DIR, CHECKPOINT_DIR, "videos")):
             kind = "directory" if part.is_dir() else "file"
             raise ValueError(f"{os.fspath(part)} is a {kind} in the way of the run's own {name}; move it away or "
                              "pick another run directory")
@@ -383,8 +381,7 @@ def _row_problem(row: Any) -> str | None:
         return "no env_steps (expected a whole number >= 0)"
     for key, lowest in (("env_steps", 0), ("iteration", 0), ("seed", None)):
         value = row.get(key, 0)
-        whole = isinstance(value, int) and not isinstance(value, bool) or (isinstance(value, float)
-                                                                          and value.is_integer())
+        whole = type(value) is int or isinstance(value, float) and value.is_integer()  # (bool is no whole number)
         if not whole or (lowest is not None and value < lowest):
             return f"{key} is {json.dumps(value)[:40]}, expected a whole number{'' if lowest is None else ' >= 0'}"
     if not isinstance(row.get("eval", False), bool):
@@ -489,8 +486,7 @@ def plot_learning_curve(rows: list[dict[str, Any]], path: str | os.PathLike, tit
     eval return with the min-max band of its episodes. Several seeds: the
     mean eval return over seeds with the min-max band over seeds, and each
     seed's training return as a thin line."""
-    train = seed_curves([r for r in rows if r.get("train/completed_episodes", 1) > 0], "train/episode_return",
-                        eval_rows=False)
+    train = seed_curves([r for r in rows if r.get("train/completed_episodes", 1) > 0], "train/episode_return")
     n_seeds = len({r["seed"] for r in rows if "seed" in r})
     if n_seeds > 1:
         eval_x, eval_y, eval_lo, eval_hi = seed_band(rows)
@@ -562,8 +558,7 @@ def _end_last_line(path: Path) -> None:
     try:
         json.loads(data[start:])
     except ValueError:  # (UnicodeDecodeError is one)
-        with open(path, "r+b") as f:
-            f.truncate(start)
+        os.truncate(path, start)
         return
     with open(path, "ab") as f:
         f.write(b"\n")
@@ -714,10 +709,8 @@ class RunLogger:
 
 def pretty_path(p: Path) -> str:
     """``p`` relative to the current directory where it is under it, else absolute."""
-    try:
-        return str(p.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(p.resolve())
+    path = p.resolve()
+    return str(path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path)
 
 
 def fmt_seconds(s: float) -> str:
@@ -755,10 +748,8 @@ class StopFlag:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
+                with contextlib.suppress(ValueError, OSError):
                     self._previous[sig] = signal.signal(sig, self._handler)
-                except (ValueError, OSError):
-                    pass
         return self
 
     def __exit__(self, *exc):
@@ -1031,9 +1022,6 @@ class Run:
         if self.bar is None:
             return
         if RunLogger.is_eval(metrics):
-            if seed is None:
-                self.bar.evaluation(metrics, env_steps)
-                return
             if self._pending is not None and self._pending[0] != env_steps:
                 self._show_evaluations()
             self._pending = (env_steps, [*(self._pending or (0, []))[1], metrics])

@@ -102,30 +102,10 @@ class EnvSource:
     factory: Callable[..., Any]
     description: str = ""
     examples: tuple[str, ...] = ()
-    # The built-in sources take make's random_initial_steps / random_reset_steps themselves.
-    _takes_reset_options: bool = dataclasses.field(default=False, repr=False)
 
 
 # prefix -> source, in registration order (the order of listings)
 _SOURCES: dict[str, EnvSource] = {}
-
-
-def _add_source(prefix: str, factory: Callable[..., Any], description: str, example: str | Sequence[str] | None,
-                takes_reset_options: bool) -> None:
-    if not isinstance(prefix, str) or not prefix:
-        raise ValueError(f"register_source: prefix must be a non-empty string, got {prefix!r}")
-    if ":" in prefix:
-        raise ValueError(f"register_source: prefix must not contain ':' (give 'navix', not 'navix:'), got {prefix!r}")
-    if prefix in _SOURCES:
-        raise ValueError(f"register_source: prefix {prefix!r} is already registered "
-                         f"(unregister_source({prefix!r}) first to replace it)")
-    if not callable(factory):
-        raise ValueError(f"register_source: factory must be callable, got {factory!r}")
-    examples = () if example is None else (example,) if isinstance(example, str) else tuple(example)
-    for spec in examples:
-        if not (isinstance(spec, str) and spec.startswith(f"{prefix}:") and len(spec) > len(prefix) + 1):
-            raise ValueError(f"register_source: example must be a spec '{prefix}:NAME', got {spec!r}")
-    _SOURCES[prefix] = EnvSource(prefix, factory, description, examples, takes_reset_options)
 
 
 def register_source(prefix: str, factory: Callable[..., Any], *, description: str = "",
@@ -156,7 +136,20 @@ def register_source(prefix: str, factory: Callable[..., Any], *, description: st
         registered (see :func:`unregister_source`), ``factory`` is not
         callable, or an example does not start with ``PREFIX:``.
     """
-    _add_source(prefix, factory, description, example, takes_reset_options=False)
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError(f"register_source: prefix must be a non-empty string, got {prefix!r}")
+    if ":" in prefix:
+        raise ValueError(f"register_source: prefix must not contain ':' (give 'navix', not 'navix:'), got {prefix!r}")
+    if prefix in _SOURCES:
+        raise ValueError(f"register_source: prefix {prefix!r} is already registered "
+                         f"(unregister_source({prefix!r}) first to replace it)")
+    if not callable(factory):
+        raise ValueError(f"register_source: factory must be callable, got {factory!r}")
+    examples = () if example is None else (example,) if isinstance(example, str) else tuple(example)
+    for spec in examples:
+        if not (isinstance(spec, str) and spec.startswith(f"{prefix}:") and len(spec) > len(prefix) + 1):
+            raise ValueError(f"register_source: example must be a spec '{prefix}:NAME', got {spec!r}")
+    _SOURCES[prefix] = EnvSource(prefix, factory, description, examples)
 
 
 def unregister_source(prefix: str) -> EnvSource:
@@ -187,10 +180,10 @@ def _read_entry_points() -> None:
         try:
             found = point.load()
             if isinstance(found, EnvSource):
-                _add_source(point.name, found.factory, found.description, found.examples or None, False)
+                register_source(point.name, found.factory, description=found.description, example=found.examples)
             else:
                 summary = ((getattr(found, "__doc__", None) or "").strip().splitlines() or [""])[0]
-                _add_source(point.name, found, summary, getattr(found, "examples", None), False)
+                register_source(point.name, found, description=summary, example=getattr(found, "examples", None))
         except Exception as e:  # noqa: BLE001 -- a broken plug-in must not break every command
             dist = getattr(point, "dist", None)
             by = f" of the package {dist.name}" if dist is not None else ""
@@ -215,11 +208,15 @@ def is_own_code(spec: str) -> bool:
     ``MODULE:NAME``, a prefix that is no env source) rather than a built-in
     task or a source's env."""
     prefix, sep, _ = spec.partition(":")
-    if not sep:
-        return False
+    return bool(sep) and _source(prefix) is None
+
+
+def _source(prefix: str) -> EnvSource | None:
+    """The env source ``prefix``, or None; the installed packages' sources
+    are read first when it is not registered."""
     if prefix not in _SOURCES:
         _read_entry_points()
-    return prefix not in _SOURCES
+    return _SOURCES.get(prefix)
 
 
 def is_known(spec: str) -> bool:
@@ -238,7 +235,7 @@ def _missing(extra: str, package: str, err: ImportError) -> ImportError:
 def playground_episode_length(pg_env) -> int:
     """A Playground env's configured ``episode_length`` (default 1000)."""
     cfg = getattr(pg_env, "_config", None)
-    return int(cfg.get("episode_length", 1000)) if cfg is not None and hasattr(cfg, "get") else 1000
+    return int(cfg.get("episode_length", 1000)) if hasattr(cfg, "get") else 1000
 
 
 def _as_original_env(env) -> RLEnv | None:
@@ -292,6 +289,7 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
     ``train_ppo``, ``train_seeds``, ``new_training_state`` and
     ``check_replay_consistency`` call it on the envs they are given.
     """
+    from nnx_ppo.envs.adapters import BraxEnv, GymnaxEnv, PlaygroundEnv
     from nnx_ppo.envs.types import RLEnv
 
     if isinstance(env, RLEnv):
@@ -303,17 +301,11 @@ def as_env(env, *, episode_length: int | None = None, random_initial_steps: bool
     limits = (random_initial_steps, random_reset_steps)
     # a Playground env, or a subclass of one (vnl-playground's, the rodent tasks)
     if any(cls.__module__.split(".")[0] == "mujoco_playground" for cls in type(env).__mro__):
-        from nnx_ppo.envs.adapters import PlaygroundEnv
-
         length = playground_episode_length(env) if episode_length is None else episode_length
         return _time_limit(PlaygroundEnv(env, name), length, *limits)
     if module == "brax":
-        from nnx_ppo.envs.adapters import BraxEnv
-
         return _time_limit(BraxEnv(env, name), 1000 if episode_length is None else episode_length, *limits)
     if module == "gymnax":
-        from nnx_ppo.envs.adapters import GymnaxEnv
-
         return GymnaxEnv(env)
     if callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
         original = _as_original_env(env)
@@ -419,29 +411,23 @@ def _make_env(spec: str, kwargs: dict[str, Any]) -> RLEnv:
 
     if not sep:
         if spec not in _BUILTINS:
-            raise ValueError(f"Unknown environment {spec!r}{_did_you_mean(spec, list_envs())}. "
-                             f"Available: {', '.join(list_envs())}")
+            close = difflib.get_close_matches(spec, list_envs(), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"Unknown environment {spec!r}{hint}. Available: {', '.join(list_envs())}")
         ctor, default_len = _BUILTINS[spec]
         episode_length = kwargs.pop("episode_length", default_len)
         return _time_limit(ctor(**kwargs), episode_length, **reset_options)
 
-    if prefix not in _SOURCES:
-        _read_entry_points()
-    source = _SOURCES.get(prefix)
+    source = _source(prefix)
     if source is None and name:
         return _make_own(spec, kwargs, reset_options)
     if source is None or not name:
         raise ValueError(f"Unknown environment spec {spec!r}: expected a built-in name, one of the prefixes "
                          f"{', '.join(p + ':' for p in _SOURCES)}, or your own env as FILE.py:NAME or MODULE:NAME. "
                          f"Available: {', '.join(list_envs())}")
-    if source._takes_reset_options:
+    if source.factory is _make_gymnax:  # it adds a time limit for them (gymnax's own ends the episodes otherwise)
         return source.factory(name, **reset_options, **kwargs)
     return _with_reset_options(source.factory(name, **kwargs), reset_options)
-
-
-def _did_you_mean(word: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _make_own(spec: str, kwargs: dict[str, Any], reset_options: dict[str, Any]) -> RLEnv:
@@ -451,10 +437,9 @@ def _make_own(spec: str, kwargs: dict[str, Any], reset_options: dict[str, Any]) 
     try:
         ctor = load(spec, "env", "class or function")
     except ValueError as e:
-        prefix = spec.partition(":")[0]
+        prefix, _, name = spec.partition(":")
         if is_file_reference(spec) or "." in prefix:
             raise
-        name = spec.partition(":")[2]
         match = difflib.get_close_matches(prefix, list(_SOURCES), n=1, cutoff=0.6)
         close = f" (did you mean '{match[0]}:{name}'?)" if match else ""
         why = f" ({str(e).partition(': ')[2]})" if name.isidentifier() else ""
@@ -464,21 +449,17 @@ def _make_own(spec: str, kwargs: dict[str, Any], reset_options: dict[str, Any]) 
     if not callable(ctor):
         raise ValueError(f"env {spec!r} names {type(ctor).__name__} {ctor!r}, not an env class or function")
     episode_length = kwargs.pop("episode_length", None)
-    env = ctor(**kwargs)
-    if episode_length is not None:
-        return _time_limit(as_env(env), episode_length, **reset_options)
-    return _with_reset_options(env, reset_options)
+    return _with_reset_options(ctor(**kwargs), reset_options, episode_length)
 
 
-def _with_reset_options(env, reset_options: dict[str, Any]) -> RLEnv:
-    """A registered source's env, adapted by :func:`as_env`; ``make``'s
+def _with_reset_options(env, reset_options: dict[str, Any], episode_length: int | None = None) -> RLEnv:
+    """A source's or the user's env, adapted by :func:`as_env` (in a
+    ``TimeLimit`` of ``episode_length`` steps where given); ``make``'s
     ``random_initial_steps`` / ``random_reset_steps`` set on it when it is a
     ``TimeLimit`` (otherwise there is nothing to set them on)."""
-    from nnx_ppo.envs.types import RLEnv
     from nnx_ppo.envs.wrappers import TimeLimit
 
-    if not isinstance(env, RLEnv):
-        return as_env(env, **reset_options)
+    env = _time_limit(as_env(env), episode_length)
     if reset_options and isinstance(env, TimeLimit):
         options = {"random_initial_steps": env.random_initial_steps, "random_reset_steps": env.random_reset_steps}
         return TimeLimit(env.env, env.max_steps, **{**options, **reset_options})
@@ -495,7 +476,6 @@ def _make_gymnax(name: str, *, random_initial_steps: bool = False, random_reset_
     import gymnax
 
     from nnx_ppo.envs.adapters import GymnaxEnv
-    from nnx_ppo.envs.wrappers import TimeLimit
 
     if name not in gymnax.registered_envs:
         raise _unknown_name("gymnax", name, "gymnax", gymnax.registered_envs, "Available gymnax envs")
@@ -503,13 +483,12 @@ def _make_gymnax(name: str, *, random_initial_steps: bool = False, random_reset_
     if episode_length is not None:
         kwargs["max_steps_in_episode"] = int(episode_length)
     env = GymnaxEnv(name, **kwargs)
-    if not (random_initial_steps or random_reset_steps):
-        return env
-    return TimeLimit(env, int(env.params.max_steps_in_episode), random_initial_steps, random_reset_steps)
+    # a TimeLimit at the env's own limit, only for make's random start steps
+    length = env.params.max_steps_in_episode if random_initial_steps or random_reset_steps else None
+    return _time_limit(env, length, random_initial_steps, random_reset_steps)
 
 
-def _make_playground(name: str, *, random_initial_steps: bool = False, random_reset_steps: int = 0,
-                     **kwargs) -> RLEnv:
+def _make_playground(name: str, **kwargs) -> RLEnv:
     try:
         from mujoco_playground import registry as pg_registry
     except ImportError as e:
@@ -522,10 +501,10 @@ def _make_playground(name: str, *, random_initial_steps: bool = False, random_re
     pg_env = pg_registry.load(name, config_overrides={"impl": "jax", **kwargs})
     if episode_length is None:
         episode_length = playground_episode_length(pg_env)
-    return _time_limit(PlaygroundEnv(pg_env, name), episode_length, random_initial_steps, random_reset_steps)
+    return _time_limit(PlaygroundEnv(pg_env, name), episode_length)
 
 
-def _make_brax(name: str, *, random_initial_steps: bool = False, random_reset_steps: int = 0, **kwargs) -> RLEnv:
+def _make_brax(name: str, **kwargs) -> RLEnv:
     try:
         import brax.envs as brax_envs
     except ImportError as e:
@@ -535,26 +514,24 @@ def _make_brax(name: str, *, random_initial_steps: bool = False, random_reset_st
     if name not in brax_envs._envs:  # noqa: SLF001 -- brax exposes no public listing
         raise _unknown_name("brax", name, "brax", sorted(brax_envs._envs))
     episode_length = kwargs.pop("episode_length", 1000)
-    env = BraxEnv(brax_envs.get_environment(name, **kwargs), name)
-    return _time_limit(env, episode_length, random_initial_steps, random_reset_steps)
+    return _time_limit(BraxEnv(brax_envs.get_environment(name, **kwargs), name), episode_length)
 
 
-_add_source(
-    "gymnax", _make_gymnax, "a gymnax env; kwargs override its env params (episode_length: max_steps_in_episode)",
-    ["gymnax:CartPole-v1", "gymnax:Pendulum-v1", "gymnax:Acrobot-v1", "gymnax:MountainCarContinuous-v0",
-     "gymnax:MemoryChain-bsuite"],
-    takes_reset_options=True,
+register_source(
+    "gymnax", _make_gymnax,
+    description="a gymnax env; kwargs override its env params (episode_length: max_steps_in_episode)",
+    example=["gymnax:CartPole-v1", "gymnax:Pendulum-v1", "gymnax:Acrobot-v1", "gymnax:MountainCarContinuous-v0",
+             "gymnax:MemoryChain-bsuite"],
 )
-_add_source(
+register_source(
     "playground", _make_playground,
-    'a MuJoCo Playground env; kwargs are config overrides (pip install "nnx_ppo[playground]")',
-    ["playground:CartpoleBalance", "playground:PendulumSwingup", "playground:CheetahRun"],
-    takes_reset_options=True,
+    description='a MuJoCo Playground env; kwargs are config overrides (pip install "nnx_ppo[playground]")',
+    example=["playground:CartpoleBalance", "playground:PendulumSwingup", "playground:CheetahRun"],
 )
-_add_source(
-    "brax", _make_brax, 'a Brax env; kwargs go to brax.envs.get_environment (pip install "nnx_ppo[brax]")',
-    ["brax:inverted_pendulum", "brax:ant", "brax:halfcheetah"],
-    takes_reset_options=True,
+register_source(
+    "brax", _make_brax,
+    description='a Brax env; kwargs go to brax.envs.get_environment (pip install "nnx_ppo[brax]")',
+    example=["brax:inverted_pendulum", "brax:ant", "brax:halfcheetah"],
 )
 
 # ----------------------------------------------------------------------------- the user's own code
@@ -582,13 +559,6 @@ def normalized(ref: str) -> str:
 def short_name(ref: str) -> str:
     """``NAME`` of a ``FILE.py:NAME`` reference (for a run directory's name); anything else as it is."""
     return ref.rpartition(":")[2] if is_file_reference(ref) else ref
-
-
-def _split(ref: str, what: str) -> tuple[str, str]:
-    where, _, name = ref.rpartition(":")
-    if not where or not name.isidentifier():
-        raise ValueError(f"{what} {ref!r}: expected MODULE:NAME or FILE.py:NAME")
-    return where, name
 
 
 def _load_file(path: Path, ref: str, what: str):
@@ -629,7 +599,9 @@ def load(ref: str, what: str = "reference", kind: str = "") -> Any:
     it instead, after :func:`use_run_copies` chose it). A ValueError says in
     one line, starting with ``what`` and ``ref``, what could not be found
     (``kind``, e.g. "function", names what ``NAME`` should be)."""
-    where, name = _split(ref, what)
+    where, _, name = ref.rpartition(":")
+    if not where or not name.isidentifier():
+        raise ValueError(f"{what} {ref!r}: expected MODULE:NAME or FILE.py:NAME")
     redirect = _REDIRECTS.get(ref)
     if redirect is not None:
         module = _load_file(redirect, ref, what)
