@@ -94,22 +94,21 @@ def fresh_run_dir(run_dir: Path, overwrite: bool = False) -> None:
     data = rd.run_data(run_dir)
     if not data:
         return
-    if (run_dir / rd.CONFIG_FILE).exists() and not overwrite:
+    if overwrite:
+        print_warning(f"--overwrite: deleting what {pretty_path(run_dir)} held ({', '.join(data)})")
+        rd.clear_run(run_dir)
+        return
+    if (run_dir / rd.CONFIG_FILE).exists():
         try:
             rd.read_run_config(run_dir)
         except (FileNotFoundError, ValueError):
             raise CliError(f"{run_dir} holds a config.json that is no nnx-ppo run's ({', '.join(data)}); pick another "
                            "--run-dir, or --overwrite to delete them") from None
-    if overwrite:
-        print_warning(f"--overwrite: deleting what {pretty_path(run_dir)} held ({', '.join(data)})")
-        rd.clear_run(run_dir)
-        return
     ckpt = run_dir / rd.CHECKPOINT_DIR
-    resumable = has_checkpoint(ckpt)
-    if resumable and not (run_dir / rd.CONFIG_FILE).exists():
-        raise CliError(f"{ckpt} already holds {data[-1]} (of another run, without its config.json); a new run would "
-                       "prune them: move them away, pick another --run-dir, or --overwrite (deletes them)")
-    if resumable:
+    if has_checkpoint(ckpt):
+        if not (run_dir / rd.CONFIG_FILE).exists():
+            raise CliError(f"{ckpt} already holds {data[-1]} (of another run, without its config.json); a new run "
+                           "would prune them: move them away, pick another --run-dir, or --overwrite (deletes them)")
         advice = f"continue it with {shell_command(PROG, 'resume', run_dir)}"
     elif only_best_policy(ckpt):
         advice = (f"it cannot be resumed (only its best policy is left, no training checkpoint); evaluate or export "
@@ -128,12 +127,11 @@ def run_policy_spec(run_dir: Path, saved: dict[str, Any], step: int | str | None
     none, saying what there is instead."""
     ckpt_dir = run_dir / rd.CHECKPOINT_DIR
     if not has_checkpoint(ckpt_dir):
-        only_best = only_best_policy(ckpt_dir)
-        if only_best and step != "best":
+        if not only_best_policy(ckpt_dir):
+            raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
+        if step != "best":
             raise CliError(f"{run_dir} has no training checkpoint left, only its best policy "
                            f"({rd.CHECKPOINT_DIR}/best): give --best")
-        if not only_best:
-            raise CliError(f"{run_dir} has no checkpoints (was training stopped before the first one?)")
     env = make_env(saved["env"], saved.get("env_kwargs", {}))
     with usage_errors(TypeError, ValueError):
         spec = NetworkSpec.from_dict({"env": saved["env"], "env_kwargs": saved.get("env_kwargs", {}),
@@ -162,7 +160,7 @@ def read_run(run_dir: Path, rebuild: str | None = None) -> dict[str, Any]:
         raise CliError(f"{run_dir} was trained from Python on {what}, which the command line cannot rebuild to "
                        f"{rebuild}; do it from Python (load_policy(run, network=...)), or name the env and network "
                        "when training (train_ppo('ENV', 'FILE.py:FUNCTION', config, run_dir=...))")
-    if rebuild and isinstance(saved.get("env"), str) and not is_known(saved["env"]):
+    if rebuild and not is_known(saved["env"]):  # (read_run_config checked that it is a string)
         raise CliError(f"{run_dir} was trained on the env {saved['env']!r}, which the script that trained it "
                        f"registered (nnx_ppo.envs.register) and {PROG} does not know; to {rebuild}, run the command "
                        f"through that script (nnx_ppo.cli.main()), or train with the env named by its file "
@@ -339,12 +337,12 @@ def _print_decay_change(cmd, saved: dict[str, Any]) -> None:
           f"from {rates}", flush=True)
 
 
-def check_distinct_seeds(seeds, flag: str = "--seeds") -> list[int]:
-    """``seeds`` (none: one run) as distinct valid seeds; a one-line CliError naming ``flag`` otherwise."""
+def check_distinct_seeds(seeds) -> list[int]:
+    """``seeds`` (none: one run) as distinct valid seeds; a one-line CliError naming ``--seeds`` otherwise."""
     from nnx_ppo.algorithms.config import check_seeds
 
     with usage_errors(ValueError):
-        return check_seeds(seeds, flag) if seeds else []
+        return check_seeds(seeds, "--seeds") if seeds else []
 
 
 @contextlib.contextmanager
@@ -496,25 +494,21 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
     from nnx_ppo.algorithms.ppo import FootprintError, NonFiniteError
 
     stop = StopFlag(run.write)
-    code, result = 0, None
+    code, result, error, lost = 0, None, None, None
     try:  # (a bad metrics row of a resumed run, a config too large for the memory: refused before training)
         with stop, usage_errors(rd.MetricsError, FootprintError):
             result = train(stop)
     except KeyboardInterrupt:
-        run.close()
         where = f" is in {pretty_path(run.path / rd.CHECKPOINT_DIR)}" if run.path is not None else " is kept"
-        print_error(f"aborted; metrics so far are kept, and the last saved checkpoint (if any){where}")
-        code = 130
+        code, error = 130, f"aborted; metrics so far are kept, and the last saved checkpoint (if any){where}"
     except NonFiniteError as e:
-        run.close()
-        print_error(str(e))
-        code = 1
+        code, error = 1, str(e)
     except (ValueError, OSError, RuntimeError) as e:  # env checks, checkpoints, shapes, the disk
-        run.close()
-        if process_count() > 1:  # a collective that failed because a peer is gone: the watch names the peer
-            await_lost_peer(e)
-        print_error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        code = 1
+        code, error, lost = 1, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", e
     finally:
-        run.close()
+        run.close()  # (before the error line, and before waiting for a lost peer)
+    if lost is not None and process_count() > 1:  # a collective that failed because a peer is gone: the watch names it
+        await_lost_peer(lost)
+    if error is not None:
+        print_error(error)
     return code, result, stop.requested

@@ -16,6 +16,7 @@ and the plots (``sweep_<field>.png``: final return against each swept value;
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import json
 import math
@@ -75,7 +76,9 @@ def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
         if not sep or not values.strip() or not name.strip().removeprefix("--").startswith("ppo."):
             raise CliError(f"--grid: expected FIELD=V1,V2,... such as ppo.learning-rate=1e-3,3e-4, got {entry!r}")
         if field not in known:
-            raise CliError(f"--grid: unknown field {name.strip()}{_did_youmean(field)}; sweepable: {allowed}")
+            close = difflib.get_close_matches(field, known, n=1, cutoff=0.6)
+            hint = f" (did you mean ppo.{close[0].replace('_', '-')}?)" if close else ""
+            raise CliError(f"--grid: unknown field {name.strip()}{hint}; sweepable: {allowed}")
         if field not in PER_MEMBER:
             raise CliError(f"--grid: {name.strip()} cannot differ between the members of one program (it changes "
                            f"array shapes or the program); sweepable: {allowed}")
@@ -90,26 +93,14 @@ def parse_grid(entries: tuple[str, ...] | list[str]) -> dict[str, list[float]]:
     return grid
 
 
-def _did_youmean(field: str) -> str:
-    """`` (did you mean ppo.learning-rate?)`` for a misspelt PPOConfig field; ``""`` when none is close."""
-    import difflib
-
-
-    close = difflib.get_close_matches(field, [f.name for f in dataclasses.fields(PPOConfig)], n=1, cutoff=0.6)
-    return f" (did you mean ppo.{close[0].replace('_', '-')}?)" if close else ""
-
-
 def grid_configs(base, grid: dict[str, list[float]]) -> tuple[list, list[dict[str, float]]]:
     """Every combination of ``grid``'s values (the last field varying
     fastest) applied to ``base``'s PPOConfig: ``(configs, their grid values)``.
     A value a field refuses raises a CliError naming it."""
-    configs, values = [], []
-    for combination in itertools.product(*grid.values()):
-        chosen = dict(zip(grid, combination))
-        with usage_errors(ValueError, prefix="--grid: "):
-            configs.append(dataclasses.replace(base, ppo=dataclasses.replace(base.ppo, **chosen)))
-        values.append(chosen)
-    return configs or [base], values or [{}]
+    values = [dict(zip(grid, combination)) for combination in itertools.product(*grid.values())]
+    with usage_errors(ValueError, prefix="--grid: "):
+        configs = [dataclasses.replace(base, ppo=dataclasses.replace(base.ppo, **chosen)) for chosen in values]
+    return configs, values
 
 
 def run_sweep(cmd: SweepCommand, argv: list[str], saved: dict[str, Any] | None = None) -> int:
@@ -170,12 +161,11 @@ def _sweep(cmd: SweepCommand, argv: list[str], run_dir: Path, configs: list, see
                                     resume_from=run_dir if resuming else None, should_stop=stop)
 
     code, results, stopped = train_into(run, train)
-    if results is not None:
-        failed = [i for i, r in enumerate(results) if r.failure is not None]
-        if failed:
-            print_error(f"members {failed} failed (the others trained on): " + "; ".join(
-                f"{i}: {results[i].failure.error}" for i in failed[:3]))
-            code = 1
+    failed = [i for i, r in enumerate(results or []) if r.failure is not None]
+    if failed:
+        print_error(f"members {failed} failed (the others trained on): " + "; ".join(
+            f"{i}: {results[i].failure.error}" for i in failed[:3]))
+        code = 1
     if (run_dir / rd.METRICS_FILE).exists():
         summary = sweep_summary(run_dir, threshold)
         plots = write_outputs(run_dir, summary)
@@ -255,16 +245,16 @@ def _curve_stats(steps: list[int], ys: list[float], elapsed: dict[int, float],
     return {"auc": auc, **threshold_reached(steps, ys, elapsed, threshold)}
 
 
-def _member_entries(members: list[dict[str, Any]], fields: list[str], rows: list[dict[str, Any]],
-                    threshold: float | None) -> list[dict[str, Any]]:
+def _member_entries(members: list[dict[str, Any]], fields: list[str], rows: list[dict[str, Any]], curves: dict,
+                    elapsed: dict[int, float], threshold: float | None) -> list[dict[str, Any]]:
     """Every member's entry of the summary: seed, starting values of
     ``fields``, final and best return, AUC and threshold, its failure
     (``{"iteration", "env_steps", "reason", "type"}`` or None; a failed
     member has no final return and no AUC), its PBT ``lineage`` and its
-    final ``hyperparameters`` (as logged)."""
-    curves = rd.seed_curves(rows, _METRIC)  # member index -> (steps, returns)
+    final ``hyperparameters`` (as logged). ``curves``: member index ->
+    (steps, returns) of ``rows``; ``elapsed``: their :func:`elapsed_seconds`."""
     failures, lineage = rd.failure_rows(rows), member_lineage(rows)
-    final_values, elapsed = _final_hyperparameters(rows), elapsed_seconds(rows)
+    final_values = _final_hyperparameters(rows)
     entries = []
     for i, m in enumerate(members):
         steps, ys = curves.get(i, ([], []))
@@ -305,7 +295,7 @@ def sweep_summary(run_dir: Path, threshold: float | None = None) -> dict[str, An
     rows = rd.read_metrics(run_dir)
     curves = rd.seed_curves(rows, _METRIC)
     elapsed = elapsed_seconds(rows)
-    per_member = _member_entries(members, fields, rows, threshold)
+    per_member = _member_entries(members, fields, rows, curves, elapsed, threshold)
     configs = []
     for c in range(len(members) // len(seeds)):
         indices = list(range(c * len(seeds), (c + 1) * len(seeds)))
