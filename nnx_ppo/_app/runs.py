@@ -494,21 +494,25 @@ def train_into(run: Run, train: Callable[[StopFlag], Any]) -> tuple[int, Any, bo
     from nnx_ppo.algorithms.ppo import FootprintError, NonFiniteError
 
     stop = StopFlag(run.write)
-    code, result, error, lost = 0, None, None, None
+    code, result = 0, None
     try:  # (a bad metrics row of a resumed run, a config too large for the memory: refused before training)
         with stop, usage_errors(rd.MetricsError, FootprintError):
             result = train(stop)
     except KeyboardInterrupt:
+        run.close()
         where = f" is in {pretty_path(run.path / rd.CHECKPOINT_DIR)}" if run.path is not None else " is kept"
-        code, error = 130, f"aborted; metrics so far are kept, and the last saved checkpoint (if any){where}"
+        print_error(f"aborted; metrics so far are kept, and the last saved checkpoint (if any){where}")
+        code = 130
     except NonFiniteError as e:
-        code, error = 1, str(e)
+        run.close()
+        print_error(str(e))
+        code = 1
     except (ValueError, OSError, RuntimeError) as e:  # env checks, checkpoints, shapes, the disk
-        code, error, lost = 1, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", e
+        run.close()
+        if process_count() > 1:  # a collective that failed because a peer is gone: the watch names the peer
+            await_lost_peer(e)
+        print_error(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        code = 1
     finally:
-        run.close()  # (before the error line, and before waiting for a lost peer)
-    if lost is not None and process_count() > 1:  # a collective that failed because a peer is gone: the watch names it
-        await_lost_peer(lost)
-    if error is not None:
-        print_error(error)
+        run.close()
     return code, result, stop.requested
