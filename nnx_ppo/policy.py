@@ -204,8 +204,8 @@ class Policy:
         self._network = copy_tree(NetworkFn.of(network, self.deterministic))
         self._step = jax.jit(_act)
         self._init = jax.jit(_initial, static_argnums=1)
-        self._env = env
-        self._make_env: Callable[[], Any] | None = None  # set by load_policy: rebuilds the run's env when needed
+        # the env, or (set by load_policy) a function that rebuilds the run's env when needed
+        self._make_env: Callable[[], Any] | None = None if env is None else (lambda: env)
         self._observation: Any = None
 
     def initial_carry(self, n: int) -> Any:
@@ -226,16 +226,12 @@ class Policy:
         """One env's observation as shapes (``jax.ShapeDtypeStruct`` leaves,
         no batch axis), from the policy's env; None when the policy does not
         know its env (built from a network alone)."""
-        if self._observation is None:
-            env = self._env
-            if env is None and self._make_env is not None:
-                try:
-                    env = self._env = self._make_env()
-                except (ValueError, TypeError, ImportError) as e:
-                    raise ValueError(f"Policy: cannot rebuild the env of this policy's run ({e}); pass an example "
-                                     "observation batch to export (policy.export(path, obs))") from None
-            if env is None:
-                return None
+        if self._observation is None and self._make_env is not None:
+            try:
+                env = self._make_env()
+            except (ValueError, TypeError, ImportError) as e:
+                raise ValueError(f"Policy: cannot rebuild the env of this policy's run ({e}); pass an example "
+                                 "observation batch to export (policy.export(path, obs))") from None
             self._observation = jax.eval_shape(lambda key: env.reset(key).obs, jax.random.key(0))
         return self._observation
 
@@ -323,14 +319,12 @@ class Policy:
         """The exported initial carry and step for batches of ``batch`` (a
         number or a symbolic dimension), and the parameters they take first."""
         params, params_def = jax.tree.flatten(self._network.params)
-        rest, rest_def = jax.tree.flatten(self._network.rest)
-        graphdef = self._network.graphdef
 
         def network(params):  # the parameters come in as arguments, as in the live step
-            return NetworkFn(graphdef, jax.tree.unflatten(params_def, params), jax.tree.unflatten(rest_def, rest))
+            return self._network.with_state(params=jax.tree.unflatten(params_def, params))
 
         leaves, carry_def = jax.tree.flatten(self.initial_carry(1))
-        key_impls = [jax.random.key_impl(x) if _is_key(x) else None for x in leaves]
+        key_impls = [jax.random.key_impl(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else None for x in leaves]
 
         def to_data(tree):  # typed PRNG keys cross the boundary as their uint32 data
             return [jax.random.key_data(x) if impl is not None else x
@@ -355,10 +349,6 @@ class Policy:
         exported_step = jax.export.export(jax.jit(step), platforms=platforms)(params_spec, carry_spec, obs_spec,
                                                                               done_spec)
         return init, exported_step, params
-
-
-def _is_key(x: Any) -> bool:
-    return jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def _symbolic_failure(error: BaseException) -> str:

@@ -259,10 +259,7 @@ PRESETS: tuple[Preset, ...] = (
 
 def find_preset(env: str, network: str | None = None) -> Preset | None:
     """The preset for ``env`` (and ``network``, when given), or ``None``."""
-    for preset in PRESETS:
-        if preset.env == env and (network is None or preset.network == network):
-            return preset
-    return None
+    return next((p for p in PRESETS if p.env == env and (network is None or p.network == network)), None)
 
 
 def get_preset(env: str, network: str | None = None) -> Preset:

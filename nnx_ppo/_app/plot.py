@@ -62,7 +62,6 @@ def bootstrap_interval(values: Any, statistic: Any = interquartile_mean, n_resam
     from scipy.stats import bootstrap
 
     samples = [np.asarray(g, float).ravel() for g in values] if groups else [np.asarray(values, float).ravel()]
-    samples = [g for g in samples if g.size]
     moving = [g for g in samples if g.size > 1]  # (scipy resamples only samples of two or more)
     fixed = np.concatenate([g for g in samples if g.size == 1] or [np.empty(0)])
     if not moving:
@@ -127,7 +126,7 @@ def _plot(runs: list[tuple[str, list[dict[str, Any]]]], metric: str, threshold: 
         color = f"C{i % 10}"
         n = len(rd.seed_curves(rows, metric))
         ax.plot(steps, mean, "o-", color=color, linewidth=2, markersize=3,
-                label=f"{name} ({n} seed{'s' if n != 1 else ''}: mean, min-max band)" if n > 1 else name)
+                label=f"{name} ({n} seeds: mean, min-max band)" if n > 1 else name)
         if n > 1:
             ax.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
     if threshold is not None:

@@ -112,14 +112,11 @@ def _load(ckpt_dir: Path, network, training_seed: int | None, which: int | str |
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CheckpointFallbackWarning)
-        try:
-            network = load_run_network(ckpt_dir, network, seed=training_seed, step=which)
-        finally:
-            shown = list(caught)
-    for w in shown:  # shown as without the catch (once, for the seeds of one checkpoint)
+        network = load_run_network(ckpt_dir, network, seed=training_seed, step=which)
+    for w in caught:  # shown as without the catch (once, for the seeds of one checkpoint)
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source,
                                registry=globals().setdefault("__warningregistry__", {}))
-    fallbacks = [w.message for w in shown if isinstance(w.message, CheckpointFallbackWarning)]
+    fallbacks = [w.message for w in caught if isinstance(w.message, CheckpointFallbackWarning)]
     if fallbacks and fallbacks[-1].loaded is not None:
         return network, _step(fallbacks[-1].loaded), _step(fallbacks[0].skipped)
     path = find_checkpoint(ckpt_dir.resolve(), which, training_seed if which == "best" else None)
