@@ -77,12 +77,6 @@ class Delay(StatefulModule):
                   for shape, dtype in zip(self._leaf_shapes, self._leaf_dtypes)]
         return {"buffer": jax.tree.unflatten(self._treedef, leaves), "idx": jnp.zeros((batch_size,), jnp.int32)}
 
-    def reset_state(self, prev_state: Any) -> Any:
-        if self.k_steps == 0:
-            return ()
-        return {"buffer": jax.tree.map(lambda b: jnp.full_like(b, self.initial_value), prev_state["buffer"]),
-                "idx": jnp.zeros_like(prev_state["idx"])}
-
     def _check_state(self, state: Any, batch: int) -> tuple[list[jax.Array], jax.Array]:
         if not isinstance(state, dict) or set(state) != {"buffer", "idx"}:
             raise ValueError(f"Delay: state must be the dict {{'buffer', 'idx'}} from initialize_state, got {state!r}")

@@ -40,7 +40,7 @@ from typing import Any, TypedDict, Unpack
 import jax
 from flax import nnx
 
-from nnx_ppo.envs.spaces import is_space
+from nnx_ppo.envs.spaces import Box, Discrete, is_space, space_shape
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Concat, Parallel, Sequential
 from nnx_ppo.networks.feedforward import Dense
@@ -88,19 +88,10 @@ def make_mlp_layers(
     if len(sizes) < 2:
         raise ValueError(f"make_mlp: sizes needs an input and an output size, got {list(sizes)}")
     act = _activation(activation)
-    layers = []
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        last = i == len(sizes) - 2
-        layers.append(
-            Dense(
-                n_in,
-                n_out,
-                rngs,
-                activation=act if (not last or activation_last_layer) else None,
-                init_scale=last_layer_init_scale if last else 1.0,
-            )
-        )
-    return layers
+    hidden = [Dense(n_in, n_out, rngs, activation=act) for n_in, n_out in zip(sizes[:-2], sizes[1:-1])]
+    last = Dense(sizes[-2], sizes[-1], rngs, activation=act if activation_last_layer else None,
+                 init_scale=last_layer_init_scale)
+    return [*hidden, last]
 
 
 def make_mlp(sizes: Sequence[int], rngs: nnx.Rngs, *args: Any, **kwargs: Any) -> Sequential:
@@ -120,19 +111,25 @@ def make_mlp(sizes: Sequence[int], rngs: nnx.Rngs, *args: Any, **kwargs: Any) ->
     return Sequential(make_mlp_layers(sizes, rngs, *args, **kwargs))
 
 
-def _obs_front(obs_size: Any, normalize_obs: bool) -> tuple[list[StatefulModule], int]:
+def _is_shape(s: Any) -> bool:
+    return isinstance(s, numbers.Integral) or (
+        isinstance(s, tuple) and all(isinstance(d, numbers.Integral) for d in s))
+
+
+def _width(shapes: Any, owner: str = "make_intention_network") -> int:
+    """Flat width of a pytree of shapes (ints or tuples of ints); a ValueError names ``owner``."""
+    leaves = jax.tree.leaves(shapes, is_leaf=_is_shape)
+    if not leaves or not all(_is_shape(s) for s in leaves):
+        raise ValueError(f"{owner}: expected shapes (ints or tuples of ints), got {shapes!r}")
+    return sum(int(s) if isinstance(s, numbers.Integral) else math.prod(s) for s in leaves)
+
+
+def _obs_front(obs_size: Any, normalize_obs: bool, owner: str) -> tuple[list[StatefulModule], int]:
     """Normalizer (optional) and Flattener for an int, tuple or dict of shapes."""
-    if isinstance(obs_size, int):
-        flat = obs_size
-    else:
-        shapes = jax.tree.leaves(
-            obs_size, is_leaf=lambda s: isinstance(s, tuple) and all(isinstance(d, int) for d in s)
-        )
-        flat = sum(math.prod(s) if isinstance(s, tuple) else int(s) for s in shapes)
     layers: list[StatefulModule] = [Normalizer(obs_size)] if normalize_obs else []
     if not isinstance(obs_size, int):
         layers.append(Flattener())
-    return layers, flat
+    return layers, _width(obs_size, owner)
 
 
 class ActorCriticOptions(TypedDict, total=False):
@@ -197,8 +194,19 @@ def _prepare(
             + f"; its keyword arguments are {', '.join(valid)} (see its docstring and ActorCriticOptions)"
         )
     resolved: ActorCriticOptions = {**_DEFAULT_OPTIONS, **options}
-    front, flat = _obs_front(obs_size, resolved["normalize_obs"])
+    front, flat = _obs_front(obs_size, resolved["normalize_obs"], factory)
     return resolved, rngs if rngs is not None else nnx.Rngs(0), front, flat
+
+
+def _policy(n_in: int, action_size: int, discrete: bool, rngs: nnx.Rngs, entropy_weight: float, min_std: float,
+            std_scale: float) -> list[StatefulModule]:
+    """A policy head: a ``Dense`` producing logits (``discrete``) or mean and std
+    (``2 * action_size``), then its sampler (built in that order, the RNG order)."""
+    if discrete:
+        return [Dense(n_in, action_size, rngs, init_scale=0.01),
+                CategoricalSampler(rngs, entropy_weight=entropy_weight)]
+    return [Dense(n_in, 2 * action_size, rngs, init_scale=0.01),
+            NormalTanhSampler(rngs, entropy_weight=entropy_weight, min_std=min_std, std_scale=std_scale)]
 
 
 def _heads(
@@ -214,17 +222,8 @@ def _heads(
         raise TypeError(f"action_size must be an int (the number of action dims, or of discrete actions), got "
                         f"{action_size!r}; for a tuple or dict of actions, build the policy head by hand: a "
                         "PPOAdapter whose action port ends in one sampler per action (docs/networks.md)")
-    if options["discrete"]:
-        policy: list[StatefulModule] = [
-            Dense(policy_in, action_size, rngs, init_scale=0.01),
-            CategoricalSampler(rngs, entropy_weight=options["entropy_weight"]),
-        ]
-    else:
-        policy = [
-            Dense(policy_in, 2 * action_size, rngs, init_scale=0.01),
-            NormalTanhSampler(rngs, entropy_weight=options["entropy_weight"], min_std=options["min_std"],
-                              std_scale=options["std_scale"]),
-        ]
+    policy = _policy(policy_in, action_size, options["discrete"], rngs, options["entropy_weight"], options["min_std"],
+                     options["std_scale"])
     value_keys = options["value_keys"]
     if value_keys is None:
         return policy, Dense(value_in, 1, rngs)
@@ -330,9 +329,7 @@ def make_actor_critic_for_env(env: Any, network: str = "mlp", rngs: nnx.Rngs | N
     go to the factory. The env must expose ``observation_space`` and
     ``action_space`` (see :mod:`nnx_ppo.envs`).
     """
-    from nnx_ppo.envs.spaces import Discrete, space_shape
-
-    obs_size = jax.tree.map(lambda s: space_shape(s), env.observation_space, is_leaf=is_space)
+    obs_size = space_shape(env.observation_space)
     if isinstance(obs_size, tuple) and len(obs_size) == 1:
         obs_size = obs_size[0]
     space = env.action_space
@@ -351,8 +348,6 @@ def make_actor_critic_for_env(env: Any, network: str = "mlp", rngs: nnx.Rngs | N
 def _observation_leaves(space: Any) -> list[tuple[tuple[str, ...], int]]:
     """``(dict-key path, flat width)`` of every leaf space of an observation
     space (``[((), width)]`` for a single ``Box``)."""
-    from nnx_ppo.envs.spaces import space_shape
-
     leaves = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(space, is_leaf=is_space)[0]:
         if not all(isinstance(entry, jax.tree_util.DictKey) for entry in path):
@@ -446,8 +441,6 @@ def make_modular_actor_critic(
       TypeError: the action space is not a dict of ``Box`` and ``Discrete`` spaces.
       ValueError: an unknown ``observe`` or activation.
     """
-    from nnx_ppo.envs.spaces import Box, Discrete, space_shape
-
     if observe not in ("part", "body"):
         raise ValueError(f"make_modular_actor_critic: observe must be 'part' or 'body', got {observe!r}")
     actions = env.action_space
@@ -469,13 +462,9 @@ def make_modular_actor_critic(
         return Sequential([view, *mlp, *out(sizes[-1] if sizes else width)])
 
     def policy_out(space) -> Callable[[int], list[StatefulModule]]:
-        if isinstance(space, Discrete):
-            return lambda n_in: [Dense(n_in, space.n, rngs, init_scale=0.01),
-                                 CategoricalSampler(rngs, entropy_weight=entropy_weight)]
-        size = math.prod(space_shape(space))
-        return lambda n_in: [Dense(n_in, 2 * size, rngs, init_scale=0.01),
-                             NormalTanhSampler(rngs, entropy_weight=entropy_weight, min_std=min_std,
-                                               std_scale=std_scale)]
+        discrete = isinstance(space, Discrete)
+        size = space.n if discrete else math.prod(space_shape(space))
+        return lambda n_in: _policy(n_in, size, discrete, rngs, entropy_weight, min_std, std_scale)
 
     def value_out(n_in: int) -> list[StatefulModule]:
         return [Dense(n_in, 1, rngs)]
@@ -485,9 +474,7 @@ def make_modular_actor_critic(
         value = head(None, critic_hidden_sizes, value_out)
     else:
         value = Parallel({r: head(r, critic_hidden_sizes, value_out) for r in reward_keys})
-    front: list[StatefulModule] = []
-    if normalize_obs:
-        front.append(Normalizer(jax.tree.map(space_shape, env.observation_space, is_leaf=is_space)))
+    front: list[StatefulModule] = [Normalizer(space_shape(env.observation_space))] if normalize_obs else []
     return Sequential([*front, PPOAdapter(action=action, value=value)])
 
 
@@ -532,27 +519,10 @@ def count_parameters(module: nnx.Module) -> int:
     return sum(math.prod(leaf.shape) for leaf in leaves)
 
 
-def _is_shape(s: Any) -> bool:
-    return isinstance(s, numbers.Integral) or (
-        isinstance(s, tuple) and all(isinstance(d, numbers.Integral) for d in s))
-
-
-def _width(shapes: Any) -> int:
-    """Flat width of a pytree of shapes (ints or tuples of ints)."""
-    leaves = jax.tree.leaves(shapes, is_leaf=_is_shape)
-    if not leaves or not all(_is_shape(s) for s in leaves):
-        raise ValueError(f"make_intention_network: expected shapes (ints or tuples of ints), got {shapes!r}")
-    return sum(int(s) if isinstance(s, numbers.Integral) else math.prod(s) for s in leaves)
-
-
-def _path(key: str | tuple) -> tuple:
-    return key if isinstance(key, tuple) else (key,)
-
-
 def _entry(observation_size: Mapping, key: str | tuple, role: str) -> Any:
     """The shapes of the observation entry at ``key`` (a key or a tuple path)."""
     value: Any = observation_size
-    for part in _path(key):
+    for part in (key if isinstance(key, tuple) else (key,)):
         if not isinstance(value, Mapping) or part not in value:
             keys = list(observation_size)
             raise ValueError(f"make_intention_network: the observation has no {role} entry {key!r}; "
@@ -566,9 +536,7 @@ def _observation_shapes(env: Any, observation_size: Any) -> Mapping:
     if observation_size is None:
         if env is None:
             raise TypeError("make_intention_network: pass an env or observation_size")
-        from nnx_ppo.envs.spaces import space_shape
-
-        observation_size = jax.tree.map(space_shape, env.observation_space, is_leaf=is_space)
+        observation_size = space_shape(env.observation_space)
     if not isinstance(observation_size, Mapping):
         raise TypeError(f"make_intention_network: the observation must be a dict holding the reference "
                         f"and the proprioception, got shapes {observation_size!r}")
@@ -580,8 +548,6 @@ def _action_width(env: Any, action_size: int | None) -> int:
     if action_size is None:
         if env is None:
             raise TypeError("make_intention_network: pass an env or action_size")
-        from nnx_ppo.envs.spaces import Box
-
         space = env.action_space
         if not isinstance(space, Box):
             raise TypeError(f"make_intention_network: needs a continuous (Box) action space, got {space!r}")
@@ -730,8 +696,7 @@ def make_intention_network(
         Filter({"intention": reference_key, "proprioception": proprioception_key}),
         Concat(intention=encoder, proprioception=Flattener()),
         *decoder_layers,
-        Dense(head_in, 2 * n_action, rngs, init_scale=0.01),
-        NormalTanhSampler(rngs, entropy_weight=entropy_weight, min_std=min_std, std_scale=std_scale),
+        *_policy(head_in, n_action, False, rngs, entropy_weight, min_std, std_scale),
     ])
     critic_mlp = make_mlp_layers([n_observation, *critic_sizes], rngs, activation) if critic_sizes else []
     value = Sequential([

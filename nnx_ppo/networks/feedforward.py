@@ -51,11 +51,11 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     return x @ w
 
 
-def check_features(owner: str, x: jax.Array, features: int, argument: str = "in_features") -> None:
+def check_features(owner: str, x: jax.Array, features: int) -> None:
     """Raise a ValueError naming ``owner`` unless ``x`` has shape ``[B, features]``."""
     if jnp.ndim(x) != 2 or x.shape[-1] != features:
         raise ValueError(f"{owner}: x has shape {tuple(jnp.shape(x))}, expected (B, {features}) "
-                         f"({argument}={features})")
+                         f"(in_features={features})")
 
 
 def check_argument(owner: str, name: str, value: Any, ok: bool, rule: str) -> None:

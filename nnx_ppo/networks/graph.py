@@ -171,15 +171,11 @@ def _check_connection(populations: tuple[Population, ...], connections: tuple[Co
     if any(c.name == name for c in connections):
         raise ValueError(f"PopulationGraph: duplicate connection name {name!r}; pass name=... to "
                          "connect() to connect the same pair twice")
-    if transform is not None:
-        src_size, dst_size = by_name[src].size, by_name[dst].size
-        in_f, out_f = getattr(transform, "in_features", None), getattr(transform, "out_features", None)
-        if isinstance(in_f, int) and in_f != src_size:
-            raise ValueError(f"PopulationGraph: connection {name!r}: transform has in_features={in_f}, "
-                             f"expected {src_size} (size of source population {src!r})")
-        if isinstance(out_f, int) and out_f != dst_size:
-            raise ValueError(f"PopulationGraph: connection {name!r}: transform has out_features={out_f}, "
-                             f"expected {dst_size} (size of target population {dst!r})")
+    for attribute, role, pname in (("in_features", "source", src), ("out_features", "target", dst)):
+        features, size = getattr(transform, attribute, None), by_name[pname].size
+        if isinstance(features, int) and features != size:
+            raise ValueError(f"PopulationGraph: connection {name!r}: transform has {attribute}={features}, "
+                             f"expected {size} (size of {role} population {pname!r})")
     return name
 
 
@@ -334,9 +330,8 @@ class PopulationGraph(StatefulModule):
         # Static wiring, kept as tuples (nnx.split/merge sorts dict keys).
         self._order = order
         self._incoming = tuple((name, tuple(c for c in self._connections if c.dst == name)) for name in order)
-        self._buffers = tuple((p.name, max(c.delay for c in self._connections if c.src == p.name))
-                              for p in self._populations
-                              if any(c.src == p.name and c.delay > 0 for c in self._connections))
+        self._buffers = tuple((name, info.max_outgoing_delay) for name, info in self.populations.items()
+                              if info.max_outgoing_delay > 0)
         self._finalized = True
         return self
 

@@ -34,7 +34,6 @@ from nnx_ppo.networks.types import (
     SequenceOutput,
     StatefulModule,
     StatefulModuleOutput,
-    batch_size_of,
     flatten_time,
     has_fast_replay,
     replay_in_time,
@@ -139,9 +138,6 @@ class RecurrentCell(StatefulModule):
         if self.carry_keys is None:
             return entries["h"]
         return tuple(entries[key] for key in self.carry_keys) if self.carry_as_tuple else entries
-
-    def reset_state(self, prev_state: Any) -> Any:
-        return self.initialize_state(batch_size_of(prev_state))
 
     def __call__(self, state: Any, x: jax.Array, rollout_extras: Any = None) -> StatefulModuleOutput:
         check_features(type(self).__name__, x, self.in_features)

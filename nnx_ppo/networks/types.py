@@ -87,18 +87,13 @@ class JaxDataclass:
         """A copy with the given fields changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
-    def _field_names(self) -> tuple[str, ...]:
-        return tuple(field.name for field in dataclasses.fields(self))  # type: ignore[arg-type]
-
     def tree_flatten(self) -> tuple[list[Any], tuple[str, ...]]:
         """``(children, names)``: every field's value, in field order."""
-        names = self._field_names()
+        names = tuple(field.name for field in dataclasses.fields(self))  # type: ignore[arg-type]
         return [getattr(self, name) for name in names], names
 
     def tree_flatten_with_keys(self) -> tuple[list[tuple[Any, Any]], tuple[str, ...]]:
         """Like :meth:`tree_flatten`, with a ``GetAttrKey`` per child."""
-        import jax
-
         children, names = self.tree_flatten()
         return [(jax.tree_util.GetAttrKey(name), child) for name, child in zip(names, children)], names
 
