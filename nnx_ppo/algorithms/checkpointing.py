@@ -98,14 +98,11 @@ def _step_names():
     return _ocp().path.step.standard_name_format(step_prefix=_STEP_PREFIX, step_format_fixed_length=_STEP_DIGITS)
 
 
-def _training_fields(state: Any) -> tuple[str, ...]:
-    """The training fields ``state`` has values for (``member`` is None outside a population)."""
-    return tuple(f for f in _TRAINING_FIELDS if getattr(state, f) is not None)
-
-
-def _sections(state: Any, fields: tuple[str, ...]) -> dict[str, Any]:
-    """``{field: getattr(state, field)}`` for the named fields, in order."""
-    return {name: getattr(state, name) for name in fields}
+def _items(state: Any) -> dict[str, dict[str, Any]]:
+    """``{orbax item: {field: getattr(state, field)}}`` of a training state, fields in
+    order; a training field without a value (``member`` outside a population) is left out."""
+    return {"network": {f: getattr(state, f) for f in _NETWORK_FIELDS},
+            "training": {f: getattr(state, f) for f in _TRAINING_FIELDS if getattr(state, f) is not None}}
 
 
 # --------------------------------------------------------------------------- finding checkpoints
@@ -204,11 +201,9 @@ def _newest_intact(directory: str | os.PathLike, restore: Any) -> Any:
     :class:`CheckpointFallbackWarning` naming it and the one used instead.
     ``directory`` naming one checkpoint restores exactly that one."""
     root = pathlib.Path(directory).absolute()
-    if _is_checkpoint(root):
-        return restore(root)
-    candidates = [path for _, path in reversed(list_checkpoints(root))] or [_resolve_latest(root)]
+    candidates = [root] if _is_checkpoint(root) else [path for _, path in reversed(list_checkpoints(root))]
     skipped: list[tuple[pathlib.Path, CheckpointError]] = []
-    for path in candidates:
+    for path in candidates or [_resolve_latest(root)]:
         try:
             result = restore(path)
         except CheckpointError as err:
@@ -409,8 +404,7 @@ def save_training_state(
     The write is atomic: the checkpoint only appears under its final name
     once complete. Saving an existing step replaces it.
     """
-    items = {"network": _sections(state, _NETWORK_FIELDS), "training": _sections(state, _training_fields(state))}
-    return _write(directory, items, config, step=step, keep=keep, metadata=metadata, who="save_training_state")
+    return _write(directory, _items(state), config, step=step, keep=keep, metadata=metadata, who="save_training_state")
 
 
 def save_policy(directory: str | os.PathLike, params: Any, rest: Any, config: Any, *, step: int,
@@ -484,17 +478,15 @@ def _restore_item(path: pathlib.Path, item_name: str, sections: dict[str, Any],
     orbax item and rebuild each tree with the template's structure."""
     ocp = _ocp()
     prepared = {}
+    target = {}
     for name, tree in sections.items():
         entries, arrays, treedef = _describe_leaves(name, tree)
         if name not in saved_layout:
             raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: its layout lacks the {name!r} section")
         order = _check_layout_matches(path, name, saved_layout[name], entries)
         prepared[name] = (entries, arrays, treedef, jax.tree.leaves(tree), order)
-    target = {
-        name: {_leaf_name(j): jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
-               for j, a in zip(order, arrays) if math.prod(a.shape) > 0}
-        for name, (_, arrays, _, _, order) in prepared.items()
-    }
+        target[name] = {_leaf_name(j): jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
+                        for j, a in zip(order, arrays) if math.prod(a.shape) > 0}
     try:
         checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
         restored = checkpointer.restore(path / item_name, args=ocp.args.StandardRestore(target))
@@ -533,8 +525,8 @@ def restore_training_state(directory: str | os.PathLike, template: Any) -> Any:
     def restore(path: pathlib.Path) -> Any:
         layout = _read_layout(path)
         values = {}
-        values.update(_restore_item(path, "network", _sections(template, _NETWORK_FIELDS), layout))
-        values.update(_restore_item(path, "training", _sections(template, _training_fields(template)), layout))
+        for item_name, sections in _items(template).items():
+            values.update(_restore_item(path, item_name, sections, layout))
         return dataclasses.replace(template, **values)
 
     return _newest_intact(directory, restore)

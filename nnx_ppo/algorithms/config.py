@@ -122,15 +122,12 @@ def _field(default: Any, *, member: tuple[float, float] | None = None, resume: b
     - ``member``: the field may differ between the members of one compiled
       program (a number that changes no array shape), and these are the
       bounds population-based training keeps it in
-      (:func:`per_member_fields`);
+      (:func:`per_member_bounds`);
     - ``resume``: the field may change when a run is resumed (the others
       would change the network, the state's shapes or the run's meaning;
       :func:`resume_changes`).
     """
-    metadata: dict[str, Any] = {"resume": resume}
-    if member is not None:
-        metadata["member"] = member
-    return dataclasses.field(default=default, metadata=metadata)
+    return dataclasses.field(default=default, metadata={"resume": resume, "member": member})
 
 
 class ConfigTypeError(TypeError, ValueError):
@@ -348,17 +345,13 @@ class PPOConfig:
                     "PPOConfig: learning_rate_decay=True with a learning_rate schedule is ambiguous; "
                     "build the decay into the schedule (e.g. optax.linear_schedule) and leave learning_rate_decay off"
                 )
-        elif isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, numbers.Real):
-            raise ConfigTypeError(
-                "PPOConfig.learning_rate must be a positive finite number or a schedule (a callable from the "
-                f"optimizer update count to the learning rate, e.g. from optax), got "
-                f"{type(self.learning_rate).__name__} {self.learning_rate!r}"
-            )
-        elif not 0 < self.learning_rate < math.inf:  # also rejects NaN
-            raise ValueError(
-                "PPOConfig.learning_rate must be a positive finite number or a schedule (a callable from the "
-                f"optimizer update count to the learning rate, e.g. from optax), got {self.learning_rate!r}"
-            )
+        else:
+            wanted = ("PPOConfig.learning_rate must be a positive finite number or a schedule (a callable from the "
+                      "optimizer update count to the learning rate, e.g. from optax), got ")
+            if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, numbers.Real):
+                raise ConfigTypeError(f"{wanted}{type(self.learning_rate).__name__} {self.learning_rate!r}")
+            if not 0 < self.learning_rate < math.inf:  # also rejects NaN
+                raise ValueError(f"{wanted}{self.learning_rate!r}")
         for name in ("critic_loss_weight", "regularization_weight"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"PPOConfig.{name} must be >= 0, got {getattr(self, name)}")
@@ -516,19 +509,14 @@ def config_from_dict(data: dict[str, Any], cls: type = TrainConfig, where: str =
     (a number or a schedule). It is required when the config was saved with
     a schedule (saved as a description only): without it that raises
     :class:`ScheduleNotSavedError`."""
-    if learning_rate is not None:
-        if cls is PPOConfig:
-            data = {**data, "learning_rate": learning_rate}
-        elif isinstance(data.get("ppo"), dict):
-            data = {**data, "ppo": {**data["ppo"], "learning_rate": learning_rate}}
-    if cls is PPOConfig:
-        saved = data.get("learning_rate")
-        if isinstance(saved, str):
-            raise ScheduleNotSavedError(
-                f"{where}: this config was saved with a learning-rate schedule ({saved}), and a schedule "
-                "cannot be saved; pass it again as learning_rate=... (config_from_dict, "
-                "checkpointing.load_config) to load the config"
-            )
+    if cls is PPOConfig and learning_rate is not None:
+        data = {**data, "learning_rate": learning_rate}
+    if cls is PPOConfig and isinstance(data.get("learning_rate"), str):
+        raise ScheduleNotSavedError(
+            f"{where}: this config was saved with a learning-rate schedule ({data['learning_rate']}), and a "
+            "schedule cannot be saved; pass it again as learning_rate=... (config_from_dict, "
+            "checkpointing.load_config) to load the config"
+        )
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
@@ -539,7 +527,7 @@ def config_from_dict(data: dict[str, Any], cls: type = TrainConfig, where: str =
             continue
         hint = hints.get(key)
         if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            value = config_from_dict(value, hint, where)
+            value = config_from_dict(value, hint, where, learning_rate=learning_rate)
         kwargs[key] = value
     return cls(**kwargs)
 
@@ -549,7 +537,7 @@ def per_member_bounds() -> dict[str, tuple[float, float]]:
     between the members of one program (declared with ``member=`` on the
     field), in field order; the bounds are the range population-based
     training keeps a perturbed value in."""
-    return {f.name: f.metadata["member"] for f in dataclasses.fields(PPOConfig) if "member" in f.metadata}
+    return {f.name: f.metadata["member"] for f in dataclasses.fields(PPOConfig) if f.metadata.get("member")}
 
 
 def flat_fields(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
