@@ -90,7 +90,7 @@ class GymnaxEnv(RLEnv):
                 a = jnp.clip(jnp.asarray(jnp.reshape(a, (-1,)), jnp.float32), -1.0, 1.0)
                 return (jnp.asarray(low) + (a + 1.0) * 0.5 * (jnp.asarray(high) - jnp.asarray(low))).reshape(shape)
 
-            return Box((int(np.prod(shape)) if shape else 1,), -1.0, 1.0), to_env
+            return Box((int(np.prod(shape)),), -1.0, 1.0), to_env
         if isinstance(s, gspaces.Dict):
             parts = {k: self._convert_action_space(v, gspaces) for k, v in s.spaces.items()}
             return ({k: space for k, (space, _) in parts.items()},

@@ -34,10 +34,6 @@ class Box:
         if np.any(self.low > self.high):
             raise ValueError(f"Box low must be <= high, got low={low}, high={high}")
 
-    @property
-    def bounded(self) -> bool:
-        return bool(np.all(np.isfinite(self.low)) and np.all(np.isfinite(self.high)))
-
     def sample(self, key: jax.Array) -> jax.Array:
         """Uniform sample where bounded, standard normal (clipped) elsewhere."""
         finite = np.isfinite(self.low) & np.isfinite(self.high)
@@ -47,10 +43,6 @@ class Box:
         u = jax.random.uniform(k1, self.shape, minval=jnp.asarray(low), maxval=jnp.asarray(high))
         n = jnp.clip(jax.random.normal(k2, self.shape), jnp.asarray(self.low), jnp.asarray(self.high))
         return jnp.where(jnp.asarray(finite), u, n).astype(self.dtype)
-
-    def contains(self, x) -> bool:
-        x = np.asarray(x)
-        return x.shape == self.shape and bool(np.all(x >= self.low) and np.all(x <= self.high))
 
     def __eq__(self, other):
         return (isinstance(other, Box) and self.shape == other.shape and self.dtype == other.dtype
@@ -79,10 +71,6 @@ class Discrete:
     def sample(self, key: jax.Array) -> jax.Array:
         return jax.random.randint(key, (), 0, self.n, dtype=jnp.int32)
 
-    def contains(self, x) -> bool:
-        x = np.asarray(x)
-        return x.shape == () and 0 <= int(x) < self.n
-
     def __eq__(self, other):
         return isinstance(other, Discrete) and other.n == self.n
 
@@ -93,9 +81,6 @@ class Discrete:
         return f"Discrete({self.n})"
 
 
-Space = Box | Discrete
-
-
 def is_space(x: Any) -> bool:
     """Whether ``x`` is a :class:`Box` or a :class:`Discrete` (a leaf of a space tree)."""
     return isinstance(x, (Box, Discrete))
@@ -103,8 +88,6 @@ def is_space(x: Any) -> bool:
 
 def space_shape(space):
     """Shape of one value of ``space``; for a pytree of spaces, the same pytree of shapes."""
-    if is_space(space):
-        return space.shape
     return jax.tree.map(lambda s: s.shape, space, is_leaf=is_space)
 
 

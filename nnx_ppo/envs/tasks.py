@@ -71,10 +71,6 @@ class CueMemory(RLEnv):
         self.delay = int(delay)
 
     @property
-    def episode_steps(self) -> int:
-        return self.delay + 2
-
-    @property
     def observation_space(self):
         return Box((self.n_cues + 1,), 0.0, 1.0)
 
@@ -292,8 +288,7 @@ class LimbReacher(RLEnv):
 
     def _obs(self, q, targets):
         to_target = targets - self._fingertips(q)
-        proprio = jnp.concatenate([jnp.cos(q[:, :1]), jnp.sin(q[:, :1]), jnp.cos(q[:, 1:]), jnp.sin(q[:, 1:])],
-                                  axis=-1)
+        proprio = jnp.stack([jnp.cos(q), jnp.sin(q)], axis=-1).reshape(self.n_limbs, 4)  # [cos q1, sin q1, ...]
         return {"target": {k: to_target[i] for i, k in enumerate(self.limbs)},
                 "proprioception": {k: proprio[i] for i, k in enumerate(self.limbs)}}
 

@@ -118,10 +118,6 @@ def path_name(prefix: str, path) -> str:
     return prefix + jax.tree_util.keystr(path)
 
 
-def shape_of(x):
-    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
-
-
 def dtype_of(x):
     return x.dtype if hasattr(x, "dtype") else jnp.result_type(x)
 
@@ -139,7 +135,7 @@ def compare_structure(name, a, b):
         parts = parts or [f"{structure_a} vs {structure_b}"]
         fail(f"{name}: pytree structure differs between reset and step states ({'; '.join(parts)})")
     for k, xa in pa.items():
-        sa, sb = shape_of(xa), shape_of(pb[k])
+        sa, sb = np.shape(xa), np.shape(pb[k])
         da, db = dtype_of(xa), dtype_of(pb[k])
         if sa != sb:
             fail(f"{k}: shape differs between reset {sa} and step {sb}")
@@ -149,9 +145,9 @@ def compare_structure(name, a, b):
 
 def check_scalar_per_env(name, tree, n_envs):
     for k, x in leaves_with_paths(tree, name).items():
-        if shape_of(x) != (n_envs,):
+        if np.shape(x) != (n_envs,):
             fail(f"{k}: must be a scalar per environment (batched shape ({n_envs},)), "
-                 f"got per-env shape {shape_of(x)[1:]}")
+                 f"got per-env shape {np.shape(x)[1:]}")
         if dtype_of(x) != jnp.float32:
             fail(f"{k}: dtype must be float32, got {dtype_of(x)}")
 

@@ -21,10 +21,14 @@ class Wrapper(RLEnv):
         self.env = env
 
     def reset(self, key):
-        return self.env.reset(key)
+        return self._map_state(self.env.reset(key))
 
     def step(self, state, action):
-        return self.env.step(state, action)
+        return self._map_state(self.env.step(state, action))
+
+    def _map_state(self, state):
+        """What the wrapper changes in the states ``reset`` and ``step`` return (here: nothing)."""
+        return state
 
     @property
     def observation_space(self):
@@ -121,14 +125,8 @@ class RewardScale(Wrapper):
         super().__init__(env)
         self.scale = float(scale)
 
-    def _scale(self, state):
+    def _map_state(self, state):
         return state.replace(reward=jax.tree.map(lambda r: (r * self.scale).astype(r.dtype), state.reward))
-
-    def reset(self, key):
-        return self._scale(self.env.reset(key))
-
-    def step(self, state, action):
-        return self._scale(self.env.step(state, action))
 
 
 class ObservationMask(Wrapper):
@@ -160,17 +158,11 @@ class ObservationMask(Wrapper):
         else:
             raise TypeError(f"ObservationMask: unsupported observation space {space!r}")
 
-    def _mask(self, state):
+    def _map_state(self, state):
+        # Inner envs keep their own state in `data`, so they never read the masked obs.
         if self._keep is None:
             return state.replace(obs={k: v for k, v in state.obs.items() if k not in self.hide})
         return state.replace(obs=jnp.take(state.obs, jnp.asarray(self._keep), axis=-1))
-
-    def reset(self, key):
-        return self._mask(self.env.reset(key))
-
-    def step(self, state, action):
-        # Inner envs keep their own state in `data`, so they never read the masked obs.
-        return self._mask(self.env.step(state, action))
 
     @property
     def observation_space(self):

@@ -27,7 +27,6 @@ from nnx_ppo.envs.types import (
     fail,
     leaves_with_paths,
     path_name,
-    shape_of,
 )
 
 __all__ = ["check_replay_consistency", "ReplayReport", "check_env", "EnvCheckError", "EnvCheckReport"]
@@ -68,16 +67,15 @@ def _require_finite(name, tree):
 
 
 def _check_obs_space(obs, space):
-    leaves, treedef = jax.tree_util.tree_flatten(space, is_leaf=_spaces.is_space)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(space, is_leaf=_spaces.is_space)
     try:
         obs_leaves = treedef.flatten_up_to(obs)
     except (ValueError, TypeError) as e:
         fail(f"obs: structure does not match observation_space ({e})")
-    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(space, is_leaf=_spaces.is_space)[0]]
-    for p, s, x in zip(paths, leaves, obs_leaves):
+    for (p, s), x in zip(leaves, obs_leaves):
         k = path_name("obs", p)
-        if shape_of(x)[1:] != s.shape:
-            fail(f"{k}: shape {shape_of(x)[1:]} does not match observation_space shape {s.shape}")
+        if np.shape(x)[1:] != s.shape:
+            fail(f"{k}: shape {np.shape(x)[1:]} does not match observation_space shape {s.shape}")
         if dtype_of(x) != s.dtype:
             fail(f"{k}: dtype {dtype_of(x)} does not match observation_space dtype {s.dtype}")
 
@@ -91,26 +89,23 @@ def _check_state(state, n_envs, obs_space, what):
     check_scalar_per_env("done", state.done, n_envs)
     check_scalar_per_env("info['truncated']", state.info["truncated"], n_envs)
     for k, x in leaves_with_paths(state.metrics, "metrics").items():
-        if shape_of(x) != (n_envs,):
-            fail(f"{k}: metrics must be scalars per environment, got per-env shape {shape_of(x)[1:]}")
+        if np.shape(x) != (n_envs,):
+            fail(f"{k}: metrics must be scalars per environment, got per-env shape {np.shape(x)[1:]}")
     _check_obs_space(state.obs, obs_space)
     _require_finite("obs", state.obs)
     _require_finite("reward", state.reward)
     d, t = np.asarray(state.done), np.asarray(state.info["truncated"])
-    if not np.all((d == 0) | (d == 1)):
-        fail(f"done: must be 0.0 or 1.0, got {d}")
-    if not np.all((t == 0) | (t == 1)):
-        fail(f"info['truncated']: must be 0.0 or 1.0, got {t}")
+    for name, x in (("done", d), ("info['truncated']", t)):
+        if not np.all((x == 0) | (x == 1)):
+            fail(f"{name}: must be 0.0 or 1.0, got {x}")
     if np.any(t > d):
         fail("info['truncated']: set to 1 on a step where done is 0 (truncated implies done)")
 
 
 def _stored_keys(state, in_data):
-    found = {}
-    if in_data:
-        found.update({k: x for k, x in leaves_with_paths(state.data, "data").items() if _looks_like_key(x)})
-    found.update({k: x for k, x in leaves_with_paths(state.info, "info").items() if _looks_like_key(x)})
-    return found
+    trees = {"data": state.data, "info": state.info} if in_data else {"info": state.info}
+    found = {k: x for name, tree in trees.items() for k, x in leaves_with_paths(tree, name).items()}
+    return {k: x for k, x in found.items() if _looks_like_key(x)}
 
 
 def _key_bits(x):
