@@ -59,19 +59,15 @@ def _first_carry_divergence(stored, replayed, reset, tolerance) -> tuple[int, st
     """The earliest step and carry leaf (its jax keystr) where the replay's
     own carry differs from the rollout's, ignoring steps where the carry was reset."""
     keep = ~np.asarray(reset)
-    best = None
+    found = []
     for path, s in jax.tree_util.tree_leaves_with_path(stored):
         r = _get(replayed, path)
-        if jnp.issubdtype(s.dtype, jax.dtypes.prng_key):
-            s, r = jax.random.key_data(s), jax.random.key_data(r)
         diff = np.abs(np.asarray(s, np.float64) - np.asarray(r, np.float64))
         diff = diff.reshape(diff.shape[:2] + (-1,)).max(axis=-1) if diff.ndim > 2 else diff
         bad = (diff > tolerance) & keep
         if bad.any():
-            t = int(np.argwhere(bad)[0][0])
-            if best is None or t < best[0]:
-                best = (t, jax.tree_util.keystr(path))
-    return best
+            found.append((int(np.argwhere(bad)[0][0]), jax.tree_util.keystr(path)))
+    return min(found, key=lambda step_leaf: step_leaf[0], default=None)
 
 
 def _divergence_text(step: int, leaf: str, owner: str | None) -> str:
@@ -150,8 +146,7 @@ def _batch_dependence(network, env, n_envs: int, seed: int, tolerance: float) ->
         for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(other)):
             if not (batched(a) and batched(b)):
                 continue
-            if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
-                a, b = jax.random.key_data(a), jax.random.key_data(b)
+            a, b = _key_data(a), _key_data(b)
             if float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b[::-1], jnp.float32)))) > tolerance:
                 return (f"module {name}: its output for an env depends on the other envs of the batch (the same "
                         f"{n_envs} envs in reverse order get other outputs), so a minibatch replay cannot "

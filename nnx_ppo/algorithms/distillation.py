@@ -150,13 +150,9 @@ class TeacherStudent:
             pick = lambda t, s: jnp.where(jnp.reshape(use_teacher, use_teacher.shape + (1,) * (s.ndim - 1)), t, s)
             actions = jax.tree.map(pick, teacher_actions, actions)
             next_state["key"] = keys[:, 0]
-        output = PPONetworkOutput(actions=actions, loglikelihoods=s_out.output.loglikelihoods,
-                                  value_estimates=s_out.output.value_estimates)
-        out = StatefulModuleOutput(
+        out = s_out.replace(
             next_state=next_state,
-            output=output,
-            regularization_loss=s_out.regularization_loss,
-            metrics=s_out.metrics,
+            output=s_out.output.replace(actions=actions),
             rollout_extras={"student": s_out.rollout_extras, "teacher_actions": teacher_actions},
         )
         return out, dataclasses.replace(self, student=student, teacher=teacher)

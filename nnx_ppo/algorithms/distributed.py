@@ -27,7 +27,13 @@ directories (:func:`is_primary`).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import os
+import socket
+import sys
+import threading
+import time
 from typing import Any
 
 import jax
@@ -69,8 +75,6 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
     if process_id == 0:
         check_port_free(coordinator_address)
     if local_device_count is not None:
-        import os
-
         flag = f"--xla_force_host_platform_device_count={int(local_device_count)}"
         os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), flag]).strip()
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -90,8 +94,6 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int,
 def _end_unless(message: str, timeout: float):
     """An event; unless it is set within ``timeout`` seconds, print
     ``message`` as an error and end the process with exit code 1."""
-    import threading
-
     done = threading.Event()
 
     def expire() -> None:
@@ -105,9 +107,6 @@ def _end_unless(message: str, timeout: float):
 def _end(message: str) -> None:
     """Print ``message`` as one error line and end this process now (exit
     code 1), even while its main thread waits inside JAX."""
-    import os
-    import sys
-
     print(f"nnx-ppo: error: {message}", file=sys.stderr, flush=True)
     os._exit(1)
 
@@ -115,8 +114,6 @@ def _end(message: str) -> None:
 def check_port_free(coordinator_address: str) -> None:
     """Process 0 listens on the coordinator's port: a ValueError in one line
     when something else holds it (instead of a crash inside gRPC)."""
-    import socket
-
     port = coordinator_address.rpartition(":")[2]
     try:
         port_number = int(port)
@@ -166,9 +163,6 @@ def watch_peers(timeout: float = DEFAULT_TIMEOUT, on_lost=None, interval: float 
     (default: print the message and end this process with exit code 1,
     even while the main thread waits in a collective). Returns a function
     that stops the watch. No-op alone."""
-    import threading
-    import time
-
     if jax.process_count() == 1:
         return lambda: None
     from jax._src import distributed as jax_distributed
@@ -205,14 +199,11 @@ def watch_peers(timeout: float = DEFAULT_TIMEOUT, on_lost=None, interval: float 
                              "last checkpoint")
                         return
             except Exception as err:  # the coordinator (process 0) is gone
-                if not stopped.is_set():
-                    lost(f"process {me}: lost the coordinator, process 0 ({str(err).splitlines()[0][:160]}); "
-                         "restart every process with --resume to continue from the last checkpoint")
+                lost(f"process {me}: lost the coordinator, process 0 ({str(err).splitlines()[0][:160]}); "
+                     "restart every process with --resume to continue from the last checkpoint")
                 return
 
     threading.Thread(target=beat, name="nnx-ppo-peer-watch", daemon=True).start()
-    import atexit
-
     atexit.register(stopped.set)  # before JAX's own shutdown (registered earlier, run later) ends the coordinator
     _WATCH.update(timeout=timeout + 2 * interval, stopped=stopped)
     return stopped.set
@@ -227,8 +218,6 @@ def await_lost_peer(error: BaseException) -> None:
     :func:`watch_peers` runs, wait until the watch has named the lost peer
     and ended this process. Returns at once otherwise (or, if no peer is
     lost within the watch's timeout, after it)."""
-    import time
-
     text = str(error)
     collective = any(word in text for word in ("Gloo", "gloo", "Connection closed", "Connection reset",
                                                "UNAVAILABLE", "DEADLINE_EXCEEDED", "NCCL"))
@@ -245,14 +234,6 @@ def process_count() -> int:
 def is_primary() -> bool:
     """True in process 0, the one that logs and writes run directories."""
     return jax.process_index() == 0
-
-
-def barrier(name: str) -> None:
-    """Wait until every process reaches the barrier ``name`` (no-op alone)."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
 
 
 def to_global(tree: Any, shardings: Any) -> Any:
@@ -297,13 +278,11 @@ def local_devices(n_devices: int | None, n_envs: int, n_seeds: int | None = None
     if n > len(available):
         raise ValueError(f"TrainConfig.n_devices is {n_devices} but only {len(available)} local devices exist "
                          f"({available[0].platform})")
-    if n_seeds is not None:
-        if n_seeds % n:
-            raise ValueError(f"the number of seeds ({n_seeds}) must be divisible by the number of devices ({n}) to "
-                             "shard the seeds over them (TrainConfig.shard_seeds); change the seeds, "
-                             "TrainConfig.n_devices, or shard the envs instead (shard_seeds=False)")
-        return available[:n]
-    if n_envs % n:
+    if n_seeds is not None and n_seeds % n:
+        raise ValueError(f"the number of seeds ({n_seeds}) must be divisible by the number of devices ({n}) to "
+                         "shard the seeds over them (TrainConfig.shard_seeds); change the seeds, "
+                         "TrainConfig.n_devices, or shard the envs instead (shard_seeds=False)")
+    if n_seeds is None and n_envs % n:
         raise ValueError(f"PPOConfig.n_envs ({n_envs}) must be divisible by the number of devices ({n}) to shard "
                          "the envs over them; change n_envs or TrainConfig.n_devices")
     return available[:n]

@@ -189,7 +189,7 @@ def _check_paths(network: nnx.Module, paths: Any) -> list[str]:
     known = _recordable(network)
     if isinstance(paths, str):
         paths = [paths]
-    chosen: list[str] = []
+    chosen: dict[str, None] = {}  # insertion-ordered, without repeats
     for path in paths:
         if not isinstance(path, str):
             raise TypeError(f"record_activations: paths must be strings like 'layers/0', got {path!r}")
@@ -197,12 +197,11 @@ def _check_paths(network: nnx.Module, paths: Any) -> list[str]:
         if path not in known:
             raise ValueError(f"record_activations: unknown module path {path!r}; recordable paths are: "
                              + ", ".join(repr(p) for p in known))
-        if path not in chosen:
-            chosen.append(path)
+        chosen[path] = None
     if not chosen:
         raise ValueError("record_activations: paths is empty; expected at least one of: "
                          + ", ".join(repr(p) for p in known))
-    return chosen
+    return list(chosen)
 
 
 # ----------------------------------------------------------------------------- the recording copy
