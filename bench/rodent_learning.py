@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     for ax in axes[1]:
         ax.set_xlabel("env steps")
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1e3:.0f}k"))
-    axes[0, 0].legend(fontsize=8)
+    for ax in (axes[0, 0], axes[1, 0]):  # runs without training rows (the original's) appear only below
+        ax.legend(fontsize=7)
     fig.suptitle("rodent_imitation, CPU-size intention preset, solo runs")
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
