@@ -204,3 +204,14 @@ def test_a_tuple_action_size_is_a_named_error():
     with pytest.raises(TypeError, match=r"action_size must be an int .* got \(3,\); .* by hand"):
         make_mlp_actor_critic(3, (3,), rngs=nnx.Rngs(0))
     make_mlp_actor_critic(3, np.int64(2), rngs=nnx.Rngs(0))  # a NumPy integer is an int
+
+
+@pytest.mark.parametrize("obs_size", [{"a": 2.5}, "x", {}])
+def test_an_obs_size_that_is_not_shapes_is_refused(obs_size):
+    """``obs_size`` must be an int, a tuple of ints or a pytree of them; anything
+    else fails in one line naming the factory (it is not read as some width)."""
+    expected = r": expected shapes \(ints or tuples of ints\)"
+    with pytest.raises(ValueError, match="make_mlp_actor_critic" + expected):
+        make_mlp_actor_critic(obs_size, 2, (8,), (8,), nnx.Rngs(0), normalize_obs=False)
+    with pytest.raises(ValueError, match="make_recurrent_actor_critic" + expected):
+        make_recurrent_actor_critic(obs_size, 2, nnx.Rngs(0), normalize_obs=False)

@@ -224,3 +224,49 @@ def test_one_iteration_reads_four_files():
     assert "algorithms/ppo.py" in found, listing  # (the profile saw the trace)
     elsewhere = {(path, name) for path, names in found.items() if path not in ITERATION_FILES for name in names}
     assert elsewhere <= SHARED_WITH_MODULES, f"the iteration reads {sorted(found)}:\n{listing}"
+
+
+# `nnx-ppo train` reaches PPO's update through these files, besides the network's and the env's own
+# (docs/architecture.md).
+TRAIN_PATH_FILES = {"cli.py", "_app/runs.py", "_app/train.py", "presets.py", "network_spec.py", "runner.py",
+                    "algorithms/config.py", "algorithms/distributed.py", "algorithms/checkpointing.py",
+                    "algorithms/trainer.py", "algorithms/ppo.py", "algorithms/functional.py"}
+
+
+def test_train_reaches_the_update_through_twelve_files(tmp_path, monkeypatch):
+    """Every package file outside ``networks/`` and ``envs/`` in which a
+    function runs between ``cli.main`` starting and the first call of
+    ``update_epochs`` is one of :data:`TRAIN_PATH_FILES` (the original
+    0.3.0's import paths, ``_original_paths.py``, run nothing on the way)."""
+    import sys
+
+    from nnx_ppo import cli
+    from nnx_ppo.algorithms import ppo
+
+    root = str(ROOT) + "/"
+    reached = []
+    found: set[str] = set()
+    update_epochs = ppo.update_epochs
+
+    def first_update(*args, **kwargs):
+        reached.append(True)
+        return update_epochs(*args, **kwargs)
+
+    def profile(frame, event, arg):
+        path = frame.f_code.co_filename
+        if event == "call" and not reached and path.startswith(root) and frame.f_code.co_flags & 0x2:  # a function
+            found.add(path[len(root):])
+
+    monkeypatch.setattr(ppo, "update_epochs", first_update)
+    sys.setprofile(profile)
+    try:
+        cli.main(["train", "cue_memory", "--run-dir", str(tmp_path / "run"), "--ppo.n-envs", "4",
+                  "--ppo.rollout-length", "4", "--ppo.n-minibatches", "2", "--ppo.total-steps", "32",
+                  "--eval.no-enabled"])
+    except SystemExit:
+        pass
+    finally:
+        sys.setprofile(None)
+    assert reached, "the run never reached update_epochs"
+    ours = {path for path in found if not path.startswith(("networks/", "envs/"))}
+    assert ours <= TRAIN_PATH_FILES, sorted(ours - TRAIN_PATH_FILES)
