@@ -309,6 +309,8 @@ def analyze(trace_file: str, hlo_text: str, iterations: int, top: int = 12, part
     program's name in the trace)."""
     op_names, flops_of, bytes_of = read_hlo(hlo_text)
     ops, modules = device_events(trace_file, module_prefix)
+    if modules:  # the trace may open inside an iteration already running (the driver dispatches ahead): count
+        iterations = sum(modules) / max(modules)  # the traced share of program runs, not the calls made
     table = breakdown(ops, op_names, flops_of, bytes_of, iterations, parts)
     return summary(table, modules, iterations, top), table["by_op"]
 

@@ -185,7 +185,8 @@ def diagnose_replay(network, env, *, n_envs: int = 8, rollout_length: int = 32, 
         key_rollout, key_perm = jax.random.split(state.key)
         net = NetworkFn(graphdef, state.params, state.rest)
         with compute_precision(precision):
-            rollout = collect_rollout(env, net, state.rollout, key_rollout, rollout_length, True)
+            rollout = collect_rollout(env, net, state.rollout, key_rollout, rollout_length, True,
+                                      every_carry=True)
             traj = rollout.trajectory
             dummy = jax.tree.map(jnp.zeros_like, traj.values)
             batches = split_minibatches(

@@ -101,7 +101,7 @@ class DistillationConfig:
 class TeacherStudent:
     """The network the rollout runs: student and frozen teacher side by side.
 
-    Has :class:`NetworkFn`'s ``apply`` and ``reset``, so
+    Has :class:`NetworkFn`'s ``apply``, ``reset`` and ``fixed_resets``, so
     :func:`~nnx_ppo.algorithms.ppo.collect_rollout` runs it unchanged.
     Carry ``{"student", "teacher"}`` (plus ``"key"``, ``[B]`` keys, with
     mixing); observations are the env's, or ``{"student", "teacher"}`` when
@@ -164,6 +164,14 @@ class TeacherStudent:
         fresh = {**carry, "student": student_carry, "teacher": teacher_carry}
         return fresh, dataclasses.replace(self, student=student, teacher=teacher)
 
+    def fixed_resets(self, carry: Any) -> list[bool]:
+        """:meth:`NetworkFn.fixed_resets` of both networks, per leaf of
+        ``carry`` (the mixing keys are not fixed)."""
+        flags = lambda view, sub: jax.tree.unflatten(jax.tree.structure(sub), view.fixed_resets(sub))
+        tree = {**jax.tree.map(lambda _: False, carry), "student": flags(self.student, carry["student"]),
+                "teacher": flags(self.teacher, carry["teacher"])}
+        return jax.tree.leaves(tree)
+
 
 def distillation_loss(params: Any, network: NetworkFn, trajectory: Trajectory,
                       unroll: int = 1) -> tuple[jax.Array, dict]:
@@ -206,6 +214,7 @@ def distillation_iteration(env, graphdef: Any, teacher: NetworkFn, optimizer: op
                               bootstrap_on_truncation=False, observe=observe)
     traj, student = rollout.trajectory, rollout.network.student
     own = dataclasses.replace(traj, obs=pair._views(traj.obs)[0], carry=traj.carry["student"],
+                              start_carry=traj.start_carry["student"],
                               extras=traj.extras["student"])
     unroll = config.scan_unroll(jax.default_backend())
     error = replay_error(student.replay(own, unroll).output, traj)

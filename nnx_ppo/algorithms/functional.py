@@ -137,6 +137,24 @@ class NetworkFn:
         """``reset_state(carry)`` for the whole batch (the caller selects per env)."""
         return self._run("reset_state", carry)
 
+    def fixed_resets(self, carry: Any) -> list[bool]:
+        """Per leaf of ``carry`` (flattened): whether :meth:`reset` gives it a
+        value that depends on the parameters only (a zero or learned initial
+        state), so that every reset gives the same value while the parameters
+        stay; not where it depends on the carry or on a variable a step
+        advances (random keys). Traced, not run."""
+        leaves = jax.tree.leaves(carry)
+        rest, rest_def = jax.tree.flatten(self.rest)
+        carry_def = jax.tree.structure(carry)
+
+        def depends(i):
+            def fresh_leaf(*args):
+                view = self.with_state(rest=jax.tree.unflatten(rest_def, args[:len(rest)]))
+                return jax.tree.leaves(view.reset(jax.tree.unflatten(carry_def, args[len(rest):]))[0])[i]
+            return any(_inputs_used(fresh_leaf, rest + leaves))
+
+        return [not depends(i) for i in range(len(leaves))]
+
     def replay(self, trajectory: Any, unroll: int = 1) -> SequenceOutput:
         """Re-run a ``[T, M]`` slice of a rollout from its stored start carry,
         feeding back the stored extras and resets (``replay_sequence``).
@@ -169,10 +187,9 @@ class NetworkFn:
         rows, other fusions), which on a TPU can differ from the rollout's in
         float32's last bit; rounded to bfloat16 such a bit can become 2^-8 of
         an input, and a few updates later pass ``replay_tolerance``."""
-        start = jax.tree.map(lambda x: x[0], trajectory.carry)
-        if current_precision() == "bfloat16":
-            return replay_in_time(module, start, trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
-        return module.replay_sequence(start, trajectory.obs, trajectory.extras, trajectory.reset, trajectory.carry)
+        start = jax.tree.map(lambda x: x[0], trajectory.start_carry)
+        replay = replay_in_time if current_precision() == "bfloat16" else type(module).replay_sequence
+        return replay(module, start, trajectory.obs, trajectory.extras, trajectory.reset, trajectory.stored_carry())
 
     def update_statistics(self, extras: Any) -> "NetworkFn":
         """Fold a rollout's ``[T, B, ...]`` extras into running statistics."""
@@ -321,7 +338,7 @@ def _writers(view: NetworkFn, trajectory: Any, variable_paths: list[tuple]) -> d
         with observing_calls(module, "__call__", observe):
             module(*step)
 
-    first = jax.tree.map(lambda x: x[0], (trajectory.carry, trajectory.obs, trajectory.extras))
+    first = jax.tree.map(lambda x: x[0], (trajectory.start_carry, trajectory.obs, trajectory.extras))
     try:
         jax.eval_shape(one_step, view.params, view.rest, first)
     except Exception:  # noqa: BLE001 -- the message then names the module holding the variable

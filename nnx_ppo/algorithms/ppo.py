@@ -220,7 +220,13 @@ class Trajectory:
 
     Attributes:
       obs: observations the network acted on.
-      carry: network carry entering each step (after any reset).
+      start_carry: network carry entering step 0, leaves ``[1, B, ...]``.
+      carry: network carry entering each step (after any reset), leaves
+        ``[T, B, ...]``. A leaf that every reset of the rollout sets to one
+        value (it depends on the parameters only: an LSTM's zero or learned
+        initial state, see :meth:`~nnx_ppo.algorithms.functional.NetworkFn.fixed_resets`)
+        is kept once, ``[1, B, ...]``: that value (the replay needs the carry
+        only where ``reset`` and at step 0). :meth:`stored_carry` expands it.
       reset: ``[T, B]`` bool, the carry entering step ``t`` is a freshly
         initialized one (the episode ended at step ``t - 1``, or, at ``t = 0``,
         before the rollout began).
@@ -234,6 +240,7 @@ class Trajectory:
     """
 
     obs: Any
+    start_carry: Any
     carry: Any
     reset: jax.Array
     extras: Any
@@ -244,6 +251,21 @@ class Trajectory:
     terminated: jax.Array
     truncated: jax.Array
     final_values: Any
+
+    def stored_carry(self) -> Any:
+        """The carry entering each step as the replay reads it, leaves ``[T, M, ...]``
+        (``replay_sequence``'s ``stored_carry``): the rollout's at step 0 and
+        wherever ``reset``; a leaf kept once holds its reset value at the other steps."""
+        T = self.reset.shape[0]
+
+        def leaf(start, kept):
+            if T == 1:
+                return start
+            if kept.shape[0] == T:
+                return kept
+            return jnp.concatenate([start, jnp.broadcast_to(kept, (T - 1,) + kept.shape[1:])])
+
+        return jax.tree.map(leaf, self.start_carry, self.carry)
 
 
 @jax.tree_util.register_dataclass
@@ -402,6 +424,7 @@ def collect_rollout(
     rollout_length: int,
     bootstrap_on_truncation: bool,
     observe: Callable[[Any], Any] | None = None,
+    every_carry: bool = False,
 ) -> Rollout:
     """Step the network and the envs ``rollout_length`` times.
 
@@ -411,8 +434,22 @@ def collect_rollout(
     maps an env state to what the network sees (default: ``state.obs``; e.g.
     distillation adds a teacher's privileged view). See :class:`Rollout` for
     what is returned.
+
+    The carry leaves that every reset sets to one value (:meth:`NetworkFn.fixed_resets`)
+    are computed once, before the scan, used by every reset and kept once in
+    the trajectory; the others are recorded at every step. ``every_carry``
+    records every leaf at every step (the replay diagnosis compares them step
+    by step).
     """
     observe = observe or (lambda env_state: env_state.obs)
+    treedef = jax.tree.structure(state.carry)
+    fixed = network.fixed_resets(state.carry)
+    fixed_values = jax.tree.leaves(network.reset(state.carry)[0])  # the view the reset advanced is not kept
+    recorded = [every_carry or not f for f in fixed]
+
+    def with_fixed(carry):
+        """``carry`` with the fixed leaves computed before the scan."""
+        return treedef.unflatten([v if f else x for f, v, x in zip(fixed, fixed_values, jax.tree.leaves(carry))])
 
     def step(carry, step_key):
         net, rs = carry
@@ -431,13 +468,14 @@ def collect_rollout(
         with jax.named_scope("env_reset"):
             env_state = reset_ended(env, done, stepped, jax.random.split(step_key)[0])
         fresh_carry, net = net.reset(out.next_state)
+        fresh_carry = with_fixed(fresh_carry)
         step_stats, ep_return, ep_length = _episode_step(rs, sum_leaves(stepped.reward), done, stepped.obs,
                                                          env_state.obs, net_out.actions)
         next_rs = RolloutState(env_state=env_state, carry=select_where(done, fresh_carry, out.next_state),
                                episode_return=ep_return, episode_length=ep_length, fresh=done)
         record = dict(
             obs=obs,
-            carry=rs.carry,
+            carry=[x for x, r in zip(jax.tree.leaves(rs.carry), recorded) if r],
             done=done,
             extras=out.rollout_extras,
             actions=net_out.actions,
@@ -455,12 +493,15 @@ def collect_rollout(
     (network, next_state), (rec, step_stats, env_metrics, net_metrics) = jax.lax.scan(step, (network, state), keys)
     done = rec.pop("done")
     reset = jnp.concatenate([state.fresh[None], done[:-1]], axis=0)
+    per_step = iter(rec.pop("carry"))
+    carry = treedef.unflatten([next(per_step) if r else v[None] for r, v in zip(recorded, fixed_values)])
     with jax.named_scope("last_values"):
         last_out, _ = network.apply(next_state.carry, observe(next_state.env_state))
     metrics = {k: jnp.mean(v) for k, v in env_metrics.items()}
     metrics.update({f"network/{k}": jnp.mean(v) for k, v in net_metrics.items()})
     return Rollout(
-        trajectory=Trajectory(reset=reset, **rec),
+        trajectory=Trajectory(reset=reset, start_carry=jax.tree.map(lambda x: x[None], state.carry), carry=carry,
+                              **rec),
         state=next_state,
         last_values=last_out.output.value_estimates,
         network=network,
@@ -775,7 +816,7 @@ def check_scalar_regularization(network: NetworkFn, trajectory: Any) -> None:
             return
     except TypeError:  # an unhashable graphdef: check every time
         pass
-    first = jax.tree.map(lambda x: x[0], (trajectory.carry, trajectory.obs, trajectory.extras))
+    first = jax.tree.map(lambda x: x[0], (trajectory.start_carry, trajectory.obs, trajectory.extras))
     shapes = []
 
     def one_step(params, rest, step_inputs):
@@ -1343,15 +1384,18 @@ def estimate_bytes(env, network, n_envs: int, rollout_length: int, entries: int 
     """Bytes of the buffers an iteration of ``entries`` members with
     ``n_envs`` envs each holds at least: per env, its state and the
     network's carry (twice: before and after a step) and, per rollout step,
-    the observation, the carry the replay starts from and a dozen scalars
+    the observation, the carry leaves recorded at every step (those a reset
+    does not set to one fixed value: :func:`collect_rollout`) and a dozen scalars
     (action, log-likelihood, value, reward, done, ...), :data:`TRAJECTORY_COPIES`
     times. Computed from shapes (``jax.eval_shape``), nothing allocated."""
     from nnx_ppo.algorithms.functional import NetworkFn
 
     state = jax.eval_shape(lambda key: env.reset(key), jax.random.key(0))
     carry = jax.eval_shape(lambda view: view.initialize(1)[0], NetworkFn.of(network))
+    fixed = NetworkFn.of(network).fixed_resets(carry)
+    recorded = [leaf for leaf, f in zip(jax.tree.leaves(carry), fixed) if not f]
     obs, per_env_state, per_env_carry = _tree_bytes(state.obs), _tree_bytes(state), _tree_bytes(carry)
-    per_step = obs + per_env_carry + 12 * 4
+    per_step = obs + _tree_bytes(recorded) + 12 * 4
     per_env = 2 * (per_env_state + per_env_carry) + TRAJECTORY_COPIES * rollout_length * per_step
     return entries * n_envs * per_env
 

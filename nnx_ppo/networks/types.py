@@ -219,7 +219,10 @@ class StatefulModule(nnx.Module):
           rollout_extras: what this module emitted in the rollout, ``[T, M, ...]``
             (``None`` if nothing).
           reset: ``[T, M]`` bool, the carry was reset before step ``t``.
-          stored_carry: the rollout's carry entering each step, ``[T, M, ...]``.
+          stored_carry: the rollout's carry entering each step, ``[T, M, ...]``:
+            exact at step 0 and wherever ``reset`` (where the replay reads it);
+            a leaf whose reset value depends on the parameters only holds that
+            value at the other steps.
 
         It must equal calling ``__call__`` step by step with resets (what
         :func:`replay_in_time` does, the default). A module without carry

@@ -4,11 +4,13 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
 from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
-from nnx_ppo.algorithms.functional import ReplayMismatchError
+from nnx_ppo.algorithms.functional import NetworkFn, ReplayMismatchError
+from nnx_ppo.algorithms.ppo import collect_rollout, new_training_state
 from nnx_ppo.algorithms.trainer import train_ppo
 from nnx_ppo.networks.adapter import PPOAdapter
 from nnx_ppo.networks.containers import Concat, Parallel, Sequential, Splitter
@@ -238,3 +240,66 @@ def test_bfloat16_replays_the_rollouts_own_step(precision):
     report = check_replay_consistency(net, Target(max_steps=3), n_envs=4, rollout_length=8, n_minibatches=2,
                                       precision=precision)
     assert report.passed == (precision == "bfloat16"), str(report)
+
+
+class DecayingCarry(StatefulModule):
+    """A reset that keeps half the carry (it depends on the carry, so the
+    rollout must record it at every step); the carry adds up the inputs."""
+
+    def initialize_state(self, batch_size):
+        return jnp.ones((batch_size, 3))
+
+    def reset_state(self, prev_state):
+        return 0.5 * prev_state
+
+    def __call__(self, state, x, rollout_extras=None):
+        return StatefulModuleOutput(next_state=state + x, output=jnp.concatenate([x, state], axis=-1))
+
+
+def _memory_net(rngs):
+    return Sequential([
+        DecayingCarry(),
+        LSTM(6, 5, rngs),
+        GRU(5, 5, rngs, trainable_initial_state=True),
+        GaussianNoise(0.1, rngs, fresh_keys_on_reset=True),
+        PPOAdapter(action=Sequential([Dense(5, 4, rngs), NormalTanhSampler(rngs)]), value=Dense(5, 1, rngs)),
+    ])
+
+
+def _rollout(net, env, n_envs, steps, every_carry=False):
+    state = new_training_state(env, net, TrainConfig(ppo=PPOConfig(n_envs=n_envs, rollout_length=steps,
+                                                                   total_steps=n_envs * steps)))
+    view = NetworkFn.of(net)
+    return jax.jit(lambda s: collect_rollout(env, view.with_state(params=s.params, rest=s.rest), s.rollout, s.key,
+                                             steps, True, every_carry=every_carry).trajectory)(state)
+
+
+def test_a_reset_value_that_depends_on_the_parameters_alone_is_kept_once():
+    """The LSTM's zero state and the GRU's learned one are the same at every
+    reset of a rollout: kept once, ``[1, B, H]``. A reset that keeps part of
+    the carry, and fresh noise keys, are recorded at every step. Replayed from
+    either, the trainer reproduces the rollout, resets included."""
+    env = Target(max_steps=3)
+    traj = _rollout(_memory_net(nnx.Rngs(0)), env, 4, 7)
+    decaying, lstm, gru, noise, _ = traj.carry
+    assert decaying.shape == (7, 4, 3) and noise.shape == (7, 4)
+    assert jax.tree.map(jnp.shape, (lstm, gru)) == (((1, 4, 5), (1, 4, 5)), (1, 4, 5))
+    assert bool(jnp.any(traj.reset[1:]))
+    stored = traj.stored_carry()
+    assert jax.tree.map(jnp.shape, stored) == jax.tree.map(jnp.shape, _rollout(_memory_net(nnx.Rngs(0)), env, 4, 7,
+                                                                               every_carry=True).carry)
+    np.testing.assert_array_equal(stored[1][0][1:], 0.0)  # the LSTM's zero state at every step after the first
+    rows = []
+    train_ppo(env, _memory_net(nnx.Rngs(0)), TrainConfig(
+        ppo=PPOConfig(n_envs=8, rollout_length=7, n_minibatches=2, total_steps=8 * 7 * 3, learning_rate=1e-2),
+        eval=EvalConfig(enabled=False)), log_fn=lambda m, s: rows.append(m))
+    assert len(rows) == 3 and max(r["replay/max_error"] for r in rows) <= 1e-5
+
+
+def test_a_one_step_rollout_replays_from_the_carry_it_started_with():
+    """With one step, every leaf the replay reads is the start carry (also a
+    leaf kept once, whose ``[1, B, ...]`` holds the reset value instead)."""
+    traj = _rollout(_memory_net(nnx.Rngs(1)), Target(max_steps=3), 4, 1)
+    as_numbers = lambda x: jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(as_numbers(a), as_numbers(b)),
+                 traj.stored_carry(), traj.start_carry)
