@@ -142,7 +142,9 @@ class NetworkFn:
         value that depends on the parameters only (a zero or learned initial
         state), so that every reset gives the same value while the parameters
         stay; not where it depends on the carry or on a variable a step
-        advances (random keys). Traced, not run."""
+        advances (random keys). Traced, not run: a reset that draws from
+        outside JAX (a host callback) breaks the randomness rule and may be
+        taken as fixed."""
         leaves = jax.tree.leaves(carry)
         rest, rest_def = jax.tree.flatten(self.rest)
         carry_def = jax.tree.structure(carry)

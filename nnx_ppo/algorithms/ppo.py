@@ -320,7 +320,7 @@ class Rollout:
     """What :func:`collect_rollout` returns.
 
     Attributes:
-      trajectory: the :class:`Trajectory`, leaves ``[T, B, ...]``.
+      trajectory: the :class:`Trajectory`, leaves ``[T, B, ...]`` (``[1, B, ...]`` where it says so).
       state: the :class:`RolloutState` the next rollout starts from.
       last_values: ``[B]`` values of the observations after the last step (for GAE).
       network: the network view after the rollout (its RNG streams advanced).
@@ -717,7 +717,8 @@ def minibatch_indices(key: jax.Array, n_envs: int, n_minibatches: int, n_blocks:
 def _take_minibatch(data: Any, index: jax.Array) -> Any:
     """The minibatch ``index`` (``[n_blocks, M / n_blocks]``, one entry of
     :func:`minibatch_indices`) of ``data`` (a :class:`Minibatch` or any pytree
-    of ``[T, B, ...]`` leaves): leaves ``[T, M, ...]``, block by block."""
+    of ``[T, B, ...]`` leaves, or ``[1, B, ...]``): leaves ``[T, M, ...]``
+    (``[1, M, ...]``), block by block."""
     n_blocks, per_minibatch = index.shape
 
     def take(x):
@@ -735,8 +736,8 @@ def _take_minibatch(data: Any, index: jax.Array) -> Any:
 def split_minibatches(key: jax.Array, data: Any, n_minibatches: int, n_blocks: int = 1) -> Any:
     """One epoch's minibatches: ``data`` (a :class:`Minibatch` or any pytree)
     leaves ``[T, B, ...]`` become ``[n_minibatches, T, B // n_minibatches,
-    ...]`` (the partition of :func:`minibatch_indices`); scan over the
-    leading axis for one epoch.
+    ...]`` (the partition of :func:`minibatch_indices`; a ``[1, B, ...]``
+    leaf likewise); scan over the leading axis for one epoch.
 
     They are laid out row-major in memory (minibatch, then time, then env
     major) whatever layout the gather would prefer, so that the replay reads
@@ -1112,9 +1113,9 @@ class Health:
             return ReplayMismatchError(
                 f"at iteration {iteration} the loss replay did not reproduce the rollout before the first update "
                 f"(max |log ratio| or value difference {error:.2e}, above PPOConfig.replay_tolerance): a module "
-                "breaks the rules of docs/custom_modules.md (it draws from a class-level nnx.Rngs or writes a "
-                "variable in __call__); nnx_ppo.check_replay_consistency(network, env) reports where the replay "
-                "departs.")
+                "breaks the rules of docs/custom_modules.md (it draws from a class-level nnx.Rngs, writes a "
+                "variable in __call__, or its replay_sequence reads stored_carry where the rollout did not reset "
+                "it); nnx_ppo.check_replay_consistency(network, env) reports where the replay departs.")
         return None
 
     def check(self, iteration: int) -> None:

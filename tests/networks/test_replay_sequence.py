@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from nnx_ppo.algorithms.functional import NetworkFn
 from nnx_ppo.networks import (
     GRU,
     LSTM,
@@ -37,7 +38,11 @@ def network():
 
 def rollout(net, xs, reset):
     """Step the network like the trainer: record carries (post-reset), extras
-    and outputs, each stacked to ``[T, B, ...]``."""
+    and outputs, each stacked to ``[T, B, ...]``. The carries are what the
+    trainer hands the replay (``Trajectory.stored_carry()``): a leaf whose
+    reset value depends on the parameters only holds that value wherever the
+    carry was not reset after step 0, so a replay that reads it elsewhere
+    fails here as in training."""
     carry = net.initialize_state(B)
     carries, extras, outputs = [], [], []
     for t in range(T):
@@ -49,7 +54,13 @@ def rollout(net, xs, reset):
         outputs.append(out.output)
         carry = out.next_state
     stack = lambda trees: jax.tree.map(lambda *x: jnp.stack(x), *trees)
-    return stack(carries), stack(extras), stack(outputs)
+    view = NetworkFn.of(net)
+    fresh = jax.tree.leaves(view.reset(carries[0])[0])
+    read = reset.at[0].set(True)  # where the replay reads the stored carry
+    leaves, treedef = jax.tree.flatten(stack(carries))
+    leaves = [jax.vmap(select_where, in_axes=(0, 0, None))(read, x, f) if fixed else x
+              for x, f, fixed in zip(leaves, fresh, view.fixed_resets(carries[0]))]
+    return jax.tree.unflatten(treedef, leaves), stack(extras), stack(outputs)
 
 
 def test_replay_sequence_equals_step_by_step_replay():
