@@ -1392,9 +1392,9 @@ def estimate_bytes(env, network, n_envs: int, rollout_length: int, entries: int 
     from nnx_ppo.algorithms.functional import NetworkFn
 
     state = jax.eval_shape(lambda key: env.reset(key), jax.random.key(0))
-    carry = jax.eval_shape(lambda view: view.initialize(1)[0], NetworkFn.of(network))
-    fixed = NetworkFn.of(network).fixed_resets(carry)
-    recorded = [leaf for leaf, f in zip(jax.tree.leaves(carry), fixed) if not f]
+    view = NetworkFn.of(network)
+    carry = jax.eval_shape(lambda view: view.initialize(1)[0], view)
+    recorded = [leaf for leaf, f in zip(jax.tree.leaves(carry), view.fixed_resets(carry)) if not f]
     obs, per_env_state, per_env_carry = _tree_bytes(state.obs), _tree_bytes(state), _tree_bytes(carry)
     per_step = obs + _tree_bytes(recorded) + 12 * 4
     per_env = 2 * (per_env_state + per_env_carry) + TRAJECTORY_COPIES * rollout_length * per_step

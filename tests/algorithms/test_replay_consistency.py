@@ -303,3 +303,18 @@ def test_a_one_step_rollout_replays_from_the_carry_it_started_with():
     as_numbers = lambda x: jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(as_numbers(a), as_numbers(b)),
                  traj.stored_carry(), traj.start_carry)
+
+
+def test_the_memory_estimate_counts_a_carry_kept_once_only_per_env():
+    """An LSTM's carry is kept once per rollout, so a wider LSTM adds to the
+    estimate only the carry each env holds (twice), nothing per step."""
+    from nnx_ppo.algorithms.ppo import estimate_bytes
+    from nnx_ppo.envs import make
+    from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+    env = make("cue_memory")
+    nets = [make_actor_critic_for_env(env, "lstm", nnx.Rngs(0), hidden_size=h, encoder_sizes=[8]) for h in (8, 64)]
+    carry_bytes = [sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(NetworkFn.of(n).initialize(1)[0]))
+                   for n in nets]
+    small, big = (estimate_bytes(env, n, 8, 16) for n in nets)
+    assert big - small == 8 * 2 * (carry_bytes[1] - carry_bytes[0]) > 0
