@@ -718,13 +718,21 @@ def _take_minibatch(data: Any, index: jax.Array) -> Any:
     """The minibatch ``index`` (``[n_blocks, M / n_blocks]``, one entry of
     :func:`minibatch_indices`) of ``data`` (a :class:`Minibatch` or any pytree
     of ``[T, B, ...]`` leaves, or ``[1, B, ...]``): leaves ``[T, M, ...]``
-    (``[1, M, ...]``), block by block."""
+    (``[1, M, ...]``), block by block, gathered straight into the row-major
+    layout the replay reads (time, then env major; see :func:`split_minibatches`)."""
+    return jax.tree.map(_row_major, _gather(data, index))
+
+
+def _gather(data: Any, index: jax.Array) -> Any:
+    """:func:`_take_minibatch` in the layout the compiler prefers."""
     n_blocks, per_minibatch = index.shape
 
     def take(x):
-        if n_blocks == 1:
-            return x.at[:, index[0]].get(mode="promise_in_bounds")
         T, B = x.shape[:2]
+        if n_blocks == 1:  # one row gather over [T * B]: each step's rows land where the replay reads them
+            rows = jnp.reshape(jnp.arange(T)[:, None] * B + index[0][None, :], (-1,))
+            flat = jnp.reshape(x, (T * B,) + x.shape[2:])
+            return jnp.reshape(flat.at[rows].get(mode="promise_in_bounds"), (T, per_minibatch) + x.shape[2:])
         blocks = jnp.reshape(x, (T, n_blocks, B // n_blocks) + x.shape[2:])
         taken = jax.vmap(lambda block, i: block.at[:, i].get(mode="promise_in_bounds"), in_axes=(1, 0),
                          out_axes=1)(blocks, index)
@@ -746,7 +754,7 @@ def split_minibatches(key: jax.Array, data: Any, n_minibatches: int, n_blocks: i
     iteration's time goes on the chip")."""
     B = jax.tree.leaves(data)[0].shape[1]
     indices = minibatch_indices(key, B, n_minibatches, n_blocks)
-    batches = jax.vmap(lambda index: _take_minibatch(data, index))(indices)
+    batches = jax.vmap(lambda index: _gather(data, index))(indices)
     return jax.tree.map(_row_major, batches)
 
 
@@ -989,9 +997,10 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
     """``n_epochs`` passes of ``n_minibatches`` gradient steps (nested scans).
 
     ``data`` leaves are ``[T, B, ...]`` (a :class:`Minibatch`
-    for PPO); each epoch permutes the env axis and splits it into
-    ``[n_minibatches, T, B / n_minibatches, ...]`` whole env sequences
-    (:func:`split_minibatches`). ``loss_fn(params,
+    for PPO); each epoch permutes the env axis into ``n_minibatches`` parts
+    (:func:`minibatch_indices`), and each gradient step gathers its part's
+    whole env sequences, ``[T, B / n_minibatches, ...]``, when it comes (the
+    minibatches of :func:`split_minibatches`, one at a time). ``loss_fn(params,
     network, minibatch) -> (loss, metrics)`` defaults to :func:`ppo_loss`
     with ``config`` (distillation passes its own). Returns the network with
     new ``params``, the optimizer state and the mean metrics (``replay/...``
@@ -1004,8 +1013,12 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
         loss_fn = lambda params, net, batch: ppo_loss(params, net, batch, config)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def minibatch_step(carry, batch):
+    B = jax.tree.leaves(data)[0].shape[1]
+
+    def minibatch_step(carry, index):
         params, opt_state, stopped = carry
+        with jax.named_scope("minibatch_gather"):
+            batch = _take_minibatch(data, index)
         with jax.named_scope("loss"):
             (_, metrics), grads = grad_fn(params, network, batch)
         rate = _learning_rate_now(config, opt_state)  # (logged only: the update below computes its own)
@@ -1025,9 +1038,8 @@ def update_epochs(network: NetworkFn, optimizer: optax.GradientTransformation, o
         return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state), stopped), metrics
 
     def epoch(carry, epoch_key):
-        with jax.named_scope("minibatch_gather"):
-            batches = split_minibatches(epoch_key, data, config.n_minibatches, config.shuffle_blocks)
-        return jax.lax.scan(minibatch_step, carry, batches)
+        indices = minibatch_indices(epoch_key, B, config.n_minibatches, config.shuffle_blocks)
+        return jax.lax.scan(minibatch_step, carry, indices)
 
     keys = jax.random.split(key, config.n_epochs)
     (params, opt_state, _), metrics = jax.lax.scan(epoch, (network.params, opt_state, jnp.asarray(False)), keys)

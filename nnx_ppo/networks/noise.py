@@ -30,7 +30,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from nnx_ppo.networks.feedforward import check_argument
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, as_rngs, batch_size_of, split_key_carry
+from nnx_ppo.networks.types import (
+    StatefulModule,
+    StatefulModuleOutput,
+    as_rngs,
+    batch_size_of,
+    has_fast_replay,
+    replay_in_time,
+    replay_key_chain,
+    split_key_carry,
+)
 
 __all__ = ["GaussianNoise", "DropoutMask", "BernoulliGate"]
 
@@ -62,6 +71,14 @@ class _PerEnvKeyModule(StatefulModule):
         next_keys, sample_keys = split_key_carry(name, state, x.shape[0])  # [B] keys -> next keys, sample keys
         output, metrics = self._transform(x, sample_keys)
         return StatefulModuleOutput(next_state=next_keys, output=output, metrics=metrics)
+
+    def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
+        """Loss replay: the key chain alone scans time, the draws run for all
+        steps at once (:func:`~nnx_ppo.networks.types.replay_key_chain`); a
+        subclass that overrides ``__call__`` is replayed step by step."""
+        if not has_fast_replay(self, _PerEnvKeyModule):
+            return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
+        return replay_key_chain(self, carry, xs, rollout_extras, reset, stored_carry)
 
     def _transform(self, x: jax.Array, sample_keys: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         """``(output, metrics)`` for input ``x`` ``[B, ...]`` and one sample key per env."""

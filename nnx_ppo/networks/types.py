@@ -25,7 +25,9 @@ The replay machinery (the second half of this module) re-runs a whole
 stored stretch ``[T, M]`` of a rollout for the loss:
 :func:`replay_in_time` (the reference: a scan over time with the rollout's
 resets), :func:`replay_flat` (modules without carry run once on the
-flattened ``[T * M]`` batch), :func:`straight_through` (stored value,
+flattened ``[T * M]`` batch), :func:`replay_key_chain` (a per-env key
+chain scanned alone, the call run for all steps at once),
+:func:`straight_through` (stored value,
 recomputed gradient), the one guard :func:`has_fast_replay` that decides
 whether a module's faster ``replay_sequence`` applies, and the small helpers
 they share.
@@ -44,7 +46,8 @@ from flax import nnx
 
 __all__ = [
     "ACTIVATION_KEY", "StatefulModule", "StatefulModuleOutput", "PPONetworkOutput", "ModuleState", "batch_size_of",
-    "as_rngs", "split_key_carry", "select_where", "replay_in_time", "scan_unroll", "has_fast_replay", "JaxDataclass",
+    "as_rngs", "split_key_carry", "select_where", "replay_in_time", "replay_key_chain", "scan_unroll",
+    "has_fast_replay", "JaxDataclass",
 ]
 
 
@@ -398,6 +401,43 @@ def has_fast_replay(module: nnx.Module, *classes: type) -> bool:
     replayed by the generic :func:`replay_in_time`. Containers, recurrent
     layers and the PPO adapter all guard their fast replay with it."""
     return any(type(module).__call__ is cls.__call__ for cls in classes)
+
+
+def replay_key_chain(module: nnx.Module, keys, xs, rollout_extras, reset, stored_keys) -> SequenceOutput:
+    """Replay of a module whose carry is a per-env key chain ``[B]`` that
+    ``__call__`` advances with :func:`split_key_carry` whatever the input
+    (the stochastic layers, the variational bottleneck).
+
+    Only the chain scans time: key splits (no input, no gradient; unrolled
+    as :func:`scan_unroll` says, since on an accelerator each loop step costs
+    more than the splits) give the key entering every step, the stored key
+    where ``reset`` (the value the rollout's reset made). Then ``__call__`` runs for all ``T``
+    steps at once, ``vmap``-ed over time with each step's ``[M]`` batch, so
+    every step computes what it computed in the rollout, and the losses and
+    metrics are averaged over steps as :func:`replay_in_time` averages them.
+    A replay unrolled over time would copy the whole call ``T`` times.
+    """
+    name = type(module).__name__
+
+    def advance(k, inputs):
+        reset_t, stored = inputs
+        k_in = select_where(reset_t, stored, k)
+        return split_key_carry(name, k_in, k_in.shape[0])[0], (k_in, k)
+
+    _, (keys_in, carries) = jax.lax.scan(advance, keys, (reset, stored_keys), unroll=scan_unroll())
+    graphdef, variables = nnx.split(module)
+
+    def one_step(k, x, extras):
+        out = nnx.merge(graphdef, variables)(k, x, extras)
+        return out.output, jnp.asarray(out.regularization_loss, jnp.float32), out.metrics
+
+    output, regularization, metrics = jax.vmap(one_step)(keys_in, xs, rollout_extras)
+    return SequenceOutput(
+        output=output,
+        regularization_loss=jnp.mean(regularization),
+        metrics={k: jnp.mean(v) for k, v in metrics.items()},
+        carry=carries,
+    )
 
 
 def replay_flat(module: nnx.Module, carry, xs, rollout_extras, reset, stored_carry) -> SequenceOutput:

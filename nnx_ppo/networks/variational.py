@@ -20,7 +20,16 @@ from flax import nnx
 
 from nnx_ppo import _original_paths
 from nnx_ppo.networks.feedforward import check_argument, is_int
-from nnx_ppo.networks.types import StatefulModule, StatefulModuleOutput, as_rngs, batch_size_of, split_key_carry
+from nnx_ppo.networks.types import (
+    StatefulModule,
+    StatefulModuleOutput,
+    as_rngs,
+    batch_size_of,
+    has_fast_replay,
+    replay_in_time,
+    replay_key_chain,
+    split_key_carry,
+)
 
 __all__ = ["VariationalBottleneck", "AR1VariationalBottleneck"]
 
@@ -94,6 +103,14 @@ class VariationalBottleneck(StatefulModule):
         kl_mean = jnp.mean(kl)
         return StatefulModuleOutput(next_state=next_keys, output=z, regularization_loss=self.kl_weight * kl_mean,
                                     metrics={"kl_divergence": kl_mean})
+
+    def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
+        """Loss replay: the key chain alone scans time, the sampling runs for
+        all steps at once (:func:`~nnx_ppo.networks.types.replay_key_chain`);
+        a subclass that overrides ``__call__`` is replayed step by step."""
+        if not has_fast_replay(self, VariationalBottleneck):
+            return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
+        return replay_key_chain(self, carry, xs, rollout_extras, reset, stored_carry)
 
 
 class AR1VariationalBottleneck(VariationalBottleneck):
