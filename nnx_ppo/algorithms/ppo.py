@@ -718,8 +718,8 @@ def _take_minibatch(data: Any, index: jax.Array) -> Any:
     """The minibatch ``index`` (``[n_blocks, M / n_blocks]``, one entry of
     :func:`minibatch_indices`) of ``data`` (a :class:`Minibatch` or any pytree
     of ``[T, B, ...]`` leaves, or ``[1, B, ...]``): leaves ``[T, M, ...]``
-    (``[1, M, ...]``), block by block, gathered straight into the row-major
-    layout the replay reads (time, then env major; see :func:`split_minibatches`)."""
+    (``[1, M, ...]``), block by block, in the row-major layout the replay
+    reads (time, then env major; see :func:`split_minibatches`)."""
     return jax.tree.map(_row_major, _gather(data, index))
 
 
@@ -728,11 +728,9 @@ def _gather(data: Any, index: jax.Array) -> Any:
     n_blocks, per_minibatch = index.shape
 
     def take(x):
+        if n_blocks == 1:
+            return x.at[:, index[0]].get(mode="promise_in_bounds")
         T, B = x.shape[:2]
-        if n_blocks == 1:  # one row gather over [T * B]: each step's rows land where the replay reads them
-            rows = jnp.reshape(jnp.arange(T)[:, None] * B + index[0][None, :], (-1,))
-            flat = jnp.reshape(x, (T * B,) + x.shape[2:])
-            return jnp.reshape(flat.at[rows].get(mode="promise_in_bounds"), (T, per_minibatch) + x.shape[2:])
         blocks = jnp.reshape(x, (T, n_blocks, B // n_blocks) + x.shape[2:])
         taken = jax.vmap(lambda block, i: block.at[:, i].get(mode="promise_in_bounds"), in_axes=(1, 0),
                          out_axes=1)(blocks, index)

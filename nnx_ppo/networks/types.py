@@ -408,10 +408,9 @@ def replay_key_chain(module: nnx.Module, keys, xs, rollout_extras, reset, stored
     ``__call__`` advances with :func:`split_key_carry` whatever the input
     (the stochastic layers, the variational bottleneck).
 
-    Only the chain scans time: key splits (no input, no gradient; unrolled
-    as :func:`scan_unroll` says, since on an accelerator each loop step costs
-    more than the splits) give the key entering every step, the stored key
-    where ``reset`` (the value the rollout's reset made). Then ``__call__`` runs for all ``T``
+    Only the chain scans time: a loop of key splits (no input, no gradient)
+    gives the key entering every step, the stored key where ``reset`` (the
+    value the rollout's reset made). Then ``__call__`` runs for all ``T``
     steps at once, ``vmap``-ed over time with each step's ``[M]`` batch, so
     every step computes what it computed in the rollout, and the losses and
     metrics are averaged over steps as :func:`replay_in_time` averages them.
@@ -424,7 +423,7 @@ def replay_key_chain(module: nnx.Module, keys, xs, rollout_extras, reset, stored
         k_in = select_where(reset_t, stored, k)
         return split_key_carry(name, k_in, k_in.shape[0])[0], (k_in, k)
 
-    _, (keys_in, carries) = jax.lax.scan(advance, keys, (reset, stored_keys), unroll=scan_unroll())
+    _, (keys_in, carries) = jax.lax.scan(advance, keys, (reset, stored_keys))
     graphdef, variables = nnx.split(module)
 
     def one_step(k, x, extras):

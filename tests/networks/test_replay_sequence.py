@@ -179,7 +179,8 @@ def test_unrolled_replay_equals_the_rolled_one_and_reaches_every_scan():
 
     scans = [eqn.params["unroll"] for eqn in jax.make_jaxpr(lambda p: loss(p, T))(params).jaxpr.eqns
              if eqn.primitive.name == "scan"]
-    assert len(scans) == 3 and set(scans) == {T}  # the LSTM's, the GRU's and the noise module's key chain
+    # The LSTM's and the GRU's unroll; the noise module's key chain (splits only) stays a loop.
+    assert sorted(scans) == [1, T, T]
     value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
     (v1, g1), (vt, gt) = value_and_grad(params, 1), value_and_grad(params, T)
     np.testing.assert_allclose(float(vt), float(v1), rtol=1e-6)
