@@ -413,7 +413,10 @@ def replay_key_chain(module: nnx.Module, keys, xs, rollout_extras, reset, stored
     value the rollout's reset made). Then ``__call__`` runs for all ``T``
     steps at once, ``vmap``-ed over time with each step's ``[M]`` batch, so
     every step computes what it computed in the rollout, and the losses and
-    metrics are averaged over steps as :func:`replay_in_time` averages them.
+    metrics are averaged over steps as :func:`replay_in_time` averages them;
+    a variable ``__call__`` writes holds what the last step wrote (each
+    step starting from the values before the replay), so that the replay
+    check sees the write, as with :func:`replay_in_time`.
     A replay unrolled over time would copy the whole call ``T`` times.
     """
     name = type(module).__name__
@@ -425,12 +428,22 @@ def replay_key_chain(module: nnx.Module, keys, xs, rollout_extras, reset, stored
 
     _, (keys_in, carries) = jax.lax.scan(advance, keys, (reset, stored_keys))
     graphdef, variables = nnx.split(module)
+    written_by_call: set[tuple] = set()  # variable paths __call__ writes (found when the step is traced)
 
-    def one_step(k, x, extras):
-        out = nnx.merge(graphdef, variables)(k, x, extras)
-        return out.output, jnp.asarray(out.regularization_loss, jnp.float32), out.metrics
+    def one_step(k, x, extras, variables):  # (variables as an argument: fresh inside the trace, so writable)
+        m = nnx.merge(graphdef, variables)
+        before = _variable_values(m)
+        out = m(k, x, extras)
+        written_by_call.update(path for path, value in _variable_values(m).items() if value is not before[path])
+        return (out.output, jnp.asarray(out.regularization_loss, jnp.float32), out.metrics), nnx.split(m)[1]
 
-    output, regularization, metrics = jax.vmap(one_step)(keys_in, xs, rollout_extras)
+    (output, regularization, metrics), after = jax.vmap(one_step, in_axes=(0, 0, 0, None))(
+        keys_in, xs, rollout_extras, variables)
+    if written_by_call:  # as replay_in_time: the module keeps what its last step wrote (the replay check reads it)
+        last = dict(nnx.to_flat_state(after))
+        for path, variable in nnx.to_flat_state(nnx.state(module)):
+            if path in written_by_call:
+                variable.set_value(last[path].get_value()[-1])
     return SequenceOutput(
         output=output,
         regularization_loss=jnp.mean(regularization),

@@ -21,6 +21,7 @@ from nnx_ppo.networks import (
     CategoricalSampler,
     Dense,
     Flattener,
+    GaussianNoise,
     Map,
     Merge,
     NormalSampler,
@@ -234,9 +235,24 @@ def test_output_neutral_writes_pass_the_replay_check():
         assert report.passed, str(report)
 
 
-def test_a_write_that_changes_the_output_is_still_refused():
-    net = _ppo_net(CountIntoOutput())
-    named = r"module layers/1 \(CountIntoOutput\) mutates an NNX variable \(count\)"
+class NoiseCountIntoOutput(GaussianNoise):
+    """The same rule broken inside a stochastic layer, whose replay scans only
+    its key chain and runs the draws for all steps at once."""
+
+    def __init__(self, rngs):
+        super().__init__(0.1, rngs)
+        self.count = nnx.Variable(jnp.zeros(()))
+
+    def _transform(self, x, sample_keys):
+        out, metrics = super()._transform(x, sample_keys)
+        self.count[...] = self.count[...] + 1.0
+        return out + self.count[...], metrics
+
+
+@pytest.mark.parametrize("middle", [CountIntoOutput, NoiseCountIntoOutput])
+def test_a_write_that_changes_the_output_is_still_refused(middle):
+    net = _ppo_net(middle() if middle is CountIntoOutput else middle(nnx.Rngs(1)))
+    named = rf"module layers/1 \({middle.__name__}\) mutates an NNX variable \(count\)"
     with pytest.raises(ReplayMismatchError, match=named):
         check_replay_consistency(net, Target(max_steps=5), n_envs=8, rollout_length=8, n_minibatches=4)
     with pytest.raises(ReplayMismatchError, match=named):
