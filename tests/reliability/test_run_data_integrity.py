@@ -186,12 +186,16 @@ from nnx_ppo import cli
 
 run_sync, pending = asyncio_utils.run_sync, [2]
 
-def ctrl_c_twice(coro):  # Ctrl-C, then again 50 ms later, while the first save's event loop runs
+def ctrl_c_twice(coro):  # Ctrl-C, then again once the first was handled, while the first save's event loop runs
     async def interrupted():
         while pending[0]:
             pending[0] -= 1
             os.kill(os.getpid(), signal.SIGINT)
-            await asyncio.sleep(0.05)
+            flag = getattr(signal.getsignal(signal.SIGINT), "__self__", None)  # the runner's StopFlag
+            for _ in range(500):  # two Ctrl-C's the handler has not yet seen would count once
+                await asyncio.sleep(0.01)
+                if getattr(flag, "requested", True):
+                    break
         return await coro
     return run_sync(interrupted())
 
