@@ -365,27 +365,40 @@ def replay_in_time(module: nnx.Module, carry, xs, rollout_extras, reset, stored_
         x, extras, reset_t, stored = inputs
         m = nnx.merge(graphdef, variables)
         carry_in = select_where(reset_t, straight_through(stored, m.reset_state(carry)), carry)
-        before = _variable_values(m)
-        out = m(carry_in, x, extras)
+        out = _call_noting_writes(m, written_by_call, carry_in, x, extras)
         _, variables = nnx.split(m)
-        written_by_call.update(path for path, value in _variable_values(m).items() if value is not before[path])
         regularization = jnp.asarray(out.regularization_loss, jnp.float32)
         return (out.next_state, variables), (out.output, regularization, out.metrics, carry)
 
     inputs = (xs, rollout_extras, reset, stored_carry)
     (_, last), (output, regularization, metrics, carries) = jax.lax.scan(step, (carry, variables), inputs,
                                                                          unroll=scan_unroll())
-    if written_by_call:
-        last = dict(nnx.to_flat_state(last))
-        for path, variable in nnx.to_flat_state(nnx.state(module)):
-            if path in written_by_call:
-                variable.set_value(last[path].get_value())
+    _keep_writes(module, written_by_call, last)
     return SequenceOutput(
         output=output,
         regularization_loss=jnp.mean(regularization),
         metrics={k: jnp.mean(v) for k, v in metrics.items()},
         carry=carries,
     )
+
+
+def _call_noting_writes(module: nnx.Module, written: set[tuple], *args) -> Any:
+    """``module(*args)``, adding to ``written`` the paths of the variables the
+    call writes (while a replay's step is traced)."""
+    before = _variable_values(module)
+    out = module(*args)
+    written.update(path for path, value in _variable_values(module).items() if value is not before[path])
+    return out
+
+
+def _keep_writes(module: nnx.Module, written: set[tuple], last: Any) -> None:
+    """Set ``module``'s variables at the ``written`` paths to their values in
+    the state ``last`` (what a replay's last step left), so that a caller
+    such as the trainer's replay check sees what the forward pass writes."""
+    last = dict(nnx.to_flat_state(last))
+    for path, variable in nnx.to_flat_state(nnx.state(module)):
+        if path in written:
+            variable.set_value(last[path].get_value())
 
 
 def _variable_values(module: nnx.Module) -> dict[tuple, Any]:
@@ -432,18 +445,13 @@ def replay_key_chain(module: nnx.Module, keys, xs, rollout_extras, reset, stored
 
     def one_step(k, x, extras, variables):  # (variables as an argument: fresh inside the trace, so writable)
         m = nnx.merge(graphdef, variables)
-        before = _variable_values(m)
-        out = m(k, x, extras)
-        written_by_call.update(path for path, value in _variable_values(m).items() if value is not before[path])
+        out = _call_noting_writes(m, written_by_call, k, x, extras)
         return (out.output, jnp.asarray(out.regularization_loss, jnp.float32), out.metrics), nnx.split(m)[1]
 
     (output, regularization, metrics), after = jax.vmap(one_step, in_axes=(0, 0, 0, None))(
         keys_in, xs, rollout_extras, variables)
-    if written_by_call:  # as replay_in_time: the module keeps what its last step wrote (the replay check reads it)
-        last = dict(nnx.to_flat_state(after))
-        for path, variable in nnx.to_flat_state(nnx.state(module)):
-            if path in written_by_call:
-                variable.set_value(last[path].get_value()[-1])
+    if written_by_call:  # (only then slice the last step's values out of every variable)
+        _keep_writes(module, written_by_call, jax.tree.map(lambda v: v[-1], after))
     return SequenceOutput(
         output=output,
         regularization_loss=jnp.mean(regularization),
