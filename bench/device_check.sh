@@ -24,16 +24,19 @@
 #     its metrics.jsonl copied to $OUT. A run cannot be carried to the next sitting: its
 #     checkpoint (parameters and Adam state of 3.5M parameters, and 1024 MJX env states) is larger
 #     than what a call may bring back and carry again (16 MiB a file, 64 MiB in all).
+# 11. the LSTM decoder's recurrence alone (bench/recurrence_bound.py): the rate of its step-after-step
+#     products at the replay's minibatch and the rollout's batch, and the floor they put under one
+#     iteration of the LSTM decoder at 1024 and 4096 envs (no time for anything but matrix products).
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
 # bench/results/ and bench/README.md ("Accelerators").
-# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9";
+# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11";
 # part 10 only when named)
 # On a bare TPU machine: source bench/tpu_setup.sh first (it installs what is needed and sets
 # PYTHONPATH and ORIG_PYTHONPATH), then: bash bench/device_check.sh python3 "6"
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${1:-../.venv/bin/python}
-PARTS=" ${2:-1 2 3 4 5 6 7 8 9} "
+PARTS=" ${2:-1 2 3 4 5 6 7 8 9 11} "
 CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
 PHYSICS=${PHYSICS:-"sim_dt=0.004|iterations=2 ls_iterations=2|iterations=1 ls_iterations=1|body_contacts=false|sim_dt=0.004 iterations=1 ls_iterations=1"}
 ROWS="${OUT:-/tmp}/device_check.jsonl"
@@ -88,4 +91,7 @@ part 9 && { IFS='|' read -ra settings <<< "$PHYSICS"; for setting in "${settings
   timeout 240 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --label device_check --set $setting \
     --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo "{\"failed\": \"rodent $setting\"}"
 done; }
+# 5630 and 22519: the LSTM decoder's iteration_gflop at 1024 and 4096 envs (bench_intention.py's rows; XLA's count)
+part 11 && { timeout 300 "$PY" recurrence_bound.py --n-envs 1024 4096 --iteration-gflop 5630 22519 2>/dev/null | rows \
+  || echo '{"failed": "recurrence bound"}'; }
 :

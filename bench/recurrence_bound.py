@@ -1,0 +1,144 @@
+"""How fast an LSTM layer's recurrence can run on this device, alone: a floor under the LSTM decoder's iteration.
+
+Usage: python bench/recurrence_bound.py [--n-envs 1024 4096] [--iteration-gflop G G]
+
+The intention network's LSTM decoder (``bench_intention.py --lstm-decoder``) has
+``--layers`` LSTM layers of ``--hidden`` units. In each the product ``h W_h`` waits
+for the step before it, so it runs as ``--rollout`` products of ``[M, H] @ [H, 4 H]``
+one after another, never as one large product. This times that recurrence
+alone (the product, the gates and the new carry, a ``lax.scan`` unrolled over
+the rollout as the library's replay is on an accelerator; the inputs' part of
+the gates given), forward and forward + backward (gradients of the weights
+and of the inputs' part), at the replay's minibatch of ``M = n_envs /
+minibatches`` envs (``epochs x minibatches`` times in one program, as in an
+iteration) and the rollout's ``n_envs`` (``--repeats`` times), with float32 weights and
+with weights rounded to bfloat16 beforehand; and a large bfloat16 matrix
+product, the device's matrix rate.
+
+One JSON line per ``--n-envs``: the rates, the iteration's recurrent GFLOP
+(the replay's forward and backward over ``epochs x minibatches`` steps, the
+rollout's forward) and the time they take at the measured rates. With
+``--iteration-gflop`` (the iteration's GFLOP, ``iteration_gflop`` of
+``bench_intention.py``'s row, one per ``--n-envs``), also the floor of one
+iteration: the recurrent work at the recurrence's rate plus the rest at the
+large product's rate, with no time at all for anything else (data movement,
+the optimizer, the env), and the env-steps/s that floor allows.
+"""
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+def seconds_per_call(fn, *args, calls: int = 20) -> float:
+    """Mean wall seconds of ``fn(*args)`` over ``calls`` calls after one warm-up (compile) call."""
+    out = fn(*args)
+    jax.block_until_ready(out)
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
+
+
+def recurrence(weight_dtype, hidden: int, rollout: int, repeats: int):
+    """``(forward, gradient)``: the LSTM recurrence over ``zx`` ``[T, M, 4 H]`` (the
+    inputs' part of the gates) with recurrent weights ``w`` ``[H, 4 H]``, run
+    ``repeats`` times in one program (each from the carry the last one left,
+    as the replay's minibatch steps follow each other, so that launching the
+    program is not timed with it), and the gradient of its outputs' sum with
+    respect to ``w`` and ``zx``."""
+
+    def forward(w, zx):
+        def step(carry, z_in):
+            h, c = carry
+            z = z_in + (h.astype(weight_dtype) @ w).astype(jnp.float32)
+            i, f, g, o = jnp.split(z, 4, axis=-1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(c)
+            return (h, c), h
+
+        def once(carry, _):
+            carry, hs = jax.lax.scan(step, carry, zx, unroll=rollout)
+            return carry, hs.sum()
+
+        zeros = jnp.zeros((zx.shape[1], hidden), jnp.float32)
+        return jax.lax.scan(once, (zeros, zeros), None, length=repeats)[1].sum()
+
+    return jax.jit(forward), jax.jit(jax.grad(forward, argnums=(0, 1)))
+
+
+def rates(batch: int, hidden: int, rollout: int, repeats: int) -> dict:
+    """TFLOP/s of the recurrence's products at ``batch`` rows, forward and forward + backward."""
+    flop = repeats * rollout * batch * hidden * 4 * hidden * 2
+    out = {}
+    for name, dtype in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
+        w = jax.random.normal(jax.random.key(0), (hidden, 4 * hidden), jnp.float32).astype(dtype)
+        zx = jax.random.normal(jax.random.key(1), (rollout, batch, 4 * hidden), jnp.float32)
+        forward, gradient = recurrence(dtype, hidden, rollout, repeats)
+        out[name] = {"forward_tflops": flop / seconds_per_call(forward, w, zx) / 1e12,
+                     "forward_backward_tflops": 3 * flop / seconds_per_call(gradient, w, zx) / 1e12}
+    return out
+
+
+def matmul_tflops(size: int = 8192) -> float:
+    """TFLOP/s of one ``[size, size] @ [size, size]`` bfloat16 product."""
+    x = jnp.ones((size, size), jnp.bfloat16)
+    return 2 * size ** 3 / seconds_per_call(jax.jit(lambda a: a @ a), x) / 1e12
+
+
+def _rounded(tree: dict) -> dict:
+    return jax.tree.map(lambda v: round(v, 3), tree)
+
+
+def _rounded(rates_by_dtype: dict) -> dict:
+    return {name: {key: round(value, 3) for key, value in r.items()} for name, r in rates_by_dtype.items()}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-envs", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--iteration-gflop", type=float, nargs="+", default=None,
+                        help="the iteration's GFLOP for each --n-envs (bench_intention.py's iteration_gflop)")
+    parser.add_argument("--rollout", type=int, default=20)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--minibatches", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=16,
+                        help="rollouts timed in one program at n_envs (the replay's: epochs x minibatches)")
+    parser.add_argument("--matmul-size", type=int, default=8192, help="size of the large bfloat16 product")
+    args = parser.parse_args(argv)
+    if args.iteration_gflop is not None and len(args.iteration_gflop) != len(args.n_envs):
+        parser.error(f"--iteration-gflop needs one value per --n-envs ({len(args.n_envs)}), "
+                     f"got {len(args.iteration_gflop)}")
+    large = matmul_tflops(args.matmul_size)
+    for k, n_envs in enumerate(args.n_envs):
+        if n_envs % args.minibatches:
+            parser.error(f"--n-envs {n_envs} is not divisible by --minibatches {args.minibatches}")
+        m = n_envs // args.minibatches
+        replay = rates(m, args.hidden, args.rollout, args.epochs * args.minibatches)
+        rollout = rates(n_envs, args.hidden, args.rollout, args.repeats)
+        step_gflop = args.layers * args.rollout * args.hidden * 4 * args.hidden * 2 / 1e9  # per env
+        replay_gflop = 3 * args.epochs * args.minibatches * m * step_gflop  # forward and backward
+        rollout_gflop = n_envs * step_gflop
+        recurrent_ms = (replay_gflop / replay["float32"]["forward_backward_tflops"]
+                        + rollout_gflop / rollout["float32"]["forward_tflops"])  # GFLOP / TFLOP/s = ms
+        recurrent_gflop = replay_gflop + rollout_gflop
+        row = {"device": jax.devices()[0].device_kind, "n_envs": n_envs, "minibatch_envs": m,
+               "rollout": args.rollout, "hidden": args.hidden, "layers": args.layers,
+               "large_matmul_tflops": round(large, 3), "matmul_size": args.matmul_size,
+               "replay_recurrence": _rounded(replay), "rollout_recurrence": _rounded(rollout),
+               "recurrent_gflop": round(recurrent_gflop, 1), "recurrent_ms": round(recurrent_ms, 3)}
+        if args.iteration_gflop is not None:
+            floor_ms = recurrent_ms + (args.iteration_gflop[k] - recurrent_gflop) / large
+            row.update(iteration_gflop=args.iteration_gflop[k], floor_ms=round(floor_ms, 3),
+                       floor_sps=round(n_envs * args.rollout / floor_ms * 1e3))
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
