@@ -21,9 +21,11 @@
 #     whether the body still tracks under a setting is a CPU check: bench/README, "Fourth sitting");
 # 10. the users' rodent preset (make_users_intention_network, 1024 envs x 20) trained through the CLI
 #     for $RODENT_SECONDS (default 420) and stopped with Ctrl-C (SIGINT: the run saves and ends),
-#     its metrics.jsonl copied to $OUT. A run cannot be carried to the next sitting: its
-#     checkpoint (parameters and Adam state of 3.5M parameters, and 1024 MJX env states) is larger
-#     than what a call may bring back and carry again (16 MiB a file, 64 MiB in all).
+#     its metrics.jsonl copied to $OUT. The run directory ($RODENT_RUN, default runs/rodent-users-chip)
+#     stays on the machine while it is held, and the next call's part 10 resumes it (nnx-ppo resume),
+#     so a sitting's calls make one curve. It cannot be carried to the next sitting: its newest
+#     checkpoint alone is about 60 MB (parameters and Adam state of 3.5M parameters, 1024 MJX env
+#     states), next to the 35 MB of wheels a bare machine needs, and a call carries 64 MiB in all.
 # 11. the LSTM decoder's recurrence alone (bench/recurrence_bound.py): the rate of its step-after-step
 #     products at the replay's minibatch and the rollout's batch, and the floor they put under one
 #     iteration of the LSTM decoder at 1024 and 4096 envs (no time for anything but matrix products).
@@ -82,9 +84,10 @@ part 8 && for config in $CONFIGS; do
 done
 part 9 && { timeout 300 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --profile 3 --label device_check \
   --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo '{"failed": "rodent profile"}'; }
-part 10 && { run=/tmp/rodent_users; rm -rf "$run"  # only its metrics come back
-  timeout -s INT -k 120 "${RODENT_SECONDS:-420}" "$PY" -m nnx_ppo.cli train rodent_imitation \
-    --network nnx_ppo.networks.factories:make_users_intention_network --run-dir "$run" || true
+part 10 && { run=${RODENT_RUN:-../runs/rodent-users-chip}  # ignored by git: a warm machine keeps it between calls
+  if [ -f "$run/config.json" ]; then what=(resume "$run"); else
+    what=(train rodent_imitation --network nnx_ppo.networks.factories:make_users_intention_network --run-dir "$run"); fi
+  timeout -s INT -k 120 "${RODENT_SECONDS:-420}" "$PY" -m nnx_ppo.cli "${what[@]}" || true
   cp "$run/metrics.jsonl" "${OUT:-/tmp}/rodent_users_metrics.jsonl" 2>/dev/null \
     || echo '{"failed": "rodent users preset"}'; }
 part 9 && { IFS='|' read -ra settings <<< "$PHYSICS"; for setting in "${settings[@]}"; do
