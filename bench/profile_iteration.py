@@ -4,6 +4,7 @@ Usage: python bench/profile_iteration.py [--decoder mlp|lstm] [--n-envs 1024] [-
                                          [--skip 2] [--iterations 3] [--out DIR] [--keep-trace]
                                          [--set FIELD=VALUE ...]
        python bench/profile_iteration.py analyze TRACE.xplane.pb[.gz] HLO.txt[.gz] [ITERATIONS]
+       python bench/profile_iteration.py ops PROFILE.json HLO.txt[.gz] PART [TOP]
 
 Trains the intention network at the rodent users' size on the stand-in env
 (exactly ``bench_intention.py``'s work, through ``train_ppo``), lets
@@ -23,8 +24,11 @@ Prints one JSON line: per part the device milliseconds per iteration, the
 share of the iteration, GFLOP and GB per iteration and the rates they give;
 the device's busy time against the wall time per iteration (the rest is
 host work and launch gaps between the compiled calls); the heaviest
-operations. ``--out`` also keeps the per-operation table (JSON) and, with
-``--keep-trace``, the raw ``.xplane.pb`` and the HLO text.
+operations. ``--out`` also keeps the per-operation table (JSON) and the HLO
+text it names (gzipped, about 0.5 MB: each operation's shapes), and with
+``--keep-trace`` the raw ``.xplane.pb``. ``ops`` reads such a table and its
+HLO again and lists one part's time by kind of operation and the shape it
+produces (``ops profile_lstm_1024.json hlo_lstm_1024.txt.gz update/other``).
 """
 
 from __future__ import annotations
@@ -321,7 +325,36 @@ def dumped_hlo(dump: str, name: str = "") -> str:
     return open(max(files, key=os.path.getsize)).read() if files else ""
 
 
+def operation_kinds(by_op: dict, hlo: str, part: str) -> list[tuple[str, str, float, float]]:
+    """``[(kind, shape, ms, count)]`` per iteration of ``part``'s operations in a
+    per-operation table (``--out``'s ``profile_*.json``), the heaviest first: one
+    kind is an HLO opcode or fusion name without its number (``copy-done``,
+    ``fusion``), with the shape of what it produces, read from the ``hlo`` it was
+    profiled with."""
+    produced = {}
+    for line in hlo.splitlines():
+        m = _INSTR.match(line)
+        if m:
+            shape = _SHAPE.match(m.group(2))
+            produced[m.group(1)] = f"{shape.group(1)}[{shape.group(2)}]" if shape else m.group(2)[:40]
+    kinds: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for name, op in by_op.items():
+        if op["part"] == part:
+            kind = kinds[(re.sub(r"\.\d+$", "", name), produced.get(name, "?"))]
+            kind[0] += op["ms"]
+            kind[1] += op["count"]
+    return sorted(((k, shape, ms, n) for (k, shape), (ms, n) in kinds.items()), key=lambda row: -row[2])
+
+
 def main(argv):
+    if argv[:1] == ["ops"]:  # what a part's time is spent on, by operation kind and shape
+        with open(argv[1]) as f:
+            by_op = json.load(f)["by_op"]
+        with (gzip.open if argv[2].endswith(".gz") else open)(argv[2], "rt") as f:
+            hlo = f.read()
+        for kind, shape, ms, count in operation_kinds(by_op, hlo, argv[3])[:int(argv[4]) if len(argv) > 4 else 20]:
+            print(f"{ms:8.3f} ms  x{count:6.0f}  {kind}  {shape}")
+        return
     if argv[:1] == ["analyze"]:  # a trace and HLO kept with --keep-trace, analyzed again (no device needed)
         trace, hlo_file, iterations = argv[1], argv[2], int(argv[3]) if len(argv) > 3 else 3
         opener = gzip.open if hlo_file.endswith(".gz") else open
@@ -340,7 +373,7 @@ def main(argv):
     parser.add_argument("--skip", type=int, default=2, help="iterations before the trace (the first compiles)")
     parser.add_argument("--iterations", type=int, default=3, help="iterations traced")
     parser.add_argument("--out", default=None, help="folder for the per-operation table (and the raw trace)")
-    parser.add_argument("--keep-trace", action="store_true", help="also copy the raw trace and HLO to --out")
+    parser.add_argument("--keep-trace", action="store_true", help="also copy the raw trace to --out")
     parser.add_argument("--top", type=int, default=12, help="heaviest operations listed")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a PPOConfig field for this run, e.g. --set precision=bfloat16")
@@ -397,11 +430,11 @@ def main(argv):
         tag = f"{args.decoder}_{args.n_envs}" + "".join(f"_{k}-{v}" for k, v in overrides.items())
         with open(os.path.join(args.out, f"profile_{tag}.json"), "w") as f:
             json.dump({**row, "by_op": by_op}, f)
+        with gzip.open(os.path.join(args.out, f"hlo_{tag}.txt.gz"), "wt") as f:  # the table's operations, shaped
+            f.write(hlo)
         if args.keep_trace:
             with open(trace, "rb") as src, gzip.open(os.path.join(args.out, f"trace_{tag}.xplane.pb.gz"), "wb") as dst:
                 shutil.copyfileobj(src, dst)
-            with gzip.open(os.path.join(args.out, f"hlo_{tag}.txt.gz"), "wt") as f:
-                f.write(hlo)
 
 
 if __name__ == "__main__":
