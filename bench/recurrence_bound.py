@@ -8,12 +8,12 @@ for the step before it, so it runs as ``--rollout`` products of ``[M, H] @ [H, 4
 one after another, never as one large product. This times that recurrence
 alone (the product, the gates and the new carry, a ``lax.scan`` unrolled over
 the rollout as the library's replay is on an accelerator; the inputs' part of
-the gates given), forward and forward + backward (gradients of the weights
-and of the inputs' part), at the replay's minibatch of ``M = n_envs /
-minibatches`` envs (``epochs x minibatches`` times in one program, as in an
-iteration) and the rollout's ``n_envs`` (``--repeats`` times), with float32 weights and
-with weights rounded to bfloat16 beforehand; and a large bfloat16 matrix
-product, the device's matrix rate.
+the gates given): forward and backward (gradients of the weights and of the
+inputs' part) at the replay's minibatch of ``M = n_envs / minibatches`` envs,
+``epochs x minibatches`` times one after the other in one program as in an
+iteration, and forward alone at the rollout's ``n_envs`` (``--repeats``
+times), each with float32 weights and with weights rounded to bfloat16
+beforehand; and a large bfloat16 matrix product, the device's matrix rate.
 
 One JSON line per ``--n-envs``: the rates, the iteration's recurrent GFLOP
 (the replay's forward and backward over ``epochs x minibatches`` steps, the
@@ -45,14 +45,16 @@ def seconds_per_call(fn, *args, calls: int = 20) -> float:
 
 
 def recurrence(weight_dtype, hidden: int, rollout: int, repeats: int):
-    """``(forward, gradient)``: the LSTM recurrence over ``zx`` ``[T, M, 4 H]`` (the
-    inputs' part of the gates) with recurrent weights ``w`` ``[H, 4 H]``, run
-    ``repeats`` times in one program (each from the carry the last one left,
-    as the replay's minibatch steps follow each other, so that launching the
-    program is not timed with it), and the gradient of its outputs' sum with
-    respect to ``w`` and ``zx``."""
+    """``(forward, forward_backward)``: the LSTM recurrence over ``zx`` ``[T, M, 4 H]``
+    (the inputs' part of the gates) with recurrent weights ``w`` ``[H, 4 H]``,
+    ``repeats`` times in one program, each from the carry the last one left
+    (so that launching the program is not timed with it, and no repeat can be
+    hoisted out of the loop); ``forward_backward`` also takes the gradient of
+    each repeat's output sum with respect to ``w`` and ``zx``, one repeat after
+    the other as the replay's minibatch steps do, and sums them."""
 
-    def forward(w, zx):
+    def one(w, zx, carry):
+        """``(output sum, carry)`` of one rollout of the recurrence from ``carry``."""
         def step(carry, z_in):
             h, c = carry
             z = z_in + (h.astype(weight_dtype) @ w).astype(jnp.float32)
@@ -61,26 +63,44 @@ def recurrence(weight_dtype, hidden: int, rollout: int, repeats: int):
             h = jax.nn.sigmoid(o) * jnp.tanh(c)
             return (h, c), h
 
-        def once(carry, _):
-            carry, hs = jax.lax.scan(step, carry, zx, unroll=rollout)
-            return carry, hs.sum()
+        carry, hs = jax.lax.scan(step, carry, zx, unroll=rollout)
+        return hs.sum(), carry
 
+    def start(zx):
         zeros = jnp.zeros((zx.shape[1], hidden), jnp.float32)
-        return jax.lax.scan(once, (zeros, zeros), None, length=repeats)[1].sum()
+        return zeros, zeros
 
-    return jax.jit(forward), jax.jit(jax.grad(forward, argnums=(0, 1)))
+    def forward(w, zx):
+        def once(carry, _):
+            total, carry = one(w, zx, carry)
+            return carry, total
+
+        return jax.lax.scan(once, start(zx), None, length=repeats)[1].sum()
+
+    def forward_backward(w, zx):
+        def once(state, _):
+            carry, grads = state
+            (_, carry), new = jax.value_and_grad(one, argnums=(0, 1), has_aux=True)(w, zx, carry)
+            return (jax.lax.stop_gradient(carry), jax.tree.map(jnp.add, grads, new)), None
+
+        grads = (jnp.zeros(w.shape, jnp.float32), jnp.zeros_like(zx))
+        return jax.lax.scan(once, (start(zx), grads), None, length=repeats)[0][1]
+
+    return jax.jit(forward), jax.jit(forward_backward)
 
 
-def rates(batch: int, hidden: int, rollout: int, repeats: int) -> dict:
-    """TFLOP/s of the recurrence's products at ``batch`` rows, forward and forward + backward."""
+def rates(batch: int, hidden: int, rollout: int, repeats: int, backward: bool) -> dict:
+    """TFLOP/s of the recurrence's products at ``batch`` rows: forward, and with
+    ``backward`` forward + backward (3 times the forward's products)."""
     flop = repeats * rollout * batch * hidden * 4 * hidden * 2
     out = {}
     for name, dtype in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
         w = jax.random.normal(jax.random.key(0), (hidden, 4 * hidden), jnp.float32).astype(dtype)
         zx = jax.random.normal(jax.random.key(1), (rollout, batch, 4 * hidden), jnp.float32)
-        forward, gradient = recurrence(dtype, hidden, rollout, repeats)
-        out[name] = {"forward_tflops": flop / seconds_per_call(forward, w, zx) / 1e12,
-                     "forward_backward_tflops": 3 * flop / seconds_per_call(gradient, w, zx) / 1e12}
+        forward, forward_backward = recurrence(dtype, hidden, rollout, repeats)
+        out[name] = {"forward_tflops": flop / seconds_per_call(forward, w, zx) / 1e12}
+        if backward:
+            out[name]["forward_backward_tflops"] = 3 * flop / seconds_per_call(forward_backward, w, zx) / 1e12
     return out
 
 
@@ -88,10 +108,6 @@ def matmul_tflops(size: int = 8192) -> float:
     """TFLOP/s of one ``[size, size] @ [size, size]`` bfloat16 product."""
     x = jnp.ones((size, size), jnp.bfloat16)
     return 2 * size ** 3 / seconds_per_call(jax.jit(lambda a: a @ a), x) / 1e12
-
-
-def _rounded(tree: dict) -> dict:
-    return jax.tree.map(lambda v: round(v, 3), tree)
 
 
 def _rounded(rates_by_dtype: dict) -> dict:
@@ -120,8 +136,8 @@ def main(argv=None) -> None:
         if n_envs % args.minibatches:
             parser.error(f"--n-envs {n_envs} is not divisible by --minibatches {args.minibatches}")
         m = n_envs // args.minibatches
-        replay = rates(m, args.hidden, args.rollout, args.epochs * args.minibatches)
-        rollout = rates(n_envs, args.hidden, args.rollout, args.repeats)
+        replay = rates(m, args.hidden, args.rollout, args.epochs * args.minibatches, backward=True)
+        rollout = rates(n_envs, args.hidden, args.rollout, args.repeats, backward=False)
         step_gflop = args.layers * args.rollout * args.hidden * 4 * args.hidden * 2 / 1e9  # per env
         replay_gflop = 3 * args.epochs * args.minibatches * m * step_gflop  # forward and backward
         rollout_gflop = n_envs * step_gflop
