@@ -27,25 +27,16 @@ the optimizer, the env), and the env-steps/s that floor allows.
 
 import argparse
 import json
-import time
 
 import jax
 import jax.numpy as jnp
+from batched_matmul import seconds_per_call  # (this folder: the script's own)
 
-
-def seconds_per_call(fn, *args, calls: int = 20) -> float:
-    """Mean wall seconds of ``fn(*args)`` over ``calls`` calls after one warm-up (compile) call."""
-    out = fn(*args)
-    jax.block_until_ready(out)
-    start = time.perf_counter()
-    for _ in range(calls):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / calls
+CALLS = 20  # timed calls of each program, after its compiling call
 
 
 def recurrence(weight_dtype, hidden: int, rollout: int, repeats: int):
-    """``(forward, forward_backward)``: the LSTM recurrence over ``zx`` ``[T, M, 4 H]``
+    """``(forward, forward_backward)`` (to be jitted): the LSTM recurrence over ``zx`` ``[T, M, 4 H]``
     (the inputs' part of the gates) with recurrent weights ``w`` ``[H, 4 H]``,
     ``repeats`` times in one program, each from the carry the last one left
     (so that launching the program is not timed with it, and no repeat can be
@@ -86,7 +77,7 @@ def recurrence(weight_dtype, hidden: int, rollout: int, repeats: int):
         grads = (jnp.zeros(w.shape, jnp.float32), jnp.zeros_like(zx))
         return jax.lax.scan(once, (start(zx), grads), None, length=repeats)[0][1]
 
-    return jax.jit(forward), jax.jit(forward_backward)
+    return forward, forward_backward
 
 
 def rates(batch: int, hidden: int, rollout: int, repeats: int, backward: bool) -> dict:
@@ -98,16 +89,17 @@ def rates(batch: int, hidden: int, rollout: int, repeats: int, backward: bool) -
         w = jax.random.normal(jax.random.key(0), (hidden, 4 * hidden), jnp.float32).astype(dtype)
         zx = jax.random.normal(jax.random.key(1), (rollout, batch, 4 * hidden), jnp.float32)
         forward, forward_backward = recurrence(dtype, hidden, rollout, repeats)
-        out[name] = {"forward_tflops": flop / seconds_per_call(forward, w, zx) / 1e12}
+        out[name] = {"forward_tflops": flop / seconds_per_call(forward, w, zx, calls=CALLS) / 1e12}
         if backward:
-            out[name]["forward_backward_tflops"] = 3 * flop / seconds_per_call(forward_backward, w, zx) / 1e12
+            seconds = seconds_per_call(forward_backward, w, zx, calls=CALLS)
+            out[name]["forward_backward_tflops"] = 3 * flop / seconds / 1e12
     return out
 
 
 def matmul_tflops(size: int = 8192) -> float:
     """TFLOP/s of one ``[size, size] @ [size, size]`` bfloat16 product."""
     x = jnp.ones((size, size), jnp.bfloat16)
-    return 2 * size ** 3 / seconds_per_call(jax.jit(lambda a: a @ a), x) / 1e12
+    return 2 * size ** 3 / seconds_per_call(lambda a: a @ a, x, calls=CALLS) / 1e12
 
 
 def _rounded(rates_by_dtype: dict) -> dict:
