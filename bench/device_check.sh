@@ -26,9 +26,10 @@
 #     so a sitting's calls make one curve. It cannot be carried to the next sitting: its newest
 #     checkpoint alone is about 60 MB (parameters and Adam state of 3.5M parameters, 1024 MJX env
 #     states), next to the 35 MB of wheels a bare machine needs, and a call carries 64 MiB in all.
-# 11. the LSTM decoder's recurrence alone (bench/recurrence_bound.py): the rate of its step-after-step
-#     products at the replay's minibatch and the rollout's batch, and the floor they put under one
-#     iteration of the LSTM decoder at 1024 and 4096 envs (no time for anything but matrix products).
+# 11. one layer of the LSTM decoder's recurrence alone (bench/recurrence_bound.py): the rate of its
+#     step-after-step products at the replay's minibatch and the rollout's batch, and what one iteration
+#     of the LSTM decoder at 1024 and 4096 envs would need if its layers ran their steps one after another
+#     (not a floor: on a TPU v5e the library's replay is faster; bench/README.md, "Ninth sitting").
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
 # bench/results/ and bench/README.md ("Accelerators").
 # Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11";

@@ -19,10 +19,15 @@ One JSON line per ``--n-envs``: the rates, the iteration's recurrent GFLOP
 (the replay's forward and backward over ``epochs x minibatches`` steps, the
 rollout's forward) and the time they take at the measured rates. With
 ``--iteration-gflop`` (the iteration's GFLOP, ``iteration_gflop`` of
-``bench_intention.py``'s row, one per ``--n-envs``), also the floor of one
-iteration: the recurrent work at the recurrence's rate plus the rest at the
-large product's rate, with no time at all for anything else (data movement,
-the optimizer, the env), and the env-steps/s that floor allows.
+``bench_intention.py``'s row, one per ``--n-envs``), also ``floor_ms``: the
+recurrent work at one layer's rate plus the rest at the large product's
+rate, with no time at all for anything else (data movement, the optimizer,
+the env), and the env-steps/s it allows. It is a floor only if the layers'
+recurrences cannot run any faster together than one runs alone. On a TPU
+v5e they do: the library's replay did its work in less time than this sum
+(bench/README.md, "Ninth sitting"), likely because layer l's step t
+overlaps layer l-1's step t+1. So read the sum as what a strictly
+sequential recurrence would cost, not as a bound.
 """
 
 import argparse

@@ -5,8 +5,12 @@ Usage:
     python bench/bench_rodent.py --no-env --baselines 128                    # random and zero actions
     python bench/rodent_learning.py runs/rodent/seed0 runs/rodent/seed1 runs/rodent/seed2 \\
         [--out bench/results/rodent_learning.png]
+    python bench/rodent_learning.py --rows s12-users-chip s7-side-by-side s8-side-by-side --log-steps \\
+        --out bench/results/rodent_users_chip.png     # curves kept as rows of bench/results/rodent.jsonl
 
-Reads each run's ``metrics.jsonl`` and the latest baseline rows of
+Reads each run's ``metrics.jsonl`` (or, with ``--rows``, the curves kept in
+the rows of ``bench/results/rodent.jsonl`` with those labels: their
+``evals`` and ``train_every_5th_iteration`` lists) and the latest baseline rows of
 ``bench/results/rodent.jsonl``; draws four panels against env steps (the
 training episodes' return and length, as the stochastic policy lives them,
 and the deterministic evaluation's), with the baselines as horizontal lines,
@@ -36,6 +40,22 @@ def read_curves(run: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
     return curves
 
 
+def read_rows(path: pathlib.Path, labels: list[str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """``{name: curves}`` (as :func:`read_curves`) for each row of ``path`` labelled one of ``labels``
+    that keeps a curve; named ``ours``/``orig`` and the seed, or by the label where the row has no seed."""
+    found = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        points = row.get("evals", []) + row.get("train_every_5th_iteration", [])
+        if row.get("label") not in labels or not points:
+            continue
+        who = "ours" if row.get("lib", "nnx_ppo") == "nnx_ppo" else "orig"
+        name = f"{who}_cpu_seed{row['seed']}" if "seed" in row else row["label"]
+        found[name] = {metric: sorted((int(p["env_steps"]), float(p[metric])) for p in points if metric in p)
+                       for metric, _ in PANELS}
+    return found
+
+
 def read_baselines(path: pathlib.Path) -> dict[str, dict]:
     """The latest ``baseline_*`` row of each kind (random and zero actions) in ``path``."""
     found = {}
@@ -48,7 +68,10 @@ def read_baselines(path: pathlib.Path) -> dict[str, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=pathlib.Path)
+    parser.add_argument("runs", nargs="*", type=pathlib.Path)
+    parser.add_argument("--rows", nargs="+", default=[], metavar="LABEL",
+                        help="also draw the curves kept in the --baselines file's rows with these labels")
+    parser.add_argument("--log-steps", action="store_true", help="env steps on a log scale (runs of unlike length)")
     parser.add_argument("--baselines", type=pathlib.Path, default=HERE / "results" / "rodent.jsonl")
     parser.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "rodent_learning.png")
     args = parser.parse_args(argv)
@@ -57,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = {run.name: read_curves(run) for run in args.runs}
+    curves = {run.name: read_curves(run) for run in args.runs} | read_rows(args.baselines, args.rows)
+    if not curves:
+        parser.error("give run directories or --rows LABEL (none found)")
     baselines = read_baselines(args.baselines)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     for ax, (metric, title) in zip(axes.flat, PANELS):
@@ -73,10 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         ax.grid(alpha=0.3)
     for ax in axes[1]:
         ax.set_xlabel("env steps")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1e3:.0f}k"))
+        if args.log_steps:
+            ax.set_xscale("log", nonpositive="mask")  # an evaluation at step 0 has no place on it
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+            lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}k"))
     for ax in (axes[0, 0], axes[1, 0]):  # runs without training rows (the original's) appear only below
         ax.legend(fontsize=7)
-    fig.suptitle("rodent_imitation, CPU-size intention preset, solo runs")
+    fig.suptitle("rodent_imitation, intention-network presets, solo runs")
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=110)
