@@ -1,5 +1,7 @@
 """The driver loop: each call goes out before the last one's results are read, unless a hook reads the state."""
 
+import contextlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -99,3 +101,82 @@ def test_several_iterations_per_call_are_logged_in_order():
     _, result, _ = run(7, events, iterations_per_call=3)
     assert [e[1] for e in events if e[0] == "log"] == list(range(1, 8))
     assert result.iterations == 7 and int(result.state[0]) == 7
+
+
+@contextlib.contextmanager
+def backend_compiles():
+    """A list of the programs (their names) compiled for a backend inside the ``with``."""
+    import jax
+    from jax._src import dispatch
+
+    seen = []
+
+    def listener(event, duration, **kwargs):
+        if event == dispatch.BACKEND_COMPILE_EVENT:
+            seen.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_a_program_compiled_in_the_background_is_not_compiled_again():
+    import jax
+
+    from nnx_ppo.algorithms.trainer import compile_in_background
+
+    fn = jax.jit(lambda x, y: jnp.tanh(x @ y).sum() + 0.25)
+    x, y = jnp.ones((8, 5)), jnp.ones((5, 3))
+    thread = compile_in_background(fn, x, y)
+    x.delete()  # (only the shapes and placements were read: as when the state is donated right after)
+    thread.join()
+    same, other = jnp.ones((8, 5)), jnp.ones((9, 5))
+    with backend_compiles() as compiles:
+        assert float(fn(same, y)) == pytest.approx(8 * 3 * np.tanh(5.0) + 0.25)
+    assert compiles == []
+    with backend_compiles() as compiles:
+        fn(other, y)  # other shapes: compiled then
+    assert len(compiles) == 1
+
+
+@pytest.mark.parametrize("seeds", [None, [3, 5]])
+def test_the_first_evaluation_of_a_run_finds_its_program_compiled(monkeypatch, seeds):
+    """On an accelerator the evaluation's program compiles beside the training
+    program's; the first evaluation (after the first call) compiles nothing:
+    one run, and a seed batch (its state placed for the batch)."""
+    import jax
+    from flax import nnx
+
+    from nnx_ppo.algorithms import trainer
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.population import train_seeds
+    from nnx_ppo.networks.factories import make_mlp_actor_critic
+    from tests.algorithms.toy_envs import Target
+
+    made, calls = trainer.evaluation_hook, []
+
+    def counting_hook(*args, **kwargs):
+        hook = made(*args, **kwargs)
+
+        def counted(state, steps):
+            with backend_compiles() as compiles:
+                metrics = hook(state, steps)
+            calls.append((steps, compiles))
+            return metrics
+
+        return counted
+
+    monkeypatch.setattr(trainer, "evaluation_hook", counting_hook)
+    assert trainer.compiles_beside_training() == (jax.default_backend() != "cpu")
+    monkeypatch.setattr(trainer, "compiles_beside_training", lambda: True)  # as on an accelerator
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=8, total_steps=64, n_minibatches=2),
+                         eval=EvalConfig(every_steps=32, n_envs=3, max_episode_length=7))
+    make_network = lambda rngs: make_mlp_actor_critic(3, 2, (8,), (8,), rngs)  # noqa: E731
+    if seeds is None:
+        trainer.train_ppo(Target(), make_network(nnx.Rngs(0)), config)
+    else:
+        train_seeds(Target(), make_network, config, seeds)
+    assert [steps for steps, _ in calls] == [32, 64]
+    assert all(compiled == [] for _, compiled in calls), calls
