@@ -23,9 +23,14 @@
 #     for $RODENT_SECONDS (default 420) and stopped with Ctrl-C (SIGINT: the run saves and ends),
 #     its metrics.jsonl copied to $OUT. The run directory ($RODENT_RUN, default runs/rodent-users-chip)
 #     stays on the machine while it is held, and the next call's part 10 resumes it (nnx-ppo resume),
-#     so a sitting's calls make one curve. It cannot be carried to the next sitting: its newest
+#     so a sitting's calls make one curve. It cannot be carried to the next sitting whole: its newest
 #     checkpoint alone is about 60 MB (parameters and Adam state of 3.5M parameters, 1024 MJX env
 #     states), next to the 35 MB of wheels a bare machine needs, and a call carries 64 MiB in all.
+#     So it goes in pieces (bench/run_pieces.sh): RODENT_PIECES=0 packs the run after the call's training
+#     and brings back its first 4 pieces of 15 MiB in $OUT/rodent-run/; RODENT_PIECES=4 RODENT_SECONDS=0
+#     the next 4, and so on. In a later sitting, carry the pieces in .run-pieces/ (ignored by git; name
+#     each file in `carry`, as many as fit beside the wheels: part 10 gathers them in /tmp across calls
+#     and trains only once the run is whole, then resumes it).
 # 11. one layer of the LSTM decoder's recurrence alone (bench/recurrence_bound.py): the rate of its
 #     step-after-step products at the replay's minibatch and the rollout's batch, and what one iteration
 #     of the LSTM decoder at 1024 and 4096 envs would need if its layers ran their steps one after another
@@ -43,6 +48,7 @@ PARTS=" ${2:-1 2 3 4 5 6 7 8 9 11} "
 CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
 PHYSICS=${PHYSICS:-"sim_dt=0.004|iterations=2 ls_iterations=2|iterations=1 ls_iterations=1|body_contacts=false|sim_dt=0.004 iterations=1 ls_iterations=1"}
 ROWS="${OUT:-/tmp}/device_check.jsonl"
+mkdir -p "${OUT:-/tmp}"
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 rows() { grep --line-buffered '^{' | tee -a "$ROWS"; }
 export PYTHONPATH="$PWD/..${PYTHONPATH:+:$PYTHONPATH}"
@@ -86,11 +92,18 @@ done
 part 9 && { timeout 300 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --profile 3 --label device_check \
   --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo '{"failed": "rodent profile"}'; }
 part 10 && { run=${RODENT_RUN:-../runs/rodent-users-chip}  # ignored by git: a warm machine keeps it between calls
-  if [ -f "$run/config.json" ]; then what=(resume "$run"); else
-    what=(train rodent_imitation --network nnx_ppo.networks.factories:make_users_intention_network --run-dir "$run"); fi
-  timeout -s INT -k 120 "${RODENT_SECONDS:-420}" "$PY" -m nnx_ppo.cli "${what[@]}" || true
-  cp "$run/metrics.jsonl" "${OUT:-/tmp}/rodent_users_metrics.jsonl" 2>/dev/null \
-    || echo '{"failed": "rodent users preset"}'; }
+  pending=  # a run from an earlier sitting whose pieces have not all come yet
+  if [ ! -e "$run" ] && ls ../.run-pieces/run.tar.part-* >/dev/null 2>&1; then
+    bash run_pieces.sh gather ../.run-pieces /tmp/rodent-run-in "$run"; [ -e "$run" ] || pending=1; fi
+  if [ -z "$pending" ] && [ "${RODENT_SECONDS:-420}" -gt 0 ]; then
+    if [ -f "$run/config.json" ]; then what=(resume "$run"); else
+      what=(train rodent_imitation --network nnx_ppo.networks.factories:make_users_intention_network --run-dir "$run"); fi
+    timeout -s INT -k 120 "${RODENT_SECONDS:-420}" "$PY" -m nnx_ppo.cli "${what[@]}" || true
+    cp "$run/metrics.jsonl" "${OUT:-/tmp}/rodent_users_metrics.jsonl" 2>/dev/null \
+      || echo '{"failed": "rodent users preset"}'; fi
+  if [ -n "${RODENT_PIECES:-}" ]; then  # the run goes back in pieces, 4 a call: RODENT_PIECES=0, then 4, ...
+    [ "$RODENT_PIECES" -eq 0 ] && bash run_pieces.sh pack "$run" /tmp/rodent-run-out
+    bash run_pieces.sh take /tmp/rodent-run-out "${OUT:-/tmp}/rodent-run" "$RODENT_PIECES" 4; fi; }
 part 9 && { IFS='|' read -ra settings <<< "$PHYSICS"; for setting in "${settings[@]}"; do
   timeout 240 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --label device_check --set $setting \
     --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo "{\"failed\": \"rodent $setting\"}"
