@@ -34,7 +34,8 @@
 # 11. one layer of the LSTM decoder's recurrence alone (bench/recurrence_bound.py): the rate of its
 #     step-after-step products at the replay's minibatch and the rollout's batch, and what one iteration
 #     of the LSTM decoder at 1024 and 4096 envs would need if its layers ran their steps one after another
-#     (not a floor: on a TPU v5e the library's replay is faster; bench/README.md, "Ninth sitting").
+#     (not a floor: on a TPU v5e the library's replay is faster; bench/README.md, "Ninth sitting"), and the
+#     decoder's 4 layers stacked, to see whether they run faster together than one layer alone.
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
 # bench/results/ and bench/README.md ("Accelerators").
 # Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11";
@@ -109,6 +110,7 @@ part 9 && { IFS='|' read -ra settings <<< "$PHYSICS"; for setting in "${settings
     --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo "{\"failed\": \"rodent $setting\"}"
 done; }
 # 5630 and 22519: the LSTM decoder's iteration_gflop at 1024 and 4096 envs (bench_intention.py's rows; XLA's count)
-part 11 && { timeout 300 "$PY" recurrence_bound.py --n-envs 1024 4096 --iteration-gflop 5630 22519 2>/dev/null | rows \
+part 11 && { timeout 480 "$PY" recurrence_bound.py --n-envs 1024 4096 --iteration-gflop 5630 22519 --stacked 2>/dev/null \
+  | rows \
   || echo '{"failed": "recurrence bound"}'; }
 :

@@ -1,6 +1,6 @@
 """How fast an LSTM layer's recurrence can run on this device, alone: a floor under the LSTM decoder's iteration.
 
-Usage: python bench/recurrence_bound.py [--n-envs 1024 4096] [--iteration-gflop G G]
+Usage: python bench/recurrence_bound.py [--n-envs 1024 4096] [--iteration-gflop G G] [--stacked]
 
 The intention network's LSTM decoder (``bench_intention.py --lstm-decoder``) has
 ``--layers`` LSTM layers of ``--hidden`` units. In each the product ``h W_h`` waits
@@ -14,6 +14,11 @@ inputs' part) at the replay's minibatch of ``M = n_envs / minibatches`` envs,
 iteration, and forward alone at the rollout's ``n_envs`` (``--repeats``
 times), each with float32 weights and with weights rounded to bfloat16
 beforehand; and a large bfloat16 matrix product, the device's matrix rate.
+
+With ``--stacked``, also the ``--layers`` layers stacked as in the decoder
+(each layer's input product inside the step), float32 weights: whether the
+stack runs its products faster than one layer alone, as the library's replay
+suggests (bench/README.md, "Ninth sitting").
 
 One JSON line per ``--n-envs``: the rates, the iteration's recurrent GFLOP
 (the replay's forward and backward over ``epochs x minibatches`` steps, the
@@ -40,31 +45,38 @@ from batched_matmul import seconds_per_call  # (this folder: the script's own)
 CALLS = 20  # timed calls of each program, after its compiling call
 
 
-def recurrence(weight_dtype, hidden: int, rollout: int, repeats: int):
+def recurrence(weight_dtype, hidden: int, rollout: int, repeats: int, layers: int = 1):
     """``(forward, forward_backward)`` (to be jitted): the LSTM recurrence over ``zx`` ``[T, M, 4 H]``
-    (the inputs' part of the gates) with recurrent weights ``w`` ``[H, 4 H]``,
+    (the first layer's inputs' part of the gates) with weights ``w`` ``[2 layers - 1, H, 4 H]``
+    (each layer's recurrent weights, then the input weights of layers 2 on),
     ``repeats`` times in one program, each from the carry the last one left
     (so that launching the program is not timed with it, and no repeat can be
     hoisted out of the loop); ``forward_backward`` also takes the gradient of
     each repeat's output sum with respect to ``w`` and ``zx``, one repeat after
-    the other as the replay's minibatch steps do, and sums them."""
+    the other as the replay's minibatch steps do, and sums them. With
+    ``layers > 1`` the layers are stacked as in the LSTM decoder: at each
+    step a layer's input is the output of the layer below at the same step,
+    so layer l's step t does not wait for layer l-1's step t+1."""
 
     def one(w, zx, carry):
         """``(output sum, carry)`` of one rollout of the recurrence from ``carry``."""
         def step(carry, z_in):
-            h, c = carry
-            z = z_in + (h.astype(weight_dtype) @ w).astype(jnp.float32)
-            i, f, g, o = jnp.split(z, 4, axis=-1)
-            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-            h = jax.nn.sigmoid(o) * jnp.tanh(c)
-            return (h, c), h
+            new, below = [], None
+            for layer, (h, c) in enumerate(carry):
+                z = z_in if layer == 0 else (below.astype(weight_dtype) @ w[layers + layer - 1]).astype(jnp.float32)
+                z = z + (h.astype(weight_dtype) @ w[layer]).astype(jnp.float32)
+                i, f, g, o = jnp.split(z, 4, axis=-1)
+                c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+                below = jax.nn.sigmoid(o) * jnp.tanh(c)
+                new.append((below, c))
+            return tuple(new), below
 
         carry, hs = jax.lax.scan(step, carry, zx, unroll=rollout)
         return hs.sum(), carry
 
     def start(zx):
         zeros = jnp.zeros((zx.shape[1], hidden), jnp.float32)
-        return zeros, zeros
+        return tuple((zeros, zeros) for _ in range(layers))
 
     def forward(w, zx):
         def once(carry, _):
@@ -85,15 +97,19 @@ def recurrence(weight_dtype, hidden: int, rollout: int, repeats: int):
     return forward, forward_backward
 
 
-def rates(batch: int, hidden: int, rollout: int, repeats: int, backward: bool) -> dict:
-    """TFLOP/s of the recurrence's products at ``batch`` rows: forward, and with
-    ``backward`` forward + backward (3 times the forward's products)."""
-    flop = repeats * rollout * batch * hidden * 4 * hidden * 2
+def rates(batch: int, hidden: int, rollout: int, repeats: int, backward: bool, layers: int = 1,
+          dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> dict:
+    """TFLOP/s of the recurrence's products at ``batch`` rows (``layers``
+    stacked: ``2 layers - 1`` products a step): forward, and with
+    ``backward`` forward + backward (3 times the forward's products); with
+    weights of each of ``dtypes``."""
+    flop = repeats * rollout * batch * (2 * layers - 1) * hidden * 4 * hidden * 2
     out = {}
-    for name, dtype in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
-        w = jax.random.normal(jax.random.key(0), (hidden, 4 * hidden), jnp.float32).astype(dtype)
+    for name in dtypes:
+        dtype = jnp.dtype(name)
+        w = jax.random.normal(jax.random.key(0), (2 * layers - 1, hidden, 4 * hidden), jnp.float32).astype(dtype)
         zx = jax.random.normal(jax.random.key(1), (rollout, batch, 4 * hidden), jnp.float32)
-        forward, forward_backward = recurrence(dtype, hidden, rollout, repeats)
+        forward, forward_backward = recurrence(dtype, hidden, rollout, repeats, layers)
         out[name] = {"forward_tflops": flop / seconds_per_call(forward, w, zx, calls=CALLS) / 1e12}
         if backward:
             seconds = seconds_per_call(forward_backward, w, zx, calls=CALLS)
@@ -124,6 +140,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=16,
                         help="rollouts timed in one program at n_envs (the replay's: epochs x minibatches)")
     parser.add_argument("--matmul-size", type=int, default=8192, help="size of the large bfloat16 product")
+    parser.add_argument("--stacked", action="store_true",
+                        help="also time the --layers layers stacked as in the decoder (float32 weights)")
     args = parser.parse_args(argv)
     if args.iteration_gflop is not None and len(args.iteration_gflop) != len(args.n_envs):
         parser.error(f"--iteration-gflop needs one value per --n-envs ({len(args.n_envs)}), "
@@ -146,6 +164,12 @@ def main(argv=None) -> None:
                "large_matmul_tflops": round(large, 3), "matmul_size": args.matmul_size,
                "replay_recurrence": _rounded(replay), "rollout_recurrence": _rounded(rollout),
                "recurrent_gflop": round(recurrent_gflop, 1), "recurrent_ms": round(recurrent_ms, 3)}
+        if args.stacked:  # does the stack run faster than one layer? (bench/README.md, "Ninth sitting")
+            stacked = {"replay": rates(m, args.hidden, args.rollout, args.epochs * args.minibatches, True,
+                                       args.layers, ("float32",))["float32"],
+                       "rollout": rates(n_envs, args.hidden, args.rollout, args.repeats, False,
+                                        args.layers, ("float32",))["float32"]}
+            row["stacked_recurrence"] = _rounded(stacked)
         if args.iteration_gflop is not None:
             floor_ms = recurrent_ms + (args.iteration_gflop[k] - recurrent_gflop) / large
             row.update(iteration_gflop=args.iteration_gflop[k], floor_ms=round(floor_ms, 3),
