@@ -42,7 +42,7 @@ def read_curves(run: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
 
 def read_rows(path: pathlib.Path, labels: list[str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """``{name: curves}`` (as :func:`read_curves`) for each row of ``path`` labelled one of ``labels``
-    that keeps a curve; named ``ours``/``orig`` and the seed, or by the label where the row has no seed."""
+    that keeps a curve; named ``ours``/``orig``, the device and the seed, or by the label where the row has no seed."""
     found = {}
     for line in path.read_text().splitlines():
         row = json.loads(line)
@@ -50,7 +50,8 @@ def read_rows(path: pathlib.Path, labels: list[str]) -> dict[str, dict[str, list
         if row.get("label") not in labels or not points:
             continue
         who = "ours" if row.get("lib", "nnx_ppo") == "nnx_ppo" else "orig"
-        name = f"{who}_cpu_seed{row['seed']}" if "seed" in row else row["label"]
+        device = str(row.get("device", "cpu")).split()[0]  # ("cpu (2 cores, ...)", "tpu-v5e")
+        name = f"{who}_{device}_seed{row['seed']}" if "seed" in row else row["label"]
         found[name] = {metric: sorted((int(p["env_steps"]), float(p[metric])) for p in points if metric in p)
                        for metric, _ in PANELS}
     return found
