@@ -767,7 +767,10 @@ def compile_in_background(jitted, *args) -> threading.Thread:
     the same shapes and placement finds the program in JAX's cache. Only
     the arguments' shapes, dtypes and placements are read, here, before
     the thread starts (so ``args`` may be donated right after). A compile
-    that fails on the thread is left for the later call to raise."""
+    that fails on the thread is left for the later call to raise. The
+    thread is no daemon: a process that ends while it compiles (a run that
+    fails before its first evaluation) waits for the compile to finish
+    rather than tear the compiler down under it."""
     structs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(  # (an array not committed to its device lowers without)
         a.shape, a.dtype, sharding=a.sharding if getattr(a, "committed", True) else None), args)
 
