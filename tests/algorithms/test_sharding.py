@@ -151,3 +151,57 @@ def test_seeds_in_turn_on_four_devices_match_one_device(measured):
         assert measured[key] < 1e-4, measured
     for key in ("map_eval_by_seed", "map_eval_by_env"):
         assert measured[key] < 1e-3, measured
+
+
+AHEAD = textwrap.dedent('''
+    import dataclasses, json, os
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    import jax
+    from jax._src import dispatch
+    from flax import nnx
+    from nnx_ppo.algorithms import trainer
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.algorithms.population import train_seeds
+    from nnx_ppo.envs import make
+    from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+    compiles, calls, made = [], [], trainer.evaluation_hook
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(kw.get("fun_name")) if event == dispatch.BACKEND_COMPILE_EVENT
+        else None)
+
+    def counting_hook(*args, **kwargs):
+        hook = made(*args, **kwargs)
+        def counted(state, steps):
+            before = len(compiles)
+            metrics = hook(state, steps)
+            calls.append(compiles[before:])
+            return metrics
+        return counted
+
+    trainer.evaluation_hook = counting_hook
+    trainer.compiles_beside_training = lambda: True  # as on an accelerator
+    env = make("cue_memory", n_cues=2, delay=3)
+    config = TrainConfig(ppo=PPOConfig(n_envs=16, rollout_length=8, n_minibatches=2, total_steps=16 * 8 * 2),
+                         eval=EvalConfig(every_steps=16 * 8, n_envs=8, max_episode_length=5), n_devices=4)
+    make_net = lambda rngs: make_actor_critic_for_env(env, "mlp", rngs, actor_hidden_sizes=(8,),
+                                                      critic_hidden_sizes=(8,))
+    out = {}
+    trainer.train_ppo(env, make_net(nnx.Rngs(0)), config)
+    out["by_env"], calls[:] = list(calls), []
+    train_seeds(env, make_net, dataclasses.replace(config, shard_seeds=True), [0, 1, 2, 3])
+    out["by_seed"] = list(calls)
+    print(json.dumps(out))
+''')
+
+
+def test_the_first_evaluation_finds_its_program_compiled_on_four_devices():
+    """As on an accelerator (the evaluation's program compiled beside the
+    training program's): on 4 devices, split by env and a seed batch split by
+    seed, no evaluation compiles anything."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    proc = subprocess.run([sys.executable, "-c", AHEAD], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "XLA_FLAGS": " ".join(flags)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [len(c) for c in calls["by_env"]] == [0, 0] and [len(c) for c in calls["by_seed"]] == [0, 0], calls
