@@ -122,6 +122,25 @@ def backend_compiles():
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
+def counting_evaluations(made, calls: list):
+    """An ``evaluation_hook`` like ``made`` whose hooks append ``(env steps,
+    programs compiled during the evaluation)`` to ``calls`` (also used by
+    test_sharding.py's 4-device script)."""
+
+    def counting_hook(*args, **kwargs):
+        hook = made(*args, **kwargs)
+
+        def counted(state, steps):
+            with backend_compiles() as compiles:
+                metrics = hook(state, steps)
+            calls.append((steps, compiles))
+            return metrics
+
+        return counted
+
+    return counting_hook
+
+
 def test_a_program_compiled_in_the_background_is_not_compiled_again():
     import jax
 
@@ -155,20 +174,8 @@ def test_the_first_evaluation_of_a_run_finds_its_program_compiled(monkeypatch, s
     from nnx_ppo.networks.factories import make_mlp_actor_critic
     from tests.algorithms.toy_envs import Target
 
-    made, calls = trainer.evaluation_hook, []
-
-    def counting_hook(*args, **kwargs):
-        hook = made(*args, **kwargs)
-
-        def counted(state, steps):
-            with backend_compiles() as compiles:
-                metrics = hook(state, steps)
-            calls.append((steps, compiles))
-            return metrics
-
-        return counted
-
-    monkeypatch.setattr(trainer, "evaluation_hook", counting_hook)
+    calls = []
+    monkeypatch.setattr(trainer, "evaluation_hook", counting_evaluations(trainer.evaluation_hook, calls))
     assert trainer.compiles_beside_training() == (jax.default_backend() != "cpu")
     monkeypatch.setattr(trainer, "compiles_beside_training", lambda: True)  # as on an accelerator
     config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=8, total_steps=64, n_minibatches=2),

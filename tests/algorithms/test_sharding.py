@@ -156,30 +156,16 @@ def test_seeds_in_turn_on_four_devices_match_one_device(measured):
 AHEAD = textwrap.dedent('''
     import dataclasses, json, os
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    import jax
-    from jax._src import dispatch
     from flax import nnx
     from nnx_ppo.algorithms import trainer
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.algorithms.population import train_seeds
     from nnx_ppo.envs import make
     from nnx_ppo.networks.factories import make_actor_critic_for_env
+    from tests.algorithms.test_driver import counting_evaluations
 
-    compiles, calls, made = [], [], trainer.evaluation_hook
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, duration, **kw: compiles.append(kw.get("fun_name")) if event == dispatch.BACKEND_COMPILE_EVENT
-        else None)
-
-    def counting_hook(*args, **kwargs):
-        hook = made(*args, **kwargs)
-        def counted(state, steps):
-            before = len(compiles)
-            metrics = hook(state, steps)
-            calls.append(compiles[before:])
-            return metrics
-        return counted
-
-    trainer.evaluation_hook = counting_hook
+    calls = []
+    trainer.evaluation_hook = counting_evaluations(trainer.evaluation_hook, calls)
     trainer.compiles_beside_training = lambda: True  # as on an accelerator
     env = make("cue_memory", n_cues=2, delay=3)
     config = TrainConfig(ppo=PPOConfig(n_envs=16, rollout_length=8, n_minibatches=2, total_steps=16 * 8 * 2),
@@ -204,4 +190,4 @@ def test_the_first_evaluation_finds_its_program_compiled_on_four_devices():
                           env={**os.environ, "XLA_FLAGS": " ".join(flags)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     calls = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [len(c) for c in calls["by_env"]] == [0, 0] and [len(c) for c in calls["by_seed"]] == [0, 0], calls
+    assert [c for _, c in calls["by_env"]] == [[], []] and [c for _, c in calls["by_seed"]] == [[], []], calls
