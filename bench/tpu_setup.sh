@@ -37,7 +37,11 @@ _pip --no-deps --only-binary=:all: --index-url file:///opt/pypi/simple --target 
 _pip --no-deps --only-binary=:all: --index-url file:///opt/pypi/simple --target "$SITE" \
   matplotlib contourpy cycler fonttools kiwisolver pyparsing python-dateutil six pillow pandas pytz tzdata \
   cloudpickle || echo 'tpu_setup.sh: what gymnax imports did not install from the index (its tasks will not run)'
-_pip --no-deps --no-index --target "$SITE" .whl-tpu/*.whl || return 1 2>/dev/null || exit 1
+if ls .whl-tpu/*.whl >/dev/null 2>&1; then
+  _pip --no-deps --no-index --target "$SITE" .whl-tpu/*.whl || return 1 2>/dev/null || exit 1
+elif [ ! -d "$SITE/tyro" ]; then  # a warm machine keeps $SITE: a later call need not carry the wheels again
+  echo 'tpu_setup.sh: no .whl-tpu/*.whl (carry .whl-tpu; see the top of this file)' >&2; return 1 2>/dev/null || exit 1
+fi
 if ls .whl-rodent/*.whl >/dev/null 2>&1; then
   _pip --no-deps --only-binary=:all: --index-url file:///opt/pypi/simple --target "$SITE" \
     glfw pyopengl trimesh ml-collections lxml pillow cloudpickle xxhash \
