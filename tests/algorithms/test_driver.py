@@ -160,6 +160,42 @@ def test_a_program_compiled_in_the_background_is_not_compiled_again():
     assert len(compiles) == 1
 
 
+def test_the_training_program_is_lowered_before_the_evaluation_traces_beside_it(monkeypatch):
+    """On an accelerator the training program is traced and lowered before
+    the evaluation's program starts tracing on its thread (tracing holds
+    Python's lock, XLA's compile does not), and it is still traced, lowered
+    and compiled once."""
+    import jax
+    from flax import nnx
+    from jax._src import dispatch
+
+    from nnx_ppo.algorithms import trainer
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.networks.factories import make_mlp_actor_critic
+    from tests.algorithms.toy_envs import Target
+
+    kinds = {dispatch.JAXPR_TRACE_EVENT: "trace", dispatch.JAXPR_TO_MLIR_MODULE_EVENT: "lower",
+             dispatch.BACKEND_COMPILE_EVENT: "compile"}
+    events = []
+
+    def listener(event, duration, **kwargs):
+        name = str(kwargs.get("fun_name")).removeprefix("jit(").removesuffix(")")  # (lowered and compiled: "jit(run)")
+        if event in kinds and name in ("run", "one"):
+            events.append((kinds[event], name))
+
+    monkeypatch.setattr(trainer, "compiles_beside_training", lambda: True)  # as on an accelerator
+    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=8, total_steps=64, n_minibatches=2),
+                         eval=EvalConfig(every_steps=32, n_envs=3, max_episode_length=7))
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        trainer.train_ppo(Target(), make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0)), config)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert [kind for kind, name in events if name == "run"] == ["trace", "lower", "compile"], events
+    assert events.index(("lower", "run")) < events.index(("trace", "one")), events
+    assert ("compile", "one") in events
+
+
 @pytest.mark.parametrize("seeds", [None, [3, 5]])
 def test_the_first_evaluation_of_a_run_finds_its_program_compiled(monkeypatch, seeds):
     """On an accelerator the evaluation's program compiles beside the training
