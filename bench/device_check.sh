@@ -36,16 +36,20 @@
 #     of the LSTM decoder at 1024 and 4096 envs would need if its layers ran their steps one after another
 #     (not a floor: on a TPU v5e the library's replay is faster; bench/README.md, "Ninth sitting"), and the
 #     decoder's 4 layers stacked, to see whether they run faster together than one layer alone.
+# 12. where the first call's compile time goes on the host (bench/compile_profile.py: a jax.profiler trace of
+#     a 2-iteration run, its events by self time: XLA's compiler passes, JAX's tracing and lowering), ours
+#     (bench_intention.py) then the original's (peers/original_intention.py), for each of $CONFIGS; rows in
+#     $OUT/compile_profile.jsonl.
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
 # bench/results/ and bench/README.md ("Accelerators").
-# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11";
+# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11 12";
 # part 10 only when named)
 # On a bare TPU machine: source bench/tpu_setup.sh first (it installs what is needed and sets
 # PYTHONPATH and ORIG_PYTHONPATH), then: bash bench/device_check.sh python3 "6"
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${1:-../.venv/bin/python}
-PARTS=" ${2:-1 2 3 4 5 6 7 8 9 11} "
+PARTS=" ${2:-1 2 3 4 5 6 7 8 9 11 12} "
 CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
 PHYSICS=${PHYSICS:-"sim_dt=0.004|iterations=2 ls_iterations=2|iterations=1 ls_iterations=1|body_contacts=false|sim_dt=0.004 iterations=1 ls_iterations=1"}
 ROWS="${OUT:-/tmp}/device_check.jsonl"
@@ -113,4 +117,12 @@ done; }
 part 11 && { timeout 480 "$PY" recurrence_bound.py --n-envs 1024 4096 --iteration-gflop 5630 22519 --stacked 2>/dev/null \
   | rows \
   || echo '{"failed": "recurrence bound"}'; }
+part 12 && for config in $CONFIGS; do
+  decoder="--${config%:*}-decoder --n-envs ${config#*:} --iterations 2 --skip 1"
+  timeout 240 "$PY" compile_profile.py --out "${OUT:-/tmp}/compile_profile.jsonl" -- bench_intention.py $decoder \
+    --no-check >/dev/null 2>&1 || echo "{\"failed\": \"compile profile, ours, $config\"}"
+  PYTHONPATH="${ORIG_PYTHONPATH:?source bench/tpu_setup.sh, or set ORIG_PYTHONPATH to the original nnx-ppo}" \
+    timeout 240 "$PY" compile_profile.py --out "${OUT:-/tmp}/compile_profile.jsonl" -- peers/original_intention.py \
+    $decoder >/dev/null 2>&1 || echo "{\"failed\": \"compile profile, original, $config\"}"
+done
 :
