@@ -104,22 +104,38 @@ def test_several_iterations_per_call_are_logged_in_order():
 
 
 @contextlib.contextmanager
-def backend_compiles():
-    """A list of the programs (their names) compiled for a backend inside the ``with``."""
+def compile_events():
+    """A list of ``(kind, program)`` for each program traced (``"trace"``),
+    lowered (``"lower"``) or compiled for a backend (``"compile"``) inside
+    the ``with``, in the order they finished (any thread); ``program``: the
+    function's name (``"run"`` for ``jit(run)``)."""
     import jax
     from jax._src import dispatch
 
-    seen = []
+    kinds = {dispatch.JAXPR_TRACE_EVENT: "trace", dispatch.JAXPR_TO_MLIR_MODULE_EVENT: "lower",
+             dispatch.BACKEND_COMPILE_EVENT: "compile"}
+    events = []
 
     def listener(event, duration, **kwargs):
-        if event == dispatch.BACKEND_COMPILE_EVENT:
-            seen.append(kwargs.get("fun_name"))
+        if event in kinds:
+            events.append((kinds[event], str(kwargs.get("fun_name")).removeprefix("jit(").removesuffix(")")))
 
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        yield seen
+        yield events
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+
+
+@contextlib.contextmanager
+def backend_compiles():
+    """A list of the programs (their names) compiled for a backend inside the ``with``."""
+    compiled = []
+    with compile_events() as events:
+        try:
+            yield compiled
+        finally:
+            compiled.extend(name for kind, name in events if kind == "compile")
 
 
 def counting_evaluations(made, calls: list):
@@ -165,32 +181,20 @@ def test_the_training_program_is_lowered_before_the_evaluation_traces_beside_it(
     the evaluation's program starts tracing on its thread (tracing holds
     Python's lock, XLA's compile does not), and it is still traced, lowered
     and compiled once."""
-    import jax
     from flax import nnx
-    from jax._src import dispatch
 
     from nnx_ppo.algorithms import trainer
     from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
     from nnx_ppo.networks.factories import make_mlp_actor_critic
     from tests.algorithms.toy_envs import Target
 
-    kinds = {dispatch.JAXPR_TRACE_EVENT: "trace", dispatch.JAXPR_TO_MLIR_MODULE_EVENT: "lower",
-             dispatch.BACKEND_COMPILE_EVENT: "compile"}
-    events = []
-
-    def listener(event, duration, **kwargs):
-        name = str(kwargs.get("fun_name")).removeprefix("jit(").removesuffix(")")  # (lowered and compiled: "jit(run)")
-        if event in kinds and name in ("run", "one"):
-            events.append((kinds[event], name))
-
     monkeypatch.setattr(trainer, "compiles_beside_training", lambda: True)  # as on an accelerator
-    config = TrainConfig(ppo=PPOConfig(n_envs=4, rollout_length=8, total_steps=64, n_minibatches=2),
-                         eval=EvalConfig(every_steps=32, n_envs=3, max_episode_length=7))
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    # (shapes of its own: programs the next test compiles again would find this one's in JAX's caches)
+    config = TrainConfig(ppo=PPOConfig(n_envs=6, rollout_length=5, total_steps=60, n_minibatches=2),
+                         eval=EvalConfig(every_steps=30, n_envs=5, max_episode_length=6))
+    with compile_events() as all_events:
         trainer.train_ppo(Target(), make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0)), config)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
+    events = [(kind, name) for kind, name in all_events if name in ("run", "one")]
     assert [kind for kind, name in events if name == "run"] == ["trace", "lower", "compile"], events
     assert events.index(("lower", "run")) < events.index(("trace", "one")), events
     assert ("compile", "one") in events
