@@ -594,13 +594,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
         for i in driver.failures:  # (after the healthy members' rows of the step)
             log_failed(i, member_row(row, i), steps)
 
-    training_seeds = [c.seed for c in team.configs] if team.stacked else None
-    beside = config.eval.enabled and compiles_beside_training()
-    if beside:  # traced first, so that the evaluation's program traces while this one compiles
-        with _named_module_errors(team.networks[0]):
-            lower_training_program(train_fn, state)
-    evaluate = evaluation_hook(config, team.networks[0], eval_env, training_seeds, mesh, on_evaluation,
-                               ahead=state if beside else None) if config.eval.enabled else None
+    evaluate = _run_evaluation(config, team, eval_env, mesh, on_evaluation, train_fn, state)
     if evaluate is not None and checkpoint_dir:
         evaluate = best_policy_hook(evaluate, config, checkpoint_dir, checkpoint_metadata,
                                     team.names if team.stacked else None, mesh, lambda: driver.failures)
@@ -635,6 +629,23 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
         raise run_failure(driver.failures[0], team.networks[0], env, ppo)
     return _results(team, result, replicated(result.state, mesh) if team.stacked else result.state,
                     driver.failures, last_rows, ppo)
+
+
+def _run_evaluation(config: TrainConfig, team: Members, eval_env, mesh, on_evaluation, train_fn,
+                    state: TrainingState) -> Callable[[TrainingState, int], dict] | None:
+    """The run's :func:`evaluation_hook` (None with evaluation off). On an
+    accelerator (:func:`compiles_beside_training`) its program compiles
+    beside the training program's, which is traced and lowered first
+    (:func:`lower_training_program`), so that the evaluation's program traces
+    while the training program compiles."""
+    if not config.eval.enabled:
+        return None
+    beside = compiles_beside_training()
+    if beside:
+        with _named_module_errors(team.networks[0]):
+            lower_training_program(train_fn, state)
+    return evaluation_hook(config, team.networks[0], eval_env, [c.seed for c in team.configs] if team.stacked else None,
+                           mesh, on_evaluation, ahead=state if beside else None)
 
 
 def _results(team: Members, result, final: TrainingState, failures: dict, last_rows: dict[int, dict[str, float]],
