@@ -38,6 +38,7 @@ the rest, in this order:
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import importlib
@@ -756,9 +757,14 @@ def evaluation_hook(config: TrainConfig, network, eval_env, seeds: list[int] | N
     compiling = None if ahead is None else compile_in_background(evaluate, ahead.params, ahead.rest, keys_at(0))
 
     def hook(state: TrainingState, steps: int) -> dict:
-        if compiling is not None:
-            compiling.join()
-        metrics = {k: _host_value(v) for k, v in evaluate(state.params, state.rest, keys_at(steps)).items()}
+        nonlocal compiling
+        args = (state.params, state.rest, keys_at(steps))
+        program = None if compiling is None else compiling.result()
+        try:
+            out = evaluate(*args) if program is None else program(*args)
+        except (TypeError, ValueError):  # (raised before it runs: arguments of other types or placements than
+            compiling, out = None, evaluate(*args)  # the program's; compiled for them, and raising a real error)
+        metrics = {k: _host_value(v) for k, v in out.items()}
         if on_evaluation is not None and seeds is None:
             on_evaluation(NetworkFn(graphdef, state.params, state.rest), steps)
         return metrics
@@ -799,26 +805,30 @@ def lower_training_program(train_fn, state: TrainingState) -> None:
     train_fn.lower(state, jnp.zeros((), jnp.int32))
 
 
-def compile_in_background(jitted, *args) -> threading.Thread:
+def compile_in_background(jitted, *args) -> concurrent.futures.Future:
     """Start compiling ``jitted`` (a ``jax.jit`` function) for ``args`` on a
-    thread of its own and return the thread; a later ``jitted(*args)`` of
-    the same shapes and placement finds the program in JAX's cache. Only
-    the arguments' shapes, dtypes and placements are read, here, before
-    the thread starts (so ``args`` may be donated right after). A compile
-    that fails on the thread is left for the later call to raise. The
+    thread of its own; the returned future gives the compiled program
+    (``jax.stages.Compiled``, called like ``jitted`` with arguments of the
+    same shapes and placements), or None if the compile failed (left for a
+    later ``jitted(*args)`` to raise). The program is kept rather than left
+    in JAX's caches, whose entries can be evicted or collected before it is
+    used. Only the arguments' shapes, dtypes and placements are read, here,
+    before the thread starts (so ``args`` may be donated right after). The
     thread is no daemon: a process that ends while it compiles (a run that
     fails before its first evaluation) waits for the compile to finish
     rather than tear the compiler down under it."""
     structs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(  # (an array not committed to its device lowers without)
         a.shape, a.dtype, sharding=a.sharding if getattr(a, "committed", True) else None), args)
+    program: concurrent.futures.Future = concurrent.futures.Future()
 
     def compile_() -> None:
-        with contextlib.suppress(Exception):
-            jitted.lower(*structs).compile()
+        try:
+            program.set_result(jitted.lower(*structs).compile())
+        except Exception:  # noqa: BLE001 (the later call raises it, with its own traceback)
+            program.set_result(None)
 
-    thread = threading.Thread(target=compile_, name="nnx_ppo-compile")
-    thread.start()
-    return thread
+    threading.Thread(target=compile_, name="nnx_ppo-compile").start()
+    return program
 
 
 def best_policy_hook(evaluate: Callable[[TrainingState, int], dict], config: TrainConfig, directory: str,
