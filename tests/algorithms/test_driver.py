@@ -104,11 +104,13 @@ def test_several_iterations_per_call_are_logged_in_order():
 
 
 @contextlib.contextmanager
-def compile_events():
+def compile_events(thread=None):
     """A list of ``(kind, program)`` for each program traced (``"trace"``),
     lowered (``"lower"``) or compiled for a backend (``"compile"``) inside
-    the ``with``, in the order they finished (any thread); ``program``: the
-    function's name (``"run"`` for ``jit(run)``)."""
+    the ``with``, in the order they finished, on any thread or only on
+    ``thread``; ``program``: the function's name (``"run"`` for ``jit(run)``)."""
+    import threading
+
     import jax
     from jax._src import dispatch
 
@@ -117,7 +119,7 @@ def compile_events():
     events = []
 
     def listener(event, duration, **kwargs):
-        if event in kinds:
+        if event in kinds and (thread is None or threading.current_thread() is thread):
             events.append((kinds[event], str(kwargs.get("fun_name")).removeprefix("jit(").removesuffix(")")))
 
     jax.monitoring.register_event_duration_secs_listener(listener)
@@ -129,9 +131,13 @@ def compile_events():
 
 @contextlib.contextmanager
 def backend_compiles():
-    """A list of the programs (their names) compiled for a backend inside the ``with``."""
+    """A list of the programs (their names) compiled for a backend inside the
+    ``with`` by this thread (not one compiling beside it, whose compile may
+    end while this one waits for it)."""
+    import threading
+
     compiled = []
-    with compile_events() as events:
+    with compile_events(threading.current_thread()) as events:
         try:
             yield compiled
         finally:
