@@ -195,8 +195,6 @@ def test_the_training_program_is_lowered_before_the_evaluation_traces_beside_it(
     from tests.algorithms.toy_envs import Target
 
     monkeypatch.setattr(trainer, "compiles_beside_training", lambda: True)  # as on an accelerator
-    # (shapes of its own: with the next test's shapes, that test's first evaluation compiled its program
-    # again in 2 of 4 runs of this file, a second run of the same shapes in one process; cause not found)
     config = TrainConfig(ppo=PPOConfig(n_envs=6, rollout_length=5, total_steps=60, n_minibatches=2),
                          eval=EvalConfig(every_steps=30, n_envs=5, max_episode_length=6))
     with compile_events() as all_events:
