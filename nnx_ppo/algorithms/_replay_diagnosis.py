@@ -168,15 +168,17 @@ def _get(tree, path):
 
 
 def diagnose_replay(network, env, *, n_envs: int = 8, rollout_length: int = 32, n_minibatches: int = 2,
-                    seed: int = 0, tolerance: float = 1e-5, precision: str = "default") -> ReplayDiagnosis:
+                    seed: int = 0, tolerance: float = 1e-5, precision: str = "default",
+                    replay_unroll: int | None = None) -> ReplayDiagnosis:
     """One rollout of ``n_envs`` x ``rollout_length`` steps, replayed in
     ``n_minibatches`` minibatches, compared (``network`` is not modified),
-    both at ``precision`` (``PPOConfig.precision``). A module that writes a
+    both at ``precision`` (``PPOConfig.precision``), the replay unrolled as
+    the trainer unrolls it with ``PPOConfig.replay_unroll``. A module that writes a
     variable its output depends on raises
     :class:`~nnx_ppo.algorithms.functional.ReplayMismatchError` naming it."""
     env = as_env(env)
     ppo = PPOConfig(n_envs=n_envs, rollout_length=rollout_length, n_minibatches=n_minibatches, total_steps=1,
-                    precision=precision)
+                    precision=precision, replay_unroll=replay_unroll)
     state = new_training_state(env, network, TrainConfig(ppo=ppo, seed=seed))
     graphdef = NetworkFn.of(network).graphdef
 
@@ -192,7 +194,8 @@ def diagnose_replay(network, env, *, n_envs: int = 8, rollout_length: int = 32, 
             batches = split_minibatches(
                 key_perm, Minibatch(trajectory=traj, advantages=dummy, returns=dummy), n_minibatches
             )
-            replayed = jax.lax.map(lambda b: rollout.network.replay(b.trajectory), batches)
+            unroll = ppo.scan_unroll(jax.default_backend())
+            replayed = jax.lax.map(lambda b: rollout.network.replay(b.trajectory, unroll), batches)
         # keys as their data, so that everything below runs on the host: the
         # outputs carry the minibatch layout (losses.split_minibatches), which
         # eager ops on a TPU refuse

@@ -299,7 +299,7 @@ def named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) -
     n_envs = min(ppo.n_envs, 8)
     try:
         found = diagnose_replay(network, env, n_envs=n_envs, rollout_length=ppo.rollout_length,
-                                n_minibatches=2 if n_envs % 2 == 0 else 1)
+                                n_minibatches=2 if n_envs % 2 == 0 else 1, replay_unroll=ppo.replay_unroll)
     except ReplayMismatchError as named:  # a module writing a variable, named when the replay compiles
         return named
     except Exception:  # noqa: BLE001 -- the diagnosis is best effort; the mismatch itself stands

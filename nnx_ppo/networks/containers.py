@@ -19,6 +19,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
+from nnx_ppo.networks.recurrent import replay_stacked, replays_in_stack
 from nnx_ppo.networks.types import (
     SequenceOutput,
     StatefulModule,
@@ -26,6 +27,7 @@ from nnx_ppo.networks.types import (
     flatten_time,
     has_fast_replay,
     replay_in_time,
+    scan_unroll,
     unflatten_time,
 )
 
@@ -188,15 +190,39 @@ class Sequential(StatefulModule):
 
     def replay_sequence(self, carry, xs, rollout_extras, reset, stored_carry):
         """Replay layer by layer: stateless layers run on the flattened batch,
-        stateful ones scan time."""
+        stateful ones scan time; in an unrolled replay consecutive recurrent
+        cells scan it together (:func:`~nnx_ppo.networks.recurrent.replay_stacked`)."""
         if not has_fast_replay(self, Sequential):
             return replay_in_time(self, carry, xs, rollout_extras, reset, stored_carry)
-        results = {}
-        for i, layer in enumerate(self.layers):
-            results[i] = layer.replay_sequence(carry[i], xs, child_extras(rollout_extras, i), reset, stored_carry[i])
-            xs = results[i].output
+        results, i = {}, 0
+        while i < len(self.layers):
+            stack = self._stack_at(i)
+            if len(stack) > 1:  # consecutive cells replay together (replay_stacked)
+                replayed = replay_stacked([self.layers[j] for j in stack], [carry[j] for j in stack], xs, reset,
+                                          [stored_carry[j] for j in stack])
+                results.update(zip(stack, replayed))
+            else:
+                results[i] = self.layers[i].replay_sequence(carry[i], xs, child_extras(rollout_extras, i), reset,
+                                                            stored_carry[i])
+            i = stack[-1] + 1
+            xs = results[stack[-1]].output
         combined = combine_sequences(results, xs)
         return dataclasses.replace(combined, carry=tuple(combined.carry.values()))
+
+    def _stack_at(self, i: int) -> list[int]:
+        """The indices of the cells from layer ``i`` on that replay together
+        (:func:`~nnx_ppo.networks.recurrent.replays_in_stack`), or ``[i]``.
+        Only in a replay unrolled over time (:func:`~nnx_ppo.networks.types.scan_unroll`
+        above 1: an accelerator's default): rolled, as on a CPU, each cell
+        replays alone, and a later cell computes its input products for all
+        steps at once, which a CPU's small minibatches favour (a cell that
+        replays together computes them step by step, reading its weights at
+        every step: the intention network's 4 x 512 LSTM decoder at 16 envs on
+        a 2-core CPU trained at 85 env-steps/s together, 147-190 alone)."""
+        end = i
+        while end < len(self.layers) and scan_unroll() > 1 and replays_in_stack(self.layers[end]):
+            end += 1
+        return list(range(i, max(end, i + 1)))
 
     def initialize_state(self, batch_size):
         return tuple(layer.initialize_state(batch_size) for layer in self.layers)

@@ -160,13 +160,18 @@ class RecurrentCell(StatefulModule):
 
         def step(carry, inputs):
             z, reset_t, stored = inputs
-            carry_in = select_where(reset_t, straight_through(stored, self.reset_state(carry)), carry)
-            next_state, output = self.step(carry_in, z)
+            next_state, output = self._replay_step(carry, z, reset_t, stored)
             return next_state, (output, carry)
 
         _, (outputs, carries) = jax.lax.scan(step, carry, (zx, reset, stored_carry), unroll=scan_unroll())
-        return SequenceOutput(output=outputs, regularization_loss=jnp.zeros((), jnp.float32), metrics={},
-                              carry=carries)
+        return _cell_sequence(outputs, carries)
+
+    def _replay_step(self, carry: Any, z: Any, reset_t: jax.Array, stored: Any) -> tuple[Any, Any]:
+        """One step of the fast replay, ``(next_carry, output)``: the stored
+        carry (with the gradient of a recomputed reset) where ``reset_t``, then
+        :meth:`step` on ``z = project_input(x)``, as the rollout computed it."""
+        carry_in = select_where(reset_t, straight_through(stored, self.reset_state(carry)), carry)
+        return self.step(carry_in, z)
 
     def _check_state(self, state: Any, batch: int) -> None:
         """The carry has the layout of :attr:`carry_keys` and ``[B, H]`` entries."""
@@ -196,6 +201,109 @@ class RecurrentCell(StatefulModule):
         if h.shape[0] != batch_size:
             raise ValueError(f"{type(self).__name__}: {name} has batch size {h.shape[0]}, expected {batch_size} "
                              "(the batch size of x)")
+
+
+def _cell_sequence(outputs: Any, carries: Any) -> SequenceOutput:
+    """A cell's replay result: its outputs and entering carries ``[T, M, ...]``
+    (a cell has no regularization and no metrics)."""
+    return SequenceOutput(output=outputs, regularization_loss=jnp.zeros((), jnp.float32), metrics={}, carry=carries)
+
+
+def replays_in_stack(module: Any) -> bool:
+    """Whether ``module`` is a cell that :func:`replay_stacked` replays
+    together with the cells beside it in a
+    :class:`~nnx_ppo.networks.containers.Sequential`: a :class:`RecurrentCell`
+    with the fast replay (its :meth:`~RecurrentCell.project_input`
+    overridden, neither ``__call__`` nor ``replay_sequence``)."""
+    return (isinstance(module, RecurrentCell) and has_fast_replay(module, RecurrentCell)
+            and type(module).replay_sequence is RecurrentCell.replay_sequence
+            and type(module).project_input is not RecurrentCell.project_input)
+
+
+def replay_stacked(cells: list[RecurrentCell], carries: list[Any], xs: Any, reset: jax.Array,
+                   stored_carries: list[Any]) -> list[SequenceOutput]:
+    """Loss replay of ``L`` stacked cells (each one's output the next one's
+    input, all :func:`replays_in_stack`), one :class:`SequenceOutput` per cell.
+
+    Each cell computes what its own replay computes, step by step from its
+    stored carries, but the cells advance together along the diagonals of
+    the ``[L, T]`` grid of their steps: at diagonal ``d`` cell ``l`` takes
+    step ``t = d - l`` from what cell ``l - 1`` output at the diagonal
+    before. So the ``L`` steps of a diagonal do not wait for one another
+    (an accelerator runs their products side by side), and one loop of
+    ``T - L + 1`` diagonals replaces ``L`` loops of ``T`` steps, each
+    unrolled by :func:`~nnx_ppo.networks.types.scan_unroll`; the first and
+    last ``L - 1`` diagonals, where fewer cells have a step, are written
+    out. The first cell's :meth:`~RecurrentCell.project_input` runs for all
+    ``T`` steps at once, the others' inside their steps, at the rollout's
+    shape ``[M, ...]``.
+
+    Shapes: ``xs`` ``[T, M, I]``, ``reset`` ``[T, M]``; ``carries[l]`` cell
+    ``l``'s carry entering the replay (leaves ``[M, ...]``),
+    ``stored_carries[l]`` its recorded carries (leaves ``[T, M, ...]``).
+    With fewer steps than cells, each cell replays on its own in turn."""
+    L, (T, M) = len(cells), reset.shape
+    if T < L:
+        results = []
+        for cell, carry, stored in zip(cells, carries, stored_carries):
+            results.append(cell.replay_sequence(carry, xs, None, reset, stored))
+            xs = results[-1].output
+        return results
+    first = cells[0]
+    flat_x = flatten_time(xs, T, M)
+    check_features(type(first).__name__, flat_x, first.in_features)
+    z_first = unflatten_time(first.project_input(flat_x), T, M)
+
+    def diagonal(state, inputs, layers):
+        """Cells ``layers`` each take one step: ``inputs`` is the first
+        cell's ``z`` (None when it takes none) and each cell's ``(reset_t,
+        stored)``; ``state`` the carries and what cells ``0..L-2`` output at
+        the diagonal before."""
+        (z_0, own), (carry, below) = inputs, state
+        next_carry, next_below, records = list(carry), list(below), {}
+        for layer in layers:
+            cell = cells[layer]
+            if layer == 0:
+                z = z_0
+            else:
+                check_features(type(cell).__name__, below[layer - 1], cell.in_features)
+                z = cell.project_input(below[layer - 1])
+            next_carry[layer], output = cell._replay_step(carry[layer], z, *own[layer])
+            records[layer] = (output, carry[layer])
+            if layer < L - 1:
+                next_below[layer] = output
+        return (next_carry, next_below), records
+
+    def inputs_at(d, layers):
+        """The inputs of cells ``layers`` at diagonal ``d`` (an int; a slice of them for the loop)."""
+        def pick(tree, shift):
+            if isinstance(d, int):
+                return jax.tree.map(lambda a: a[d - shift], tree)
+            return jax.tree.map(lambda a: a[d.start - shift:d.stop - shift], tree)
+        return (pick(z_first, 0) if 0 in layers else None,
+                {layer: (pick(reset, layer), pick(stored_carries[layer], layer)) for layer in layers})
+
+    state = (list(carries), [None] * (L - 1))
+    head, tail = {layer: [] for layer in range(L)}, {layer: [] for layer in range(L)}
+    for d in range(L - 1):  # cells 0..d take their first steps
+        state, records = diagonal(state, inputs_at(d, range(d + 1)), range(d + 1))
+        for layer, record in records.items():
+            head[layer].append(record)
+    state, body = jax.lax.scan(lambda s, i: diagonal(s, i, range(L)), state, inputs_at(slice(L - 1, T), range(L)),
+                               unroll=scan_unroll())
+    for d in range(T, T + L - 1):  # cells d-T+1..L-1 take their last steps
+        state, records = diagonal(state, inputs_at(d, range(d - T + 1, L)), range(d - T + 1, L))
+        for layer, record in records.items():
+            tail[layer].append(record)
+    results = []
+    for layer in range(L):
+        parts = [jax.tree.map(lambda *a: jnp.stack(a), *head[layer])] if head[layer] else []
+        parts.append(body[layer])
+        if tail[layer]:
+            parts.append(jax.tree.map(lambda *a: jnp.stack(a), *tail[layer]))
+        outputs, entering = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+        results.append(_cell_sequence(outputs, entering))
+    return results
 
 
 class _ProjectedCell(RecurrentCell):

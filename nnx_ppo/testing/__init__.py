@@ -239,6 +239,7 @@ def check_replay_consistency(
     seed: int = 0,
     tolerance: float = 1e-5,
     precision: str = "default",
+    replay_unroll: int | None = None,
 ) -> ReplayReport:
     """Run one rollout, then replay it minibatch by minibatch without updating,
     and compare log-likelihoods and values.
@@ -254,10 +255,13 @@ def check_replay_consistency(
     Writes that leave the output unchanged, such as a call counter, pass.
     Does not modify ``network``. Use an env with episodes shorter than
     ``rollout_length`` so that resets happen inside the rollout.
-    ``precision`` is ``PPOConfig.precision``: rollout and replay at it.
+    ``precision`` is ``PPOConfig.precision``: rollout and replay at it;
+    ``replay_unroll`` is ``PPOConfig.replay_unroll`` (None: the default of
+    the backend, as the trainer replays).
     """
     found = diagnose_replay(network, env, n_envs=n_envs, rollout_length=rollout_length,
-                            n_minibatches=n_minibatches, seed=seed, tolerance=tolerance, precision=precision)
+                            n_minibatches=n_minibatches, seed=seed, tolerance=tolerance, precision=precision,
+                            replay_unroll=replay_unroll)
     passed = found.max_abs_log_ratio <= tolerance and found.max_value_difference <= tolerance
     divergence = found.first_divergence
     if not passed and divergence is None:

@@ -186,6 +186,19 @@ def test_replay_guarantee_lstm_decoder(precision):
     _check_replay(make_intention_network(env, nnx.Rngs(1), decoder="lstm", **TINY), env, precision)
 
 
+@pytest.mark.parametrize("replay_unroll", [1, 12])
+def test_replay_guarantee_stacked_lstm_decoder(replay_unroll):
+    """Three LSTM layers reproduce the rollout as one layer does: replayed
+    each alone, and (unrolled, as on an accelerator) together along the
+    diagonals of their steps (``replay_stacked``)."""
+    env = ReferenceTracking(max_steps=5, p_end=0.15)
+    net = make_intention_network(env, nnx.Rngs(1), decoder="lstm", **{**TINY, "decoder_sizes": (16, 16, 16)})
+    report = check_replay_consistency(net, env, n_envs=8, rollout_length=12, n_minibatches=4, seed=2,
+                                      replay_unroll=replay_unroll)
+    assert report.n_resets > 0
+    assert report.passed, str(report)
+
+
 def test_trains_end_to_end_then_replays_exactly():
     """A short PPO run (3,072 steps, MLP decoder): finite losses, the KL is
     logged, the encoder's weights move, the trainer's replay check stays

@@ -343,6 +343,68 @@ def test_replay_sequence_equals_the_step_by_step_replay(make):
     assert float(jnp.abs(g_fast["initial_h"][...]).sum()) > 0
 
 
+def _scans(fn, *args) -> int:
+    """How many ``scan`` loops the jaxpr of ``fn(*args)`` holds."""
+    return sum(eqn.primitive.name == "scan" for eqn in jax.make_jaxpr(fn)(*args).jaxpr.eqns)
+
+
+@pytest.mark.parametrize("T, unroll", [(7, 7), (7, 2), (2, 2), (7, 1)])
+def test_consecutive_cells_replay_together_as_each_alone(T, unroll):
+    """In an unrolled replay, consecutive cells of a Sequential (an LSTM, a
+    GRU with a learned initial state, a dict-carry cell of your own) replay
+    together along the diagonals of their steps (``replay_stacked``): one
+    loop over time instead of one per cell, the rollout's outputs and
+    carries, and each cell's own replay's gradients (the initial state's
+    too, through the resets). With fewer steps than cells (T=2 < 3), and in
+    a rolled replay (unroll 1, a CPU's default), each cell replays alone."""
+    from nnx_ppo.networks.recurrent import replays_in_stack
+    from nnx_ppo.networks.types import unrolled
+
+    rngs = nnx.Rngs(0)
+    net = Sequential(LSTM(D_IN, H, rngs), GRU(H, H, rngs, trainable_initial_state=True), TraceCell(H, H, rngs),
+                     Dense(2 * H, 2, rngs))
+    assert [replays_in_stack(layer) for layer in net.layers] == [True, True, True, False]
+    assert not replays_in_stack(LeakyCell(D_IN, H, rngs))  # no input projection of its own: replayed in time
+    xs = jax.random.normal(jax.random.key(1), (T, B, D_IN))
+    reset = jnp.zeros((T, B), bool).at[T - 1, 1].set(True).at[T // 2, 0].set(True)
+    carry, carries, outputs = net.initialize_state(B), [], []
+    for t in range(T):
+        carry = select_where(reset[t], net.reset_state(carry), carry)
+        carries.append(carry)
+        out = net(carry, xs[t])
+        outputs.append(out.output)
+        carry = out.next_state
+    stored = jax.tree.map(lambda *c: jnp.stack(c), *carries)
+    start = jax.tree.map(lambda c: c[0], stored)
+    graphdef, params = nnx.split(net)
+
+    def replay(params, together):
+        m = nnx.merge(graphdef, params)
+        if together:
+            with unrolled(unroll):
+                result = m.replay_sequence(start, xs, (None,) * 4, reset, stored)
+            return jnp.sum(result.output ** 2), (result.output, result.carry)
+        x, entering = xs, []
+        for i, layer in enumerate(m.layers):
+            result = layer.replay_sequence(start[i], x, None, reset, stored[i])
+            x = result.output
+            entering.append(result.carry)
+        return jnp.sum(x ** 2), (x, tuple(entering))
+
+    assert _scans(lambda p: replay(p, True), params) == (1 if T >= 3 and unroll > 1 else 3)
+    assert _scans(lambda p: replay(p, False), params) == 3
+    grad = jax.jit(jax.grad(replay, has_aux=True), static_argnums=1)
+    (g_together, (out_together, entering_together)), (g_alone, (out_alone, entering_alone)) = (
+        grad(params, True), grad(params, False))
+    np.testing.assert_allclose(out_together, jnp.stack(outputs), atol=1e-6)
+    np.testing.assert_allclose(out_together, out_alone, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(entering_together), jax.tree.leaves(entering_alone)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_together), jax.tree.leaves(g_alone)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(g_together["layers"][1]["initial_h"][...]).sum()) > 0
+
+
 # --- the replay guarantee and training, with the trainer --------------------------------------------------
 
 
