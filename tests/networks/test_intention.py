@@ -190,13 +190,19 @@ def test_replay_guarantee_lstm_decoder(precision):
 def test_replay_guarantee_stacked_lstm_decoder(replay_unroll):
     """Three LSTM layers reproduce the rollout as one layer does: replayed
     each alone, and (unrolled, as on an accelerator) together along the
-    diagonals of their steps (``replay_stacked``)."""
+    diagonals of their steps (``replay_stacked``); before the first update
+    and, as the trainer checks every iteration, after updates."""
     env = ReferenceTracking(max_steps=5, p_end=0.15)
     net = make_intention_network(env, nnx.Rngs(1), decoder="lstm", **{**TINY, "decoder_sizes": (16, 16, 16)})
     report = check_replay_consistency(net, env, n_envs=8, rollout_length=12, n_minibatches=4, seed=2,
                                       replay_unroll=replay_unroll)
     assert report.n_resets > 0
     assert report.passed, str(report)
+    rows = []
+    train_ppo(env, net, TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=12, n_minibatches=4, total_steps=8 * 12 * 3,
+                                                  learning_rate=1e-3, replay_unroll=replay_unroll),
+                                    eval=EvalConfig(enabled=False)), log_fn=lambda m, s: rows.append(m))
+    assert len(rows) == 3 and max(r["replay/max_error"] for r in rows) <= 1e-5
 
 
 def test_trains_end_to_end_then_replays_exactly():
