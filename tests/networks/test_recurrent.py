@@ -302,6 +302,21 @@ def test_a_cell_of_your_own_gets_the_contract_from_the_base():
         bare(bare.initialize_state(B), _x())
 
 
+def _rolled_out(module, xs, reset):
+    """``module`` stepped over ``xs`` ``[T, B, ...]`` as the rollout steps it, its
+    carry reset where ``reset``: the start carry, the carries entering each step
+    (leaves ``[T, B, ...]``) and the outputs ``[T, B, ...]``."""
+    carry, carries, outputs = module.initialize_state(xs.shape[1]), [], []
+    for t in range(xs.shape[0]):
+        carry = select_where(reset[t], module.reset_state(carry), carry)
+        carries.append(carry)
+        out = module(carry, xs[t])
+        outputs.append(out.output)
+        carry = out.next_state
+    stored = jax.tree.map(lambda *c: jnp.stack(c), *carries)
+    return jax.tree.map(lambda c: c[0], stored), stored, jnp.stack(outputs)
+
+
 @pytest.mark.parametrize("make", [
     lambda rngs: SimpleRNN(D_IN, H, rngs, trainable_initial_state=True),
     lambda rngs: TraceCell(D_IN, H, rngs, trainable_initial_state=True),
@@ -317,15 +332,7 @@ def test_replay_sequence_equals_the_step_by_step_replay(make):
     T = 6
     xs = jax.random.normal(jax.random.key(1), (T, B, D_IN))
     reset = jnp.zeros((T, B), bool).at[2, 1].set(True).at[4, 0].set(True)
-    carry, carries, outputs = cell.initialize_state(B), [], []
-    for t in range(T):
-        carry = select_where(reset[t], cell.reset_state(carry), carry)
-        carries.append(carry)
-        out = cell(carry, xs[t])
-        outputs.append(out.output)
-        carry = out.next_state
-    stored = jax.tree.map(lambda *c: jnp.stack(c), *carries)
-    start = jax.tree.map(lambda c: c[0], stored)
+    start, stored, outputs = _rolled_out(cell, xs, reset)
     graphdef, params = nnx.split(cell)
 
     def replay(params, fast):
@@ -336,7 +343,7 @@ def test_replay_sequence_equals_the_step_by_step_replay(make):
     grad = jax.jit(jax.grad(replay, has_aux=True), static_argnums=1)
     g_fast, out_fast = grad(params, True)
     g_slow, out_slow = grad(params, False)
-    np.testing.assert_allclose(out_fast, jnp.stack(outputs), atol=1e-6)
+    np.testing.assert_allclose(out_fast, outputs, atol=1e-6)
     np.testing.assert_allclose(out_fast, out_slow, atol=1e-6)
     for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_slow)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -367,15 +374,7 @@ def test_consecutive_cells_replay_together_as_each_alone(T, unroll):
     assert not replays_in_stack(LeakyCell(D_IN, H, rngs))  # no input projection of its own: replayed in time
     xs = jax.random.normal(jax.random.key(1), (T, B, D_IN))
     reset = jnp.zeros((T, B), bool).at[T - 1, 1].set(True).at[T // 2, 0].set(True)
-    carry, carries, outputs = net.initialize_state(B), [], []
-    for t in range(T):
-        carry = select_where(reset[t], net.reset_state(carry), carry)
-        carries.append(carry)
-        out = net(carry, xs[t])
-        outputs.append(out.output)
-        carry = out.next_state
-    stored = jax.tree.map(lambda *c: jnp.stack(c), *carries)
-    start = jax.tree.map(lambda c: c[0], stored)
+    start, stored, outputs = _rolled_out(net, xs, reset)
     graphdef, params = nnx.split(net)
 
     def replay(params, together):
@@ -396,7 +395,7 @@ def test_consecutive_cells_replay_together_as_each_alone(T, unroll):
     grad = jax.jit(jax.grad(replay, has_aux=True), static_argnums=1)
     (g_together, (out_together, entering_together)), (g_alone, (out_alone, entering_alone)) = (
         grad(params, True), grad(params, False))
-    np.testing.assert_allclose(out_together, jnp.stack(outputs), atol=1e-6)
+    np.testing.assert_allclose(out_together, outputs, atol=1e-6)
     np.testing.assert_allclose(out_together, out_alone, atol=1e-6)
     for a, b in zip(jax.tree.leaves(entering_together), jax.tree.leaves(entering_alone)):
         np.testing.assert_allclose(a, b, atol=1e-6)
