@@ -220,8 +220,9 @@ class Sequential(StatefulModule):
         every step: the intention network's 4 x 512 LSTM decoder at 16 envs on
         a 2-core CPU trained at 85 env-steps/s together, 147-190 alone)."""
         end = i
-        while end < len(self.layers) and scan_unroll() > 1 and replays_in_stack(self.layers[end]):
-            end += 1
+        if scan_unroll() > 1:
+            while end < len(self.layers) and replays_in_stack(self.layers[end]):
+                end += 1
         return list(range(i, max(end, i + 1)))
 
     def initialize_state(self, batch_size):
