@@ -5,6 +5,8 @@ Usage: python bench/bench_intention.py [--env stand_in | --env rodent] [--n-envs
                                        [--precision default|bfloat16]
        IN_TIME=1 python bench/bench_intention.py ...   (every module replayed one step at a time, as
                                                         bench/replay_precision.py's IN_TIME=1)
+       BF16_RESIDUALS=1 python bench/bench_intention.py ...   (each Dense layer's weight gradient from its
+                                                               input kept in bfloat16: bench/bf16_residuals.py)
 
 The network is ``make_intention_network(**INTENTION_USERS_SIZE)`` (encoder
 4 x 512 over the reference -> 60-dim VariationalBottleneck latent -> decoder
@@ -173,13 +175,19 @@ def steady_rate(times: list[tuple[float, int]], skip: int) -> tuple[float, int]:
     return (sb - sa) / (tb - ta), len(times) - skip
 
 
+COMPILER_SETTINGS = ("JAX_OPTIMIZATION_LEVEL", "JAX_EXEC_TIME_OPTIMIZATION_EFFORT", "JAX_MEMORY_FITTING_LEVEL",
+                     "JAX_MEMORY_FITTING_EFFORT", "LIBTPU_INIT_ARGS", "XLA_FLAGS")
+"""Environment variables that change how XLA compiles (device_check.sh part 13 sets them)."""
+
+
 def speed_row(lib: str, args, params: int, build_s: float, compile_s: float, t0: float,
               times: list[tuple[float, int]], wall: float) -> dict:
     """The fields both libraries' rows share: sizes, build and compile time,
     the steady rate (:func:`steady_rate` of the log_fn ``times``), each
     iteration's seconds after the first (``iteration_s``: a second compile
-    shows there), peak memory, and the iteration's FLOPs against the
-    measured matmul rate."""
+    shows there), peak memory, the iteration's FLOPs against the
+    measured matmul rate, and the compiler settings of the environment
+    (:data:`COMPILER_SETTINGS`) that are set."""
     per_iteration = args.n_envs * args.rollout
     sps, measured = steady_rate(times, args.skip)
     flops = iteration_flops(params, args.n_envs, args.rollout)
@@ -194,6 +202,7 @@ def speed_row(lib: str, args, params: int, build_s: float, compile_s: float, t0:
         "s_per_iteration": round(per_iteration / sps, 2), "peak_rss_mib": round(peak_rss_mib()),
         "iteration_gflop": round(flops / 1e9), "matmul_gflops": round(rate / 1e9, 1),
         "fraction_of_matmul_limit": round(flops * sps / per_iteration / rate, 3),
+        "compiler_settings": {k: os.environ[k] for k in COMPILER_SETTINGS if k in os.environ},
     }
 
 
@@ -308,6 +317,11 @@ def main(argv):
         from replay_precision import replay_every_module_in_time
 
         replay_every_module_in_time()
+    bf16_residuals = os.environ.get("BF16_RESIDUALS") == "1"
+    if bf16_residuals:  # bf16_residuals.py's experiment, for the chip
+        from bf16_residuals import patch
+
+        patch()
 
     from flax import nnx
 
@@ -350,6 +364,7 @@ def main(argv):
     row["precision"] = args.precision
     row["replay_unroll"] = config.ppo.scan_unroll(jax.default_backend())
     row["in_time"] = in_time
+    row["bf16_residuals"] = bf16_residuals
     if args.profile:
         fn = NetworkFn.of(net, deterministic=False)
 

@@ -40,17 +40,29 @@
 #     a 2-iteration run, its events by self time: XLA's compiler passes, JAX's tracing and lowering), ours
 #     (bench_intention.py) then the original's (peers/original_intention.py), for each of $CONFIGS; rows in
 #     $OUT/compile_profile.jsonl.
+# 13. the LSTM decoder's training program at 1024 envs compiled in parts and under other compiler settings: its first
+#     call with the replay rolled (replay_unroll=1), then rolled and without the truncation bootstrap and the replay
+#     guard (profile_iteration.py --set; the rollout alone is part 12's or bench_intention.py --profile's), then the
+#     whole run under each setting of $COMPILE_SETTINGS ('|'-separated environment variables for JAX or the TPU
+#     runtime; bench_intention.py's rows name them in "compiler_settings"). A process takes about 110 s (build 13 s,
+#     compile 75 s), so each has 240 s. A setting under which XLA compiles the rollout's and the replay's steps
+#     differently is stopped by the replay guard (a {"failed": ...} row; bench/README.md, "Twelfth sitting").
+# 14. each Dense layer's weight gradient from its input kept in bfloat16 (bench/bf16_residuals.py, an experiment):
+#     whether the weight gradients keep their bits at the default precision and what a forward and backward pass of
+#     a 4 x 512 swish MLP at the replay's 20480 rows gains, then the MLP decoder at 4096 envs trained without and
+#     with it (BF16_RESIDUALS=1; the row's "bf16_residuals").
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
 # bench/results/ and bench/README.md ("Accelerators").
-# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11 12";
+# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11 12 13 14";
 # part 10 only when named)
 # On a bare TPU machine: source bench/tpu_setup.sh first (it installs what is needed and sets
 # PYTHONPATH and ORIG_PYTHONPATH), then: bash bench/device_check.sh python3 "6"
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${1:-../.venv/bin/python}
-PARTS=" ${2:-1 2 3 4 5 6 7 8 9 11 12} "
+PARTS=" ${2:-1 2 3 4 5 6 7 8 9 11 12 13 14} "
 CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
+COMPILE_SETTINGS=${COMPILE_SETTINGS:-"JAX_MEMORY_FITTING_LEVEL=O0|LIBTPU_INIT_ARGS=--xla_tpu_enable_latency_hiding_scheduler=false|LIBTPU_INIT_ARGS=--xla_latency_hiding_scheduler_rerun=0"}
 PHYSICS=${PHYSICS:-"sim_dt=0.004|iterations=2 ls_iterations=2|iterations=1 ls_iterations=1|body_contacts=false|sim_dt=0.004 iterations=1 ls_iterations=1"}
 ROWS="${OUT:-/tmp}/device_check.jsonl"
 mkdir -p "${OUT:-/tmp}"
@@ -125,4 +137,18 @@ part 12 && for config in $CONFIGS; do
     timeout 240 "$PY" compile_profile.py --out "${OUT:-/tmp}/compile_profile.jsonl" -- peers/original_intention.py \
     $decoder >/dev/null 2>&1 || echo "{\"failed\": \"compile profile, original, $config\"}"
 done
+part 13 && { split="profile_iteration.py --decoder lstm --n-envs 1024 --skip 1 --iterations 1 --set replay_unroll=1"
+  timeout 240 "$PY" $split 2>/dev/null | rows || echo '{"failed": "compile split, rolled"}'
+  timeout 240 "$PY" $split --set bootstrap_on_truncation=false --set replay_tolerance=null 2>/dev/null | rows \
+    || echo '{"failed": "compile split, rolled, no bootstrap or guard"}'
+  IFS='|' read -ra settings <<< "$COMPILE_SETTINGS"; for setting in "${settings[@]}"; do
+    env $setting timeout 240 "$PY" bench_intention.py --lstm-decoder --no-check --iterations 5 --skip 2 2>/dev/null \
+      | rows || echo "{\"failed\": \"compile setting $setting\"}"
+  done; }
+part 14 && { timeout 120 "$PY" bf16_residuals.py --rows 20480 --width 512 --layers 4 2>/dev/null | rows \
+    || echo '{"failed": "bf16 residuals, the MLP alone"}'
+  for flag in 0 1; do
+    BF16_RESIDUALS=$flag timeout 240 "$PY" bench_intention.py --mlp-decoder --n-envs 4096 --iterations 8 --skip 3 \
+      --no-check 2>/dev/null | rows || echo "{\"failed\": \"bf16 residuals $flag, MLP 4096\"}"
+  done; }
 :

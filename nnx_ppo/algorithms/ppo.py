@@ -1122,8 +1122,8 @@ class Health:
             error = float(np.max(pick(self.replay_error)))
             return ReplayMismatchError(
                 f"at iteration {iteration} the loss replay did not reproduce the rollout before the first update "
-                f"(max |log ratio| or value difference {error:.2e}, above PPOConfig.replay_tolerance): a module "
-                "breaks the rules of docs/custom_modules.md (it draws from a class-level nnx.Rngs, writes a "
+                f"(max |log ratio| or value difference {error:.2e}, above PPOConfig.replay_tolerance): usually a "
+                "module breaks the rules of docs/custom_modules.md (it draws from a class-level nnx.Rngs, writes a "
                 "variable in __call__, or its replay_sequence reads stored_carry where the rollout did not reset "
                 "it); nnx_ppo.check_replay_consistency(network, env) reports where the replay departs.")
         return None

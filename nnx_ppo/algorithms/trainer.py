@@ -289,24 +289,54 @@ def run_failure(failure: Failure, network, env, ppo: PPOConfig) -> Exception:
                                f"from iteration {healthy} ({healthy * ppo.steps_per_iteration} env steps)")
 
 
+_COMPILER_DEFAULTS = {"jax_exec_time_optimization_effort": 0.0, "jax_memory_fitting_effort": 0.0,
+                      "jax_optimization_level": "UNKNOWN", "jax_memory_fitting_level": "O2",
+                      "jax_default_matmul_precision": None}
+
+
+def _compiler_settings() -> dict[str, Any]:
+    """This process's settings of how XLA compiles, where they differ from
+    JAX's defaults: ``jax.config``'s efforts, optimization and memory-fitting
+    levels and default matmul precision, and the ``XLA_FLAGS`` and
+    ``LIBTPU_INIT_ARGS`` environment variables (name -> value)."""
+    found = {name: getattr(jax.config, name) for name, default in _COMPILER_DEFAULTS.items()
+             if getattr(jax.config, name, default) != default}
+    return found | {name: os.environ[name] for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS") if os.environ.get(name)}
+
+
 def named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) -> ReplayMismatchError:
     """The health check's replay mismatch with the module named: the
     carry leaf the replay first departs from and the module that owns it
     (:func:`~nnx_ppo.algorithms._replay_diagnosis.diagnose_replay`, one small
-    rollout of ``network`` on ``env``); ``err`` as it is if nothing is found."""
+    rollout of ``network`` on ``env`` at the run's precision and unroll).
+    If that rollout replays exactly, no module is to blame there: the error
+    says so and names the compiler settings (:func:`_compiler_settings`) that are not JAX's
+    defaults (on a TPU v5e ``JAX_EXEC_TIME_OPTIMIZATION_EFFORT=-1`` made XLA
+    compile the rollout's and the replay's steps differently). ``err`` as it
+    is if the diagnosis fails."""
     from nnx_ppo.algorithms._replay_diagnosis import diagnose_replay
 
-    n_envs = min(ppo.n_envs, 8)
+    n_envs, tolerance = min(ppo.n_envs, 8), 1e-5
     try:
         found = diagnose_replay(network, env, n_envs=n_envs, rollout_length=ppo.rollout_length,
-                                n_minibatches=2 if n_envs % 2 == 0 else 1, replay_unroll=ppo.replay_unroll)
+                                n_minibatches=2 if n_envs % 2 == 0 else 1, tolerance=tolerance,
+                                precision=ppo.precision, replay_unroll=ppo.replay_unroll)
     except ReplayMismatchError as named:  # a module writing a variable, named when the replay compiles
         return named
     except Exception:  # noqa: BLE001 -- the diagnosis is best effort; the mismatch itself stands
         return err
-    if found.first_divergence is None:
+    if found.first_divergence is not None:
+        return ReplayMismatchError(f"{err} First divergence: {found.first_divergence}")
+    if max(found.max_abs_log_ratio, found.max_value_difference) > tolerance:
         return err
-    return ReplayMismatchError(f"{err} First divergence: {found.first_divergence}")
+    settings = ", ".join(f"{name}={value!r}" for name, value in _compiler_settings().items())
+    cause = (f"This process compiles with settings other than JAX's defaults ({settings}); under some, XLA "
+             "compiles the rollout's and the replay's steps differently (docs/scale.md, 'Compiler settings')."
+             if settings else "No compiler setting differs from JAX's defaults; please report it, with the "
+             "run's config.")
+    return ReplayMismatchError(
+        f"{err} But a fresh rollout of the trained network ({n_envs} envs) replayed within {tolerance:g}, so no module "
+        f"was found breaking those rules: the difference comes from how this run's program computes. {cause}")
 
 
 @dataclasses.dataclass(frozen=True)

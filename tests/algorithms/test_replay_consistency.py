@@ -318,3 +318,49 @@ def test_the_memory_estimate_counts_a_carry_kept_once_only_per_env():
                    for n in nets]
     small, big = (estimate_bytes(env, n, 8, 16) for n in nets)
     assert big - small == 8 * 2 * (carry_bytes[1] - carry_bytes[0]) > 0
+
+
+def test_replay_error_with_no_module_to_blame_names_the_compiler_settings(monkeypatch):
+    """A replay mismatch whose trained network replays within the diagnosis'
+    tolerance on a fresh rollout (a shipped network; the mismatch given) is
+    not put on a module: the trainer's error says so, and names the settings
+    of how XLA compiles that differ from JAX's defaults, or says that none does."""
+    from nnx_ppo.algorithms.trainer import named_replay_error
+
+    rngs = nnx.Rngs(0)
+    net = Sequential([Normalizer(3), PPOAdapter(action=Sequential([Dense(3, 4, rngs), NormalTanhSampler(rngs)]),
+                                                value=Dense(3, 1, rngs))])
+    ppo = PPOConfig(n_envs=8, rollout_length=8, n_minibatches=4, total_steps=64)
+    err = ReplayMismatchError("at iteration 3 the loss replay did not reproduce the rollout (1.55e-03)")
+    monkeypatch.delenv("XLA_FLAGS", raising=False)  # (read by the error only; the backend keeps its flags)
+    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    plain = str(named_replay_error(err, net, Target(max_steps=3), ppo))
+    assert plain.startswith(str(err)) and "no module was found" in plain, plain
+    assert "No compiler setting differs from JAX's defaults" in plain, plain
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_example=false")
+    with jax.default_matmul_precision("highest"):
+        named = str(named_replay_error(err, net, Target(max_steps=3), ppo))
+    assert "no module was found" in named, named
+    assert "jax_default_matmul_precision='highest'" in named, named
+    assert "LIBTPU_INIT_ARGS='--xla_tpu_example=false'" in named, named
+
+
+def test_trainer_diagnoses_a_mismatch_as_the_run_computes(monkeypatch):
+    """The trainer's diagnosis of a replay mismatch replays at the run's
+    precision and unroll, and a diagnosis whose replay departs with no
+    divergence found leaves the error as it was."""
+    from nnx_ppo.algorithms import _replay_diagnosis
+    from nnx_ppo.algorithms.trainer import named_replay_error
+
+    asked = {}
+
+    def diagnose(network, env, **kwargs):
+        asked.update(kwargs)
+        return _replay_diagnosis.ReplayDiagnosis(max_abs_log_ratio=1e-3, max_value_difference=0.0,
+                                                 first_divergence=None, n_resets=0)
+
+    monkeypatch.setattr(_replay_diagnosis, "diagnose_replay", diagnose)
+    err = ReplayMismatchError("at iteration 3 the loss replay did not reproduce the rollout")
+    ppo = PPOConfig(n_envs=16, rollout_length=8, total_steps=128, precision="bfloat16", replay_unroll=4)
+    assert named_replay_error(err, None, None, ppo) is err
+    assert asked["precision"] == "bfloat16" and asked["replay_unroll"] == 4 and asked["n_envs"] == 8, asked
