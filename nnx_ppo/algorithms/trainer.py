@@ -309,11 +309,12 @@ def named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) -
     carry leaf the replay first departs from and the module that owns it
     (:func:`~nnx_ppo.algorithms._replay_diagnosis.diagnose_replay`, one small
     rollout of ``network`` on ``env`` at the run's precision and unroll).
-    If that rollout replays exactly, no module is to blame there: the error
-    says so and names the compiler settings (:func:`_compiler_settings`) that are not JAX's
-    defaults (on a TPU v5e ``JAX_EXEC_TIME_OPTIMIZATION_EFFORT=-1`` made XLA
-    compile the rollout's and the replay's steps differently). ``err`` as it
-    is if the diagnosis fails."""
+    If that rollout replays within 1e-5, no module is to blame there: the
+    error says so and names the compiler settings (:func:`_compiler_settings`)
+    that are not JAX's defaults (on a TPU v5e
+    ``JAX_EXEC_TIME_OPTIMIZATION_EFFORT=-1`` made XLA compile the rollout's
+    and the replay's steps differently). ``err`` as it is if the diagnosis
+    fails or finds a difference above 1e-5 it cannot place."""
     from nnx_ppo.algorithms._replay_diagnosis import diagnose_replay
 
     n_envs, tolerance = min(ppo.n_envs, 8), 1e-5
