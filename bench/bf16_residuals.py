@@ -1,6 +1,6 @@
 """Experiment for the chip: each Dense layer keeps the input of its weight gradient in bfloat16.
 
-Issue 51, the MLP decoder at 4096 envs: the replay's products of ``[20480,
+Issue 51, the MLP decoder at 4096 envs (and the LSTM decoder's cells): the replay's products of ``[20480,
 512]`` float32 activations with ``[512, 512]`` weights read 4 bytes per
 activation, so on a TPU v5e they are bound by main memory rather than by the
 matrix units (about 128 FLOPs per byte read against the chip's 227). At
@@ -8,7 +8,7 @@ JAX's default matmul precision a TPU rounds a float32 product's inputs to
 bfloat16, so the weight gradient ``x^T g`` comes out the same from ``x``
 kept in bfloat16 as from ``x`` in float32, reading half the bytes.
 
-:func:`patch` makes every ``Dense`` layer's product (at
+:func:`patch` makes every ``Dense`` layer's and recurrent cell's product (at
 ``PPOConfig.precision="default"``) a product with its own gradient that keeps
 ``bfloat16(x)`` for the weight gradient instead of ``x``; the forward pass and
 the input gradient ``g W^T`` are computed as before. On a CPU, whose float32
@@ -52,11 +52,15 @@ matmul_keeping_bf16.defvjp(_forward, _backward)
 
 
 def patch() -> None:
-    """Route every ``Dense`` layer's default-precision product through :func:`matmul_keeping_bf16`."""
-    from nnx_ppo.networks import feedforward
+    """Route every ``Dense`` layer's and recurrent cell's default-precision
+    product through :func:`matmul_keeping_bf16` (a cell's ``h W_h`` and
+    ``x W_x``: its weight gradients then read ``bfloat16(h)`` and ``bfloat16(x)``)."""
+    from nnx_ppo.networks import feedforward, recurrent
     from nnx_ppo.networks.types import StatefulModuleOutput
 
-    plain = feedforward.Dense.__call__
+    plain, plain_matmul = feedforward.Dense.__call__, recurrent.matmul
+    recurrent.matmul = lambda x, w: (matmul_keeping_bf16(x, w) if feedforward.current_precision() == "default"
+                                     else plain_matmul(x, w))
 
     def call(self, state, x, rollout_extras=None):
         if feedforward.current_precision() != "default":

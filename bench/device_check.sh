@@ -49,8 +49,9 @@
 #     differently is stopped by the replay guard (a {"failed": ...} row; bench/README.md, "Twelfth sitting").
 # 14. each Dense layer's weight gradient from its input kept in bfloat16 (bench/bf16_residuals.py, an experiment):
 #     whether the weight gradients keep their bits at the default precision and what a forward and backward pass of
-#     a 4 x 512 swish MLP at the replay's 20480 rows gains, then the MLP decoder at 4096 envs trained without and
-#     with it (BF16_RESIDUALS=1; the row's "bf16_residuals").
+#     a 4 x 512 swish MLP at the replay's 20480 rows gains, then each of $BF16_CONFIGS (default: the MLP decoder at
+#     4096 envs, the LSTM decoder at 1024; the cells' products too) trained without and with it (BF16_RESIDUALS=1; the
+#     row's "bf16_residuals"). About 8 minutes.
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
 # bench/results/ and bench/README.md ("Accelerators").
 # Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11 12 13 14";
@@ -147,8 +148,8 @@ part 13 && { split="profile_iteration.py --decoder lstm --n-envs 1024 --skip 1 -
   done; }
 part 14 && { timeout 120 "$PY" bf16_residuals.py --rows 20480 --width 512 --layers 4 2>/dev/null | rows \
     || echo '{"failed": "bf16 residuals, the MLP alone"}'
-  for flag in 0 1; do
-    BF16_RESIDUALS=$flag timeout 240 "$PY" bench_intention.py --mlp-decoder --n-envs 4096 --iterations 8 --skip 3 \
-      --no-check 2>/dev/null | rows || echo "{\"failed\": \"bf16 residuals $flag, MLP 4096\"}"
-  done; }
+  for config in ${BF16_CONFIGS:-mlp:4096 lstm:1024}; do for flag in 0 1; do
+    BF16_RESIDUALS=$flag timeout 240 "$PY" bench_intention.py --${config%:*}-decoder --n-envs ${config#*:} \
+      --iterations 8 --skip 3 --no-check 2>/dev/null | rows || echo "{\"failed\": \"bf16 residuals $flag, $config\"}"
+  done; done; }
 :
