@@ -45,6 +45,10 @@ class ReplayDiagnosis:
     first_divergence: str | None
     n_resets: int
 
+    def within(self, tolerance: float) -> bool:
+        """Both differences at most ``tolerance`` (a NaN is not)."""
+        return self.max_abs_log_ratio <= tolerance and self.max_value_difference <= tolerance
+
 
 def _key_data(x):
     return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x

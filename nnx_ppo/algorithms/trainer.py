@@ -328,7 +328,7 @@ def named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) -
         return err
     if found.first_divergence is not None:
         return ReplayMismatchError(f"{err} First divergence: {found.first_divergence}")
-    if max(found.max_abs_log_ratio, found.max_value_difference) > tolerance:
+    if not found.within(tolerance):
         return err
     settings = ", ".join(f"{name}={value!r}" for name, value in _compiler_settings().items())
     cause = (f"This process compiles with settings other than JAX's defaults ({settings}); under some, XLA "

@@ -262,7 +262,7 @@ def check_replay_consistency(
     found = diagnose_replay(network, env, n_envs=n_envs, rollout_length=rollout_length,
                             n_minibatches=n_minibatches, seed=seed, tolerance=tolerance, precision=precision,
                             replay_unroll=replay_unroll)
-    passed = found.max_abs_log_ratio <= tolerance and found.max_value_difference <= tolerance
+    passed = found.within(tolerance)
     divergence = found.first_divergence
     if not passed and divergence is None:
         divergence = "outputs differ but every carry matches: a module's output depends on state outside its carry"

@@ -352,15 +352,17 @@ def test_trainer_diagnoses_a_mismatch_as_the_run_computes(monkeypatch):
     from nnx_ppo.algorithms import _replay_diagnosis
     from nnx_ppo.algorithms.trainer import named_replay_error
 
-    asked = {}
+    asked, found = {}, [1e-3]
 
     def diagnose(network, env, **kwargs):
         asked.update(kwargs)
-        return _replay_diagnosis.ReplayDiagnosis(max_abs_log_ratio=1e-3, max_value_difference=0.0,
+        return _replay_diagnosis.ReplayDiagnosis(max_abs_log_ratio=found[0], max_value_difference=0.0,
                                                  first_divergence=None, n_resets=0)
 
     monkeypatch.setattr(_replay_diagnosis, "diagnose_replay", diagnose)
     err = ReplayMismatchError("at iteration 3 the loss replay did not reproduce the rollout")
     ppo = PPOConfig(n_envs=16, rollout_length=8, total_steps=128, precision="bfloat16", replay_unroll=4)
+    assert named_replay_error(err, None, None, ppo) is err
+    found[0] = float("nan")  # a non-finite replay is no exact one either
     assert named_replay_error(err, None, None, ppo) is err
     assert asked["precision"] == "bfloat16" and asked["replay_unroll"] == 4 and asked["n_envs"] == 8, asked
