@@ -5,8 +5,6 @@ Usage: python bench/bench_intention.py [--env stand_in | --env rodent] [--n-envs
                                        [--precision default|bfloat16]
        IN_TIME=1 python bench/bench_intention.py ...   (every module replayed one step at a time, as
                                                         bench/replay_precision.py's IN_TIME=1)
-       BF16_RESIDUALS=1 python bench/bench_intention.py ...   (each Dense layer's weight gradient from its
-                                                               input kept in bfloat16: bench/bf16_residuals.py)
 
 The network is ``make_intention_network(**INTENTION_USERS_SIZE)`` (encoder
 4 x 512 over the reference -> 60-dim VariationalBottleneck latent -> decoder
@@ -317,11 +315,6 @@ def main(argv):
         from replay_precision import replay_every_module_in_time
 
         replay_every_module_in_time()
-    bf16_residuals = os.environ.get("BF16_RESIDUALS") == "1"
-    if bf16_residuals:  # bf16_residuals.py's experiment, for the chip
-        from bf16_residuals import patch
-
-        patch()
 
     from flax import nnx
 
@@ -364,7 +357,6 @@ def main(argv):
     row["precision"] = args.precision
     row["replay_unroll"] = config.ppo.scan_unroll(jax.default_backend())
     row["in_time"] = in_time
-    row["bf16_residuals"] = bf16_residuals
     if args.profile:
         fn = NetworkFn.of(net, deterministic=False)
 

@@ -47,21 +47,16 @@
 #     runtime; bench_intention.py's rows name them in "compiler_settings"). A process takes about 110 s (build 13 s,
 #     compile 75 s), so each has 240 s. A setting under which XLA compiles the rollout's and the replay's steps
 #     differently is stopped by the replay guard (a {"failed": ...} row; bench/README.md, "Twelfth sitting").
-# 14. each Dense layer's weight gradient from its input kept in bfloat16 (bench/bf16_residuals.py, an experiment):
-#     whether the weight gradients keep their bits at the default precision and what a forward and backward pass of
-#     a 4 x 512 swish MLP at the replay's 20480 rows gains, then each of $BF16_CONFIGS (default: the MLP decoder at
-#     4096 envs, the LSTM decoder at 1024; the cells' products too) trained without and with it (BF16_RESIDUALS=1; the
-#     row's "bf16_residuals"). About 8 minutes.
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
 # bench/results/ and bench/README.md ("Accelerators").
-# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11 12 13 14";
+# Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11 12 13";
 # part 10 only when named)
 # On a bare TPU machine: source bench/tpu_setup.sh first (it installs what is needed and sets
 # PYTHONPATH and ORIG_PYTHONPATH), then: bash bench/device_check.sh python3 "6"
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${1:-../.venv/bin/python}
-PARTS=" ${2:-1 2 3 4 5 6 7 8 9 11 12 13 14} "
+PARTS=" ${2:-1 2 3 4 5 6 7 8 9 11 12 13} "
 CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
 COMPILE_SETTINGS=${COMPILE_SETTINGS:-"JAX_MEMORY_FITTING_LEVEL=O0|LIBTPU_INIT_ARGS=--xla_tpu_enable_latency_hiding_scheduler=false|LIBTPU_INIT_ARGS=--xla_latency_hiding_scheduler_rerun=0"}
 PHYSICS=${PHYSICS:-"sim_dt=0.004|iterations=2 ls_iterations=2|iterations=1 ls_iterations=1|body_contacts=false|sim_dt=0.004 iterations=1 ls_iterations=1"}
@@ -146,10 +141,4 @@ part 13 && { split="profile_iteration.py --decoder lstm --n-envs 1024 --skip 1 -
     env $setting timeout 240 "$PY" bench_intention.py --lstm-decoder --no-check --iterations 5 --skip 2 2>/dev/null \
       | rows || echo "{\"failed\": \"compile setting $setting\"}"
   done; }
-part 14 && { timeout 120 "$PY" bf16_residuals.py --rows 20480 --width 512 --layers 4 2>/dev/null | rows \
-    || echo '{"failed": "bf16 residuals, the MLP alone"}'
-  for config in ${BF16_CONFIGS:-mlp:4096 lstm:1024}; do for flag in 0 1; do
-    BF16_RESIDUALS=$flag timeout 240 "$PY" bench_intention.py --${config%:*}-decoder --n-envs ${config#*:} \
-      --iterations 8 --skip 3 --no-check 2>/dev/null | rows || echo "{\"failed\": \"bf16 residuals $flag, $config\"}"
-  done; done; }
 :
