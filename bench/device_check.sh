@@ -10,7 +10,9 @@
 #  5. the rodent task (needs nnx_ppo[playground,rodent]): the env step at 1024
 #     and 4096 envs, and the users' network training on it at 1024 envs x 20;
 #  6. where one iteration's time goes (bench/profile_iteration.py), for the intention
-#     network's configurations $CONFIGS (default: MLP and LSTM decoder at 1024 and 4096 envs);
+#     network's configurations $CONFIGS (default: MLP and LSTM decoder at 1024 and 4096 envs); each
+#     profile's per-operation table and HLO (about 0.8 MB) in $OUT/profiles/, for
+#     `profile_iteration.py ops TABLE HLO PART` on any machine afterwards;
 #  7. the same configurations side by side with the original nnx-ppo 0.3.0
 #     (bench/peers/original_intention.py; PYTHONPATH for it in $ORIG_PYTHONPATH), one
 #     process at a time, ours then the original's, for each configuration;
@@ -90,7 +92,7 @@ part 5 && { timeout 300 "$PY" bench_intention.py --env rodent --n-envs 1024 --it
   || echo '{"failed": "intention on the rodent 1024"}'; }
 part 6 && for config in $CONFIGS; do
   timeout 150 "$PY" profile_iteration.py --decoder "${config%:*}" --n-envs "${config#*:}" --skip 2 --iterations 3 \
-    2>/dev/null | rows || echo "{\"failed\": \"profile $config\"}"
+    --out "${OUT:-/tmp}/profiles" 2>/dev/null | rows || echo "{\"failed\": \"profile $config\"}"
 done
 part 7 && for config in $CONFIGS; do
   decoder="--${config%:*}-decoder --n-envs ${config#*:} --iterations 8 --skip 3"
