@@ -17,10 +17,11 @@
 #     (bench/peers/original_intention.py; PYTHONPATH for it in $ORIG_PYTHONPATH), one
 #     process at a time, ours then the original's, for each configuration;
 #  8. ours again with PPOConfig.precision="bfloat16", each configuration;
-#  9. the rodent's physics at 4096 envs: where a step's and a reset's device time goes
-#     (bench_rodent.py --profile), then the step rate under each physics setting of $PHYSICS
-#     (substeps through sim_dt, solver and line-search iterations, the body's floor contacts, the fastest two together;
-#     whether the body still tracks under a setting is a CPU check: bench/README, "Fourth sitting");
+#  9. the rodent's physics at 4096 envs: the step rate under each physics setting of $PHYSICS (default: sim_dt=0.005
+#     and sim_dt=0.01, 4 and 2 substeps per action, not yet measured on the chip; the earlier settings' rows, substeps,
+#     solver and line-search iterations, the body's floor contacts, are in results/rodent.jsonl), then where a step's
+#     and a reset's device time goes (bench_rodent.py --profile). About 4 minutes a setting and 5 for the profile.
+#     Whether the body still tracks under a setting is a CPU check (bench/README, "Fourth" to "Thirteenth sitting");
 # 10. the users' rodent preset (make_users_intention_network, 1024 envs x 20) trained through the CLI
 #     for $RODENT_SECONDS (default 420) and stopped with Ctrl-C (SIGINT: the run saves and ends),
 #     its metrics.jsonl copied to $OUT. The run directory ($RODENT_RUN, default runs/rodent-users-chip)
@@ -61,7 +62,7 @@ PY=${1:-../.venv/bin/python}
 PARTS=" ${2:-1 2 3 4 5 6 7 8 9 11 12 13} "
 CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
 COMPILE_SETTINGS=${COMPILE_SETTINGS:-"JAX_MEMORY_FITTING_LEVEL=O0|LIBTPU_INIT_ARGS=--xla_tpu_enable_latency_hiding_scheduler=false|LIBTPU_INIT_ARGS=--xla_latency_hiding_scheduler_rerun=0"}
-PHYSICS=${PHYSICS:-"sim_dt=0.004|iterations=2 ls_iterations=2|iterations=1 ls_iterations=1|body_contacts=false|sim_dt=0.004 iterations=1 ls_iterations=1"}
+PHYSICS=${PHYSICS:-"sim_dt=0.005|sim_dt=0.01"}
 ROWS="${OUT:-/tmp}/device_check.jsonl"
 mkdir -p "${OUT:-/tmp}"
 part() { [[ "$PARTS" == *" $1 "* ]]; }
@@ -104,8 +105,6 @@ part 8 && for config in $CONFIGS; do
   timeout 150 "$PY" bench_intention.py --${config%:*}-decoder --n-envs ${config#*:} --iterations 8 --skip 3 --no-check \
     --precision bfloat16 2>/dev/null | rows || echo "{\"failed\": \"ours bfloat16 $config\"}"
 done
-part 9 && { timeout 300 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --profile 3 --label device_check \
-  --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo '{"failed": "rodent profile"}'; }
 part 10 && { run=${RODENT_RUN:-../runs/rodent-users-chip}  # ignored by git: a warm machine keeps it between calls
   pending=  # a run from an earlier sitting whose pieces have not all come yet
   if [ ! -e "$run" ] && ls ../.run-pieces/run.tar.part-* >/dev/null 2>&1; then
@@ -123,6 +122,8 @@ part 9 && { IFS='|' read -ra settings <<< "$PHYSICS"; for setting in "${settings
   timeout 240 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --label device_check --set $setting \
     --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo "{\"failed\": \"rodent $setting\"}"
 done; }
+part 9 && { timeout 300 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --profile 3 --label device_check \
+  --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo '{"failed": "rodent profile"}'; }
 # 5630 and 22519: the LSTM decoder's iteration_gflop at 1024 and 4096 envs (bench_intention.py's rows; XLA's count)
 part 11 && { timeout 480 "$PY" recurrence_bound.py --n-envs 1024 4096 --iteration-gflop 5630 22519 --stacked 2>/dev/null \
   | rows \
