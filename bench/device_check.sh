@@ -18,9 +18,10 @@
 #     process at a time, ours then the original's, for each configuration;
 #  8. ours again with PPOConfig.precision="bfloat16", each configuration;
 #  9. the rodent's physics at 4096 envs: the step rate under each physics setting of $PHYSICS (default: sim_dt=0.005
-#     and sim_dt=0.01, 4 and 2 substeps per action, not yet measured on the chip; the earlier settings' rows, substeps,
-#     solver and line-search iterations, the body's floor contacts, are in results/rodent.jsonl), then where a step's
-#     and a reset's device time goes (bench_rodent.py --profile). About 4 minutes a setting and 5 for the profile.
+#     and sim_dt=0.01, 4 and 2 substeps per action, 63.2k and 111.7k env-steps/s in the fourteenth sitting; the other
+#     settings' rows, substeps, solver and line-search iterations, the body's floor contacts, are in
+#     results/rodent.jsonl), then where a step's and a reset's device time goes (bench_rodent.py --profile). About
+#     2.5 minutes a setting (75-80 s of it the compile) and 5 for the profile.
 #     Whether the body still tracks under a setting is a CPU check (bench/README, "Fourth" to "Thirteenth sitting");
 # 10. the users' rodent preset (make_users_intention_network, 1024 envs x 20) trained through the CLI
 #     for $RODENT_SECONDS (default 420) and stopped with Ctrl-C (SIGINT: the run saves and ends),
@@ -51,7 +52,8 @@
 #     compile 75 s), so each has 240 s. A setting under which XLA compiles the rollout's and the replay's steps
 #     differently is stopped by the replay guard (a {"failed": ...} row; bench/README.md, "Twelfth sitting").
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
-# bench/results/ and bench/README.md ("Accelerators").
+# bench/results/ and bench/README.md ("Accelerators"). What the scripts print on stderr goes to
+# $OUT/device_check.stderr, so that a {"failed": ...} row comes back with its reason.
 # Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11 12 13";
 # part 10 only when named)
 # On a bare TPU machine: source bench/tpu_setup.sh first (it installs what is needed and sets
@@ -64,6 +66,7 @@ CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
 COMPILE_SETTINGS=${COMPILE_SETTINGS:-"JAX_MEMORY_FITTING_LEVEL=O0|LIBTPU_INIT_ARGS=--xla_tpu_enable_latency_hiding_scheduler=false|LIBTPU_INIT_ARGS=--xla_latency_hiding_scheduler_rerun=0"}
 PHYSICS=${PHYSICS:-"sim_dt=0.005|sim_dt=0.01"}
 ROWS="${OUT:-/tmp}/device_check.jsonl"
+ERRS="${OUT:-/tmp}/device_check.stderr"  # the scripts' warnings and errors, to tell why a part failed
 mkdir -p "${OUT:-/tmp}"
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 rows() { grep --line-buffered '^{' | tee -a "$ROWS"; }
@@ -92,18 +95,18 @@ part 5 && { timeout 300 "$PY" bench_rodent.py --n-envs 1024 4096 --steps 10 --la
 part 5 && { timeout 300 "$PY" bench_intention.py --env rodent --n-envs 1024 --iterations 4 --skip 2 \
   || echo '{"failed": "intention on the rodent 1024"}'; }
 part 6 && for config in $CONFIGS; do
-  timeout 150 "$PY" profile_iteration.py --decoder "${config%:*}" --n-envs "${config#*:}" --skip 2 --iterations 3 \
-    --out "${OUT:-/tmp}/profiles" 2>/dev/null | rows || echo "{\"failed\": \"profile $config\"}"
+  timeout 240 "$PY" profile_iteration.py --decoder "${config%:*}" --n-envs "${config#*:}" --skip 2 --iterations 3 \
+    --out "${OUT:-/tmp}/profiles" 2>>"$ERRS" | rows || echo "{\"failed\": \"profile $config\"}"
 done
 part 7 && for config in $CONFIGS; do
   decoder="--${config%:*}-decoder --n-envs ${config#*:} --iterations 8 --skip 3"
-  timeout 150 "$PY" bench_intention.py $decoder --no-check 2>/dev/null | rows || echo "{\"failed\": \"ours $config\"}"
+  timeout 150 "$PY" bench_intention.py $decoder --no-check 2>>"$ERRS" | rows || echo "{\"failed\": \"ours $config\"}"
   PYTHONPATH="${ORIG_PYTHONPATH:?source bench/tpu_setup.sh, or set ORIG_PYTHONPATH to the original nnx-ppo}" \
-    timeout 150 "$PY" peers/original_intention.py $decoder 2>/dev/null | rows || echo "{\"failed\": \"original $config\"}"
+    timeout 150 "$PY" peers/original_intention.py $decoder 2>>"$ERRS" | rows || echo "{\"failed\": \"original $config\"}"
 done
 part 8 && for config in $CONFIGS; do
   timeout 150 "$PY" bench_intention.py --${config%:*}-decoder --n-envs ${config#*:} --iterations 8 --skip 3 --no-check \
-    --precision bfloat16 2>/dev/null | rows || echo "{\"failed\": \"ours bfloat16 $config\"}"
+    --precision bfloat16 2>>"$ERRS" | rows || echo "{\"failed\": \"ours bfloat16 $config\"}"
 done
 part 10 && { run=${RODENT_RUN:-../runs/rodent-users-chip}  # ignored by git: a warm machine keeps it between calls
   pending=  # a run from an earlier sitting whose pieces have not all come yet
@@ -120,28 +123,28 @@ part 10 && { run=${RODENT_RUN:-../runs/rodent-users-chip}  # ignored by git: a w
     bash run_pieces.sh take /tmp/rodent-run-out "${OUT:-/tmp}/rodent-run" "$RODENT_PIECES" 4; fi; }
 part 9 && { IFS='|' read -ra settings <<< "$PHYSICS"; for setting in "${settings[@]}"; do
   timeout 240 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --label device_check --set $setting \
-    --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo "{\"failed\": \"rodent $setting\"}"
+    --out "${OUT:-/tmp}/rodent.jsonl" 2>>"$ERRS" | rows || echo "{\"failed\": \"rodent $setting\"}"
 done; }
 part 9 && { timeout 300 "$PY" bench_rodent.py --n-envs 4096 --steps 10 --profile 3 --label device_check \
-  --out "${OUT:-/tmp}/rodent.jsonl" 2>/dev/null | rows || echo '{"failed": "rodent profile"}'; }
+  --out "${OUT:-/tmp}/rodent.jsonl" 2>>"$ERRS" | rows || echo '{"failed": "rodent profile"}'; }
 # 5630 and 22519: the LSTM decoder's iteration_gflop at 1024 and 4096 envs (bench_intention.py's rows; XLA's count)
-part 11 && { timeout 480 "$PY" recurrence_bound.py --n-envs 1024 4096 --iteration-gflop 5630 22519 --stacked 2>/dev/null \
+part 11 && { timeout 480 "$PY" recurrence_bound.py --n-envs 1024 4096 --iteration-gflop 5630 22519 --stacked 2>>"$ERRS" \
   | rows \
   || echo '{"failed": "recurrence bound"}'; }
 part 12 && for config in $CONFIGS; do
   decoder="--${config%:*}-decoder --n-envs ${config#*:} --iterations 2 --skip 1"
   timeout 240 "$PY" compile_profile.py --out "${OUT:-/tmp}/compile_profile.jsonl" -- bench_intention.py $decoder \
-    --no-check >/dev/null 2>&1 || echo "{\"failed\": \"compile profile, ours, $config\"}"
+    --no-check >/dev/null 2>>"$ERRS" || echo "{\"failed\": \"compile profile, ours, $config\"}"
   PYTHONPATH="${ORIG_PYTHONPATH:?source bench/tpu_setup.sh, or set ORIG_PYTHONPATH to the original nnx-ppo}" \
     timeout 240 "$PY" compile_profile.py --out "${OUT:-/tmp}/compile_profile.jsonl" -- peers/original_intention.py \
-    $decoder >/dev/null 2>&1 || echo "{\"failed\": \"compile profile, original, $config\"}"
+    $decoder >/dev/null 2>>"$ERRS" || echo "{\"failed\": \"compile profile, original, $config\"}"
 done
 part 13 && { split="profile_iteration.py --decoder lstm --n-envs 1024 --skip 1 --iterations 1 --set replay_unroll=1"
-  timeout 240 "$PY" $split 2>/dev/null | rows || echo '{"failed": "compile split, rolled"}'
-  timeout 240 "$PY" $split --set bootstrap_on_truncation=false --set replay_tolerance=null 2>/dev/null | rows \
+  timeout 240 "$PY" $split 2>>"$ERRS" | rows || echo '{"failed": "compile split, rolled"}'
+  timeout 240 "$PY" $split --set bootstrap_on_truncation=false --set replay_tolerance=null 2>>"$ERRS" | rows \
     || echo '{"failed": "compile split, rolled, no bootstrap or guard"}'
   IFS='|' read -ra settings <<< "$COMPILE_SETTINGS"; for setting in "${settings[@]}"; do
-    env $setting timeout 240 "$PY" bench_intention.py --lstm-decoder --no-check --iterations 5 --skip 2 2>/dev/null \
+    env $setting timeout 240 "$PY" bench_intention.py --lstm-decoder --no-check --iterations 5 --skip 2 2>>"$ERRS" \
       | rows || echo "{\"failed\": \"compile setting $setting\"}"
   done; }
 :

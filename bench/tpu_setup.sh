@@ -21,6 +21,8 @@
 # .whl-rodent too (34 MB; MuJoCo Warp, which Playground lists, is optional and left out).
 #
 # On the machine:   source bench/tpu_setup.sh      (sets PYTHONPATH; the original goes to /tmp/orig-site)
+# (in the calling shell: `source bench/tpu_setup.sh | tail` runs it in a subshell, and PYTHONPATH is lost;
+# redirect its output to a file instead)
 # Then this checkout's package:   python3 bench/...;   the original:   ORIGINAL=1 python3 bench/peers/...
 # The machine's JAX stays first on PYTHONPATH; what is installed here goes after it.
 SITE=${SITE:-/tmp/site}
@@ -49,7 +51,8 @@ if ls .whl-rodent/*.whl >/dev/null 2>&1; then
   _pip --no-deps --no-index --target "$SITE" .whl-rodent/*.whl || return 1 2>/dev/null || exit 1
   # dm_control as the rodent finds it: a package folder holding rodent.xml (its code is never imported)
   mkdir -p "$SITE/dm_control/locomotion/walkers/assets" && touch "$SITE/dm_control/__init__.py" \
-    && cp .whl-rodent/rodent.xml "$SITE/dm_control/locomotion/walkers/assets/"
+    && cp .whl-rodent/rodent.xml "$SITE/dm_control/locomotion/walkers/assets/" \
+    || echo 'tpu_setup.sh: .whl-rodent/rodent.xml is missing (see the top of this file): the rodent task cannot build' >&2
 fi
 if ls .whl-orig/*.whl >/dev/null 2>&1; then
   _pip --no-deps --no-index --target "$ORIG_SITE" .whl-orig/*.whl || return 1 2>/dev/null || exit 1
