@@ -2,7 +2,7 @@
 
 Usage: python bench/bench_intention.py [--env stand_in | --env rodent] [--n-envs 1024] [--rollout 20]
                                        [--iterations 4] [--skip 1] [--mlp-decoder | --lstm-decoder] [--profile]
-                                       [--precision default|bfloat16]
+                                       [--precision default|bfloat16] [--compiler-option NAME=VALUE ...]
        IN_TIME=1 python bench/bench_intention.py ...   (every module replayed one step at a time, as
                                                         bench/replay_precision.py's IN_TIME=1)
 
@@ -308,6 +308,9 @@ def main(argv):
                         help="PPOConfig.precision (bfloat16 matrix inputs, float32 sums)")
     parser.add_argument("--replay-unroll", type=int, default=None,
                         help="PPOConfig.replay_unroll (default: the whole rollout on an accelerator, 1 on a CPU)")
+    parser.add_argument("--compiler-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="TrainConfig.compiler_options for the training program (repeatable), e.g. "
+                             "xla_tpu_scoped_vmem_limit_kib=8192")
     parser.set_defaults(decoder="mlp")
     args = parser.parse_args(argv)
     in_time = os.environ.get("IN_TIME") == "1"
@@ -339,6 +342,7 @@ def main(argv):
                       n_epochs=4, n_minibatches=4, discounting_factor=0.97, learning_rate=1e-4,
                       precision=args.precision, replay_unroll=args.replay_unroll),
         eval=EvalConfig(enabled=False),
+        compiler_options=dict(option.split("=", 1) for option in args.compiler_option) or None,
     )
     times: list[tuple[float, int]] = []
     replay_errors: list[float] = []
@@ -356,6 +360,7 @@ def main(argv):
     row["replay_max_error"] = max(replay_errors) if replay_errors else None
     row["precision"] = args.precision
     row["replay_unroll"] = config.ppo.scan_unroll(jax.default_backend())
+    row["compiler_options"] = config.compiler_options
     row["in_time"] = in_time
     if args.profile:
         fn = NetworkFn.of(net, deterministic=False)

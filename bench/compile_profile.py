@@ -63,29 +63,41 @@ def _close(event: list, own: collections.Counter) -> None:
     own[name] += max(duration - nested, 0) / 1e6
 
 
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+def split_command(argv: list[str], doc: str) -> tuple[list[str], str, list[str]]:
+    """``OPTIONS -- SCRIPT.py ARGS`` as ``(OPTIONS, SCRIPT.py, ARGS)``; without
+    ``--``, exit with the usage (``doc``'s second paragraph)."""
     if "--" not in argv:
-        sys.exit(__doc__.split("\n\n")[1])
+        sys.exit(doc.split("\n\n")[1])
     split = argv.index("--")
+    return argv[:split], argv[split + 1], argv[split + 2:]
+
+
+def run_script(script: str, script_args: list[str]) -> None:
+    """Run ``script`` as ``python script script_args`` would, in this
+    process (its folder first on ``sys.path``); its exit with status 0 ends
+    only the script."""
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            raise
+
+
+def main(argv=None) -> None:
+    own, script, script_args = split_command(sys.argv[1:] if argv is None else argv, __doc__)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default=None, help="also write the JSON line to this file")
-    args = parser.parse_args(argv[:split])
-    script, script_args = argv[split + 1], argv[split + 2:]
+    args = parser.parse_args(own)
 
     import jax
 
     trace_dir = tempfile.mkdtemp(prefix="compile_profile_")
-    sys.argv = [script, *script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     started = time.perf_counter()
     with jax.profiler.trace(trace_dir):
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except SystemExit as stop:
-            if stop.code not in (None, 0):
-                raise
+        run_script(script, script_args)
     wall = time.perf_counter() - started
     trace_file = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[-1]
     own, count, inclusive = self_times(trace_file)

@@ -47,6 +47,24 @@ def check_seed_batching(value: Any, where: str = "seed_batching") -> None:
         raise ValueError(f"{where} must be one of {', '.join(map(repr, SEED_BATCHING))}, got {value!r}")
 
 
+def check_compiler_options(value: Any, where: str = "compiler_options") -> None:
+    """``value`` must be None or a dict of XLA option names (strings) to
+    values (strings, numbers or bools); the error names ``where``. Whether
+    the backend has the options is checked when the program is built
+    (:func:`nnx_ppo.algorithms.ppo.compile_iterations`)."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a dict of XLA option names to values, or None; got "
+                         f"{type(value).__name__} {value!r}")
+    for name, option in value.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}: option names must be non-empty strings, got {name!r}")
+        if not isinstance(option, (str, numbers.Real)):
+            raise ValueError(f"{where}[{name!r}] must be a string, a number or a bool, got "
+                             f"{type(option).__name__} {option!r}")
+
+
 def check_seed(value: Any, where: str = "seed") -> int:
     """``value`` as a seed: an int that fits JAX's 64-bit seeds
     (``-2**63 <= seed < 2**63``); the error names ``where``."""
@@ -443,6 +461,15 @@ class TrainConfig:
         faster, and with `shard_seeds` each device runs its own seeds.
         Both give the same training up to float rounding. Ignored by
         single-seed training.
+      compiler_options: XLA compiler options for the training program
+        (`jax.jit`'s `compiler_options`): option name to value, e.g.
+        `{"xla_tpu_scoped_vmem_limit_kib": "8192"}` on a TPU, which makes its
+        compiler emit smaller kernels and compile sooner (docs/scale.md).
+        Another compile may round floats differently (a product tiled
+        otherwise sums in another order); the replay guarantee holds, since
+        rollout and replay are one program compiled with the same options.
+        None: XLA's defaults. An option the backend does not have is an error
+        before training starts.
     """
 
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
@@ -454,11 +481,13 @@ class TrainConfig:
     n_devices: int | None = _field(None, resume=True)
     shard_seeds: bool = _field(False, resume=True)
     seed_batching: SeedBatching = _field("vmap", resume=True)
+    compiler_options: dict[str, str] | None = _field(None, resume=True)
 
     def __post_init__(self):
         if _checks_deferred.get():
             return
         _check_types(self)
+        check_compiler_options(self.compiler_options, "TrainConfig.compiler_options")
         check_seed(self.seed, "TrainConfig.seed")
         check_seed_batching(self.seed_batching, "TrainConfig.seed_batching")
         _require_positive_int("TrainConfig", "iterations_per_call", self.iterations_per_call)

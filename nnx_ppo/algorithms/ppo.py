@@ -1266,7 +1266,8 @@ def over_seeds(iteration: Callable, seed_batching: str = "vmap", shardings: Any 
 
 def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: bool = False,
                        shardings: Any = None, seed_batching: str = "vmap",
-                       population_step: Callable | None = None) -> Callable:
+                       population_step: Callable | None = None,
+                       compiler_options: dict[str, Any] | None = None) -> Callable:
     """Jit ``iteration(state) -> (state, IterationOutput)`` into
     ``fn(state, n) -> (state, IterationOutput)`` running ``n <=
     max_iterations`` iterations in one call (``n`` is a runtime value, so a
@@ -1285,7 +1286,12 @@ def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: 
     ``population_step(state, output) -> (state, output)`` (a population, see
     :func:`~nnx_ppo.algorithms.population.population_step`) runs on the whole batch
     after every batched iteration: what crosses members (scores, PBT).
+
+    ``compiler_options`` (``TrainConfig.compiler_options``) go to XLA's
+    compiler for this program; options the default backend does not have
+    raise a ValueError here (see :func:`check_backend_options`).
     """
+    check_backend_options(compiler_options)
     iteration = keep_last_healthy(iteration)
     if batched_seeds:
         iteration = over_seeds(iteration, seed_batching, shardings)
@@ -1312,9 +1318,25 @@ def compile_iterations(iteration: Callable, max_iterations: int, batched_seeds: 
             return jax.lax.fori_loop(0, n, body, (state, buffer))
 
     if shardings is None:
-        return jax.jit(run, donate_argnums=0)
+        return jax.jit(run, donate_argnums=0, compiler_options=compiler_options)
     replicated = NamedSharding(jax.tree.leaves(shardings)[0].mesh, PartitionSpec())
-    return jax.jit(run, donate_argnums=0, in_shardings=(shardings, replicated), out_shardings=(shardings, replicated))
+    return jax.jit(run, donate_argnums=0, in_shardings=(shardings, replicated), out_shardings=(shardings, replicated),
+                   compiler_options=compiler_options)
+
+
+def check_backend_options(compiler_options: dict[str, Any] | None) -> None:
+    """Raise a ValueError naming ``TrainConfig.compiler_options`` when XLA's
+    compiler for the default backend rejects them (an option of another
+    backend's, such as a TPU option on a CPU), by compiling a one-operation
+    program with them: before the training program's long compile, not
+    after it. None or empty: nothing to check."""
+    if not compiler_options:
+        return
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=compiler_options).lower(jnp.zeros((), jnp.float32)).compile()
+    except Exception as err:  # noqa: BLE001 (XLA's error type varies; its message is kept)
+        raise ValueError(f"TrainConfig.compiler_options {compiler_options!r}: XLA's compiler for "
+                         f"{jax.default_backend()} rejects them: {err}") from None
 
 
 def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int, batched_seeds: bool = False,

@@ -278,12 +278,13 @@ def earlier_failures(failures: dict[Any, Failure], names: list, up_to_steps: int
     return {names.index(name): f for name, f in failures.items() if name in names and f.env_steps <= up_to_steps}
 
 
-def run_failure(failure: Failure, network, env, ppo: PPOConfig) -> Exception:
+def run_failure(failure: Failure, network, env, ppo: PPOConfig, compiler_options: dict | None = None) -> Exception:
     """The error one plain run raises for its ``failure``: a replay
-    mismatch with the module named, a non-finite value with where the
+    mismatch with the module named (the run's ``TrainConfig.compiler_options``
+    among the settings it names), a non-finite value with where the
     network's parameters come from."""
     if isinstance(failure.error, ReplayMismatchError):
-        return named_replay_error(failure.error, network, env, ppo)
+        return named_replay_error(failure.error, network, env, ppo, compiler_options)
     healthy = failure.iteration - 1
     return type(failure.error)(f"{failure.error}. The network holds the last finite parameters and statistics, "
                                f"from iteration {healthy} ({healthy * ppo.steps_per_iteration} env steps)")
@@ -304,14 +305,15 @@ def _compiler_settings() -> dict[str, Any]:
     return found | {name: os.environ[name] for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS") if os.environ.get(name)}
 
 
-def named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) -> ReplayMismatchError:
+def named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig,
+                       compiler_options: dict | None = None) -> ReplayMismatchError:
     """The health check's replay mismatch with the module named: the
     carry leaf the replay first departs from and the module that owns it
     (:func:`~nnx_ppo.algorithms._replay_diagnosis.diagnose_replay`, one small
     rollout of ``network`` on ``env`` at the run's precision and unroll).
     If that rollout replays within 1e-5, no module is to blame there: the
-    error says so and names the compiler settings (:func:`_compiler_settings`)
-    that are not JAX's defaults (on a TPU v5e
+    error says so and names the compiler settings (:func:`_compiler_settings`,
+    and the run's ``compiler_options``) that are not JAX's defaults (on a TPU v5e
     ``JAX_EXEC_TIME_OPTIMIZATION_EFFORT=-1`` made XLA compile the rollout's
     and the replay's steps differently). ``err`` as it is if the diagnosis
     fails or finds a difference above 1e-5 it cannot place."""
@@ -330,7 +332,8 @@ def named_replay_error(err: ReplayMismatchError, network, env, ppo: PPOConfig) -
         return ReplayMismatchError(f"{err} First divergence: {found.first_divergence}")
     if not found.within(tolerance):
         return err
-    settings = ", ".join(f"{name}={value!r}" for name, value in _compiler_settings().items())
+    own = {"TrainConfig.compiler_options": compiler_options} if compiler_options else {}
+    settings = ", ".join(f"{name}={value!r}" for name, value in (_compiler_settings() | own).items())
     cause = (f"This process compiles with settings other than JAX's defaults ({settings}); under some, XLA "
              "compiles the rollout's and the replay's steps differently (docs/scale.md, 'Compiler settings')."
              if settings else "No compiler setting differs from JAX's defaults; please report it, with the "
@@ -600,7 +603,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
                                         by_seed=team.stacked and config.shard_seeds)
     train_fn = compile_iterations(algorithm.iteration(env, team.graphdef, ppo), config.iterations_per_call,
                                   batched_seeds=team.stacked, shardings=shardings, seed_batching=config.seed_batching,
-                                  population_step=algorithm.population_step)
+                                  population_step=algorithm.population_step, compiler_options=config.compiler_options)
 
     last_rows: dict[int, dict[str, float]] = {}
     recorded: set[int] = set()  # the failed members whose failure the run directory holds
@@ -658,7 +661,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
         # stops with another exception; the state stays donatable.
         write_back(team, driver.state, mesh)
     if not team.stacked and driver.failures:
-        raise run_failure(driver.failures[0], team.networks[0], env, ppo)
+        raise run_failure(driver.failures[0], team.networks[0], env, ppo, config.compiler_options)
     return _results(team, result, replicated(result.state, mesh) if team.stacked else result.state,
                     driver.failures, last_rows, ppo)
 

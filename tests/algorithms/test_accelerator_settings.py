@@ -87,3 +87,51 @@ def test_bfloat16_precision_rounds_the_matrix_inputs_only():
     with pytest.raises(ValueError, match="precision must be one of"):
         with compute_precision("half"):
             pass
+
+
+def _tiny_run(compiler_options):
+    """Two iterations of a small LSTM on cue_memory with ``compiler_options``: (logged rows, final parameters)."""
+    from flax import nnx
+
+    from nnx_ppo.algorithms.config import EvalConfig, TrainConfig
+    from nnx_ppo.algorithms.trainer import train_ppo
+    from nnx_ppo.envs import make
+    from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+    env = make("cue_memory", n_cues=2, delay=3)
+    net = make_actor_critic_for_env(env, "lstm", nnx.Rngs(0), hidden_size=8, encoder_sizes=(8,))
+    rows = []
+    config = TrainConfig(ppo=PPOConfig(n_envs=8, rollout_length=8, n_minibatches=2, total_steps=8 * 8 * 2),
+                         eval=EvalConfig(enabled=False), compiler_options=compiler_options)
+    train_ppo(env, net, config, log_fn=lambda m, s: rows.append(m))
+    return rows, jax.tree.leaves(nnx.state(net, nnx.Param))
+
+
+def test_compiler_options_reach_the_training_program_and_a_foreign_option_fails_early():
+    # An option this CPU's compiler does not have (a TPU's) fails before training, naming the field;
+    # had the options not reached XLA, the run would train.
+    with pytest.raises(ValueError, match=r"TrainConfig.compiler_options .*xla_tpu_scoped_vmem_limit_kib.*cpu"):
+        _tiny_run({"xla_tpu_scoped_vmem_limit_kib": "4096"})
+    # An option the CPU has, at its default value, trains exactly as no options do.
+    rows, params = _tiny_run({"xla_cpu_enable_fast_math": "False"})  # (XLA reads a bool as "True"/"False")
+    rows_default, params_default = _tiny_run(None)
+    untimed = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
+    assert len(rows) == 2 and untimed(rows) == untimed(rows_default)
+    for a, b in zip(params, params_default):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_compiler_options_are_checked_and_saved_with_the_config():
+    from nnx_ppo.algorithms.config import TrainConfig, config_from_dict, config_to_dict, resume_changes
+
+    with pytest.raises(ValueError, match=r"TrainConfig.compiler_options must be a dict .* got list"):
+        TrainConfig(compiler_options=["xla_tpu_scoped_vmem_limit_kib=4096"])
+    with pytest.raises(ValueError, match=r"TrainConfig.compiler_options\['a'\] must be a string, a number or a bool"):
+        TrainConfig(compiler_options={"a": [1]})
+    with pytest.raises(ValueError, match="option names must be non-empty strings, got 3"):
+        TrainConfig(compiler_options={3: "x"})
+    config = TrainConfig(compiler_options={"xla_tpu_scoped_vmem_limit_kib": "8192"})
+    assert config_from_dict(config_to_dict(config)) == config
+    # how a run compiles may change when it resumes
+    assert resume_changes(config_to_dict(TrainConfig()), config) == {
+        "compiler_options": [None, {"xla_tpu_scoped_vmem_limit_kib": "8192"}]}

@@ -343,6 +343,9 @@ def test_replay_error_with_no_module_to_blame_names_the_compiler_settings(monkey
     assert "no module was found" in named, named
     assert "jax_default_matmul_precision='highest'" in named, named
     assert "LIBTPU_INIT_ARGS='--xla_tpu_example=false'" in named, named
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")  # the run's own compiler options are named too
+    own = str(named_replay_error(err, net, Target(max_steps=3), ppo, {"xla_tpu_scoped_vmem_limit_kib": "4096"}))
+    assert "TrainConfig.compiler_options={'xla_tpu_scoped_vmem_limit_kib': '4096'}" in own, own
 
 
 def test_trainer_diagnoses_a_mismatch_as_the_run_computes(monkeypatch):
