@@ -14,7 +14,11 @@ libtpu compiles for the topology ``v5e:1x1`` (``jax.experimental.topologies``),
 on this machine's CPU: the same compiler as on the chip when libtpu is the
 chip machine's version (0.0.42.1 with JAX 0.10.2), so the optimized HLO,
 the kernels and the memory plan are the chip's, but the compile takes longer
-on fewer cores (its kernels are emitted on one thread per core). Install
+on fewer cores (its kernels are emitted on one thread per core). On a
+2-core machine one kernel's emission now and then stalls for 50-110 s (a
+different kernel each time; not under ``taskset -c 0``, not on the chip,
+whose slowest kernel took 11 s), so compare totals over repeated runs and
+read ``--profile``'s kernel list for outliers. Install
 it beside this checkout's venv, without touching the venv::
 
     python -m pip install --no-deps --target /tmp/libtpu-site libtpu==0.0.42.1
@@ -116,7 +120,7 @@ def compile_for_tpu(jitted, name: str, args: tuple, kwargs: dict, options) -> No
     start = time.perf_counter()
     lowered = jitted.lower(*args, **kwargs)
     lower_s = time.perf_counter() - start
-    trace_dir = tempfile.mkdtemp(prefix="tpu_compile_")
+    trace_dir = tempfile.mkdtemp(prefix="tpu_compile_") if options.profile else None
     if options.profile:
         jax.profiler.start_trace(trace_dir)
     start = time.perf_counter()
