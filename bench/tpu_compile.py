@@ -53,7 +53,7 @@ import sys
 import tempfile
 import time
 
-from compile_profile import run_script, split_command
+from compile_profile import run_script, self_times, split_command
 
 PHASES = ("XLA::TPU run hlo passes", "XLA::TPU main fusion pass", "XLA::TPU memory space and buffer assignment",
           "XLA::TPU lowering and optimization", "XLA::TPU code generator")
@@ -87,18 +87,12 @@ def function_name(fun) -> str:
 
 
 def trace_summary(trace_file: str, hlo: str, top: int) -> dict:
-    """``phases`` (seconds of each of :data:`PHASES`) and the ``top`` slowest ``kernels`` to emit, from a trace."""
-    from jax.profiler import ProfileData
-
-    phases, kernels = collections.Counter(), collections.Counter()
-    for plane in ProfileData.from_file(trace_file).planes:
-        if plane.name.startswith("/host"):
-            for line in plane.lines:
-                for event in line.events:
-                    if event.name in PHASES:
-                        phases[event.name] += event.duration_ns / 1e9
-                    elif event.name.startswith(EMITTING):
-                        kernels[event.name[len(EMITTING):]] += event.duration_ns / 1e9
+    """``phases`` (seconds of each of :data:`PHASES`) and the ``top`` slowest ``kernels`` to emit, from a trace
+    (each event's duration summed over the host's threads: ``compile_profile.self_times``'s inclusive times)."""
+    _, _, inclusive = self_times(trace_file)
+    phases = {name: inclusive[name] / 1e3 for name in PHASES}
+    kernels = collections.Counter({name[len(EMITTING):]: ms / 1e3 for name, ms in inclusive.items()
+                                   if name.startswith(EMITTING)})
 
     def shape(name: str) -> str:
         found = re.search(r"\n  %" + re.escape(name) + r" = (\S+)", hlo)
