@@ -291,6 +291,14 @@ def make_rodent_env():
     return env
 
 
+def name_value(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` (``--compiler-option``) as ``(NAME, VALUE)``."""
+    name, equals, value = text.partition("=")
+    if not name or not equals:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", choices=("stand_in", "rodent"), default="stand_in",
@@ -308,7 +316,7 @@ def main(argv):
                         help="PPOConfig.precision (bfloat16 matrix inputs, float32 sums)")
     parser.add_argument("--replay-unroll", type=int, default=None,
                         help="PPOConfig.replay_unroll (default: the whole rollout on an accelerator, 1 on a CPU)")
-    parser.add_argument("--compiler-option", action="append", default=[], metavar="NAME=VALUE",
+    parser.add_argument("--compiler-option", action="append", default=[], metavar="NAME=VALUE", type=name_value,
                         help="TrainConfig.compiler_options for the training program (repeatable), e.g. "
                              "xla_tpu_scoped_vmem_limit_kib=8192")
     parser.set_defaults(decoder="mlp")
@@ -342,7 +350,7 @@ def main(argv):
                       n_epochs=4, n_minibatches=4, discounting_factor=0.97, learning_rate=1e-4,
                       precision=args.precision, replay_unroll=args.replay_unroll),
         eval=EvalConfig(enabled=False),
-        compiler_options=dict(option.split("=", 1) for option in args.compiler_option) or None,
+        compiler_options=dict(args.compiler_option) or None,
     )
     times: list[tuple[float, int]] = []
     replay_errors: list[float] = []
