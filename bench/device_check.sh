@@ -15,7 +15,10 @@
 #     `profile_iteration.py ops TABLE HLO PART` on any machine afterwards;
 #  7. the same configurations side by side with the original nnx-ppo 0.3.0
 #     (bench/peers/original_intention.py; PYTHONPATH for it in $ORIG_PYTHONPATH), one
-#     process at a time, ours then the original's, for each configuration;
+#     process at a time, ours then the original's, for each configuration; with $COMPILER_OPTIONS
+#     ('|'-separated NAME=VALUE, default none; e.g. "xla_tpu_scoped_vmem_limit_kib=4096|xla_tpu_scoped_vmem_limit_kib=8192",
+#     bench/README.md, "Sixteenth sitting"), ours also under each option (TrainConfig.compiler_options, the training
+#     program only: bench_intention.py --compiler-option) before the original's;
 #  8. ours again with PPOConfig.precision="bfloat16", each configuration;
 #  9. the rodent's physics at 4096 envs: the step rate under each physics setting of $PHYSICS (default: sim_dt=0.005
 #     and sim_dt=0.01, 4 and 2 substeps per action, 63.2k and 111.7k env-steps/s in the fourteenth sitting; the other
@@ -51,16 +54,11 @@
 #     runtime; bench_intention.py's rows name them in "compiler_settings"). A process takes about 110 s (build 13 s,
 #     compile 75 s), so each has 240 s. A setting under which XLA compiles the rollout's and the replay's steps
 #     differently is stopped by the replay guard (a {"failed": ...} row; bench/README.md, "Twelfth sitting").
-# 14. the training program's compile and rate under TrainConfig.compiler_options, for each of $CONFIGS: ours at
-#     XLA's defaults, then under each option of $COMPILER_OPTIONS ('|'-separated NAME=VALUE, passed to the
-#     training program only: bench_intention.py --compiler-option; default the TPU's scoped memory limit at 4096
-#     and 8192 KiB), then the original's; bench/README.md, "Sixteenth sitting". Up to 240 s a process (the
-#     LSTM decoder at 4096 envs compiles in about 96 s at the defaults): name one or two configurations a call.
 # Prints JSON lines and appends them to $OUT/device_check.jsonl (or /tmp); copy them into
 # bench/results/ and bench/README.md ("Accelerators"). What the scripts print on stderr goes to
 # $OUT/device_check.stderr, so that a {"failed": ...} row comes back with its reason.
 # Usage: bash bench/device_check.sh [PYTHON] [PARTS]   (default .venv/bin/python, parts "1 2 3 4 5 6 7 8 9 11 12 13";
-# parts 10 and 14 only when named)
+# part 10 only when named)
 # On a bare TPU machine: source bench/tpu_setup.sh first (it installs what is needed and sets
 # PYTHONPATH and ORIG_PYTHONPATH), then: bash bench/device_check.sh python3 "6"
 set -euo pipefail
@@ -70,7 +68,7 @@ PARTS=" ${2:-1 2 3 4 5 6 7 8 9 11 12 13} "
 CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
 COMPILE_SETTINGS=${COMPILE_SETTINGS:-"JAX_MEMORY_FITTING_LEVEL=O0|LIBTPU_INIT_ARGS=--xla_tpu_enable_latency_hiding_scheduler=false|LIBTPU_INIT_ARGS=--xla_latency_hiding_scheduler_rerun=0"}
 PHYSICS=${PHYSICS:-"sim_dt=0.005|sim_dt=0.01"}
-COMPILER_OPTIONS=${COMPILER_OPTIONS:-"xla_tpu_scoped_vmem_limit_kib=4096|xla_tpu_scoped_vmem_limit_kib=8192"}
+COMPILER_OPTIONS=${COMPILER_OPTIONS:-}
 ROWS="${OUT:-/tmp}/device_check.jsonl"
 ERRS="${OUT:-/tmp}/device_check.stderr"  # the scripts' warnings and errors, to tell why a part failed
 mkdir -p "${OUT:-/tmp}"
@@ -107,6 +105,10 @@ done
 part 7 && for config in $CONFIGS; do
   decoder="--${config%:*}-decoder --n-envs ${config#*:} --iterations 8 --skip 3"
   timeout 150 "$PY" bench_intention.py $decoder --no-check 2>>"$ERRS" | rows || echo "{\"failed\": \"ours $config\"}"
+  IFS='|' read -ra options <<< "$COMPILER_OPTIONS"; for option in "${options[@]}"; do
+    timeout 150 "$PY" bench_intention.py $decoder --no-check --compiler-option "$option" 2>>"$ERRS" | rows \
+      || echo "{\"failed\": \"ours $config $option\"}"
+  done
   PYTHONPATH="${ORIG_PYTHONPATH:?source bench/tpu_setup.sh, or set ORIG_PYTHONPATH to the original nnx-ppo}" \
     timeout 150 "$PY" peers/original_intention.py $decoder 2>>"$ERRS" | rows || echo "{\"failed\": \"original $config\"}"
 done
@@ -153,14 +155,4 @@ part 13 && { split="profile_iteration.py --decoder lstm --n-envs 1024 --skip 1 -
     env $setting timeout 240 "$PY" bench_intention.py --lstm-decoder --no-check --iterations 5 --skip 2 2>>"$ERRS" \
       | rows || echo "{\"failed\": \"compile setting $setting\"}"
   done; }
-part 14 && for config in $CONFIGS; do
-  decoder="--${config%:*}-decoder --n-envs ${config#*:} --iterations 8 --skip 3"
-  timeout 240 "$PY" bench_intention.py $decoder --no-check 2>>"$ERRS" | rows || echo "{\"failed\": \"ours $config\"}"
-  IFS='|' read -ra options <<< "$COMPILER_OPTIONS"; for option in "${options[@]}"; do
-    timeout 240 "$PY" bench_intention.py $decoder --no-check --compiler-option "$option" 2>>"$ERRS" | rows \
-      || echo "{\"failed\": \"ours $config $option\"}"
-  done
-  PYTHONPATH="${ORIG_PYTHONPATH:?source bench/tpu_setup.sh, or set ORIG_PYTHONPATH to the original nnx-ppo}" \
-    timeout 240 "$PY" peers/original_intention.py $decoder 2>>"$ERRS" | rows || echo "{\"failed\": \"original $config\"}"
-done
 :
