@@ -251,7 +251,6 @@ def _train(cmd: TrainCommand, argv: list[str], run_dir: Path, env_kwargs: dict, 
 
 def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
     """Train (PPO, a seed batch, or distillation) into ``run``: ``(exit code, result)``."""
-    from nnx_ppo.algorithms.ppo import new_training_state
     from nnx_ppo.algorithms.trainer import train_ppo
 
     config = cmd.config
@@ -269,8 +268,7 @@ def _fit(cmd: TrainCommand, train_env, env, network, run: Run, stop, distill):
 
         return 0, train_distillation(train_env, distill.teacher, network, config, distillation=distill.config,
                                      on_evaluation=on_evaluation, **options)
-    state = new_training_state(train_env, network, config)
-    return 0, train_ppo(train_env, network, config, state=state, on_evaluation=on_evaluation, **options)
+    return 0, train_ppo(train_env, network, config, on_evaluation=on_evaluation, **options)
 
 
 # ``nnx-ppo distill``: distill a trained run's policy into a new network. The

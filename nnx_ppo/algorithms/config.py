@@ -461,8 +461,9 @@ class TrainConfig:
         faster, and with `shard_seeds` each device runs its own seeds.
         Both give the same training up to float rounding. Ignored by
         single-seed training.
-      compiler_options: XLA compiler options for the training program
-        (`jax.jit`'s `compiler_options`): option name to value, e.g.
+      compiler_options: XLA compiler options for the run's programs: the
+        initial state's and the training program (`jax.jit`'s
+        `compiler_options`; not the evaluation's): option name to value, e.g.
         `{"xla_tpu_scoped_vmem_limit_kib": "8192"}` on a TPU, which makes its
         compiler emit smaller kernels and compile sooner (docs/scale.md).
         Another compile may round floats differently (a product tiled

@@ -129,62 +129,53 @@ def new_training_state(env, network, config: TrainConfig) -> TrainingState:
     """Initial training state: resets ``config.ppo.n_envs`` envs (and
     de-synchronizes their time limits where the env asks for it, see
     :meth:`nnx_ppo.envs.TimeLimit.desynchronize`), initializes the network
-    carry and the optimizer. Works on copies: ``network`` is not modified,
-    and training never donates its arrays."""
+    carry and the optimizer, in one program compiled with
+    ``config.compiler_options``. Works on copies: ``network`` is not
+    modified, and training never donates its arrays."""
     ppo = config.ppo
     env = as_env(env)
     check_network_matches_env(env, network, ppo)
     check_footprint(env, network, ppo, warn=False)  # (before anything of n_envs' size is allocated)
-    key = jax.random.key(config.seed)
-    key, reset_key, sync_key = jax.random.split(key, 3)
-
-    def initial_envs(reset_key, sync_key):
-        states = jax.vmap(env.reset)(jax.random.split(reset_key, ppo.n_envs))
-        if hasattr(env, "desynchronize"):
-            states = jax.vmap(env.desynchronize)(states, jax.random.split(sync_key, ppo.n_envs))
-        return states
-
-    env_state = jax.jit(initial_envs)(reset_key, sync_key)
+    check_backend_options(config.compiler_options)
     net = copy_tree(NetworkFn.of(network))
-    carry, net, opt_state, return_stats = _fresh_state(net, ppo)
-    rollout = RolloutState(
-        env_state=env_state,
-        carry=carry,
-        episode_return=jnp.zeros((ppo.n_envs,), jnp.float32),
-        episode_length=jnp.zeros((ppo.n_envs,), jnp.int32),
-        fresh=jnp.ones((ppo.n_envs,), bool),
-    )
-    return TrainingState(
-        params=net.params,
-        rest=net.rest,
-        opt_state=opt_state,
-        rollout=rollout,
-        key=key,
-        iteration=jnp.zeros((), jnp.int32),
-        return_stats=return_stats,
-    )
+    program = _initial_program(env, net.graphdef, ppo, config.compiler_options)
+    return program(jax.random.key(config.seed), net.params, net.rest)
 
 
-def _fresh_state(net: NetworkFn, ppo: PPOConfig):
-    """The network's initial carry ``[n_envs, ...]`` (it may draw from the
-    network's Rngs: the view returned has them advanced), the optimizer's
-    and the return statistics' initial states, in one compiled call
-    (instead of a compile per array shape), compiled once per network
-    structure and config where both can be hashed."""
-    try:
-        fresh = _fresh_program(net.graphdef, ppo)
-    except TypeError:  # a graphdef or config that cannot be hashed: compiled for this call
-        fresh = _fresh_program.__wrapped__(net.graphdef, ppo)
-    return fresh(net.params, net.rest)
+def _initial_program(env, graphdef, ppo: PPOConfig, compiler_options: dict[str, Any] | None):
+    """The jitted ``initial(key, params, rest) -> TrainingState`` of
+    :func:`new_training_state`: the envs' first states, the network's
+    initial carry ``[n_envs, ...]`` (it may draw from the network's Rngs:
+    the state holds them advanced), the optimizer's and the return
+    statistics' initial states, all in one program (each eager step or
+    extra program costs a compile, up to seconds on an accelerator),
+    compiled with the run's ``compiler_options``. Built for each call: the
+    env is read as it is now."""
 
-
-@functools.lru_cache(maxsize=16)
-def _fresh_program(graphdef, ppo: PPOConfig):
-    def fresh(params, rest):
+    def initial(key, params, rest):
+        key, reset_key, sync_key = jax.random.split(key, 3)
+        env_state = jax.vmap(env.reset)(jax.random.split(reset_key, ppo.n_envs))
+        if hasattr(env, "desynchronize"):
+            env_state = jax.vmap(env.desynchronize)(env_state, jax.random.split(sync_key, ppo.n_envs))
         carry, net = NetworkFn(graphdef, params, rest).initialize(ppo.n_envs)
-        return carry, net, make_optimizer(ppo).init(net.params), initial_return_statistics(ppo.n_envs)
+        rollout = RolloutState(
+            env_state=env_state,
+            carry=carry,
+            episode_return=jnp.zeros((ppo.n_envs,), jnp.float32),
+            episode_length=jnp.zeros((ppo.n_envs,), jnp.int32),
+            fresh=jnp.ones((ppo.n_envs,), bool),
+        )
+        return TrainingState(
+            params=net.params,
+            rest=net.rest,
+            opt_state=make_optimizer(ppo).init(net.params),
+            rollout=rollout,
+            key=key,
+            iteration=jnp.zeros((), jnp.int32),
+            return_stats=initial_return_statistics(ppo.n_envs),
+        )
 
-    return jax.jit(fresh)
+    return jax.jit(initial, compiler_options=compiler_options)
 
 
 # --------------------------------------------------------------------------------------------------------- the rollout

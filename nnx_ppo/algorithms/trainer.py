@@ -109,6 +109,9 @@ __all__ = [
     "evaluation_hook",
     "compiles_beside_training",
     "compile_in_background",
+    "training_program",
+    "compile_ahead",
+    "program_or",
     "lower_training_program",
     "best_policy_hook",
     "checkpoint_hook",
@@ -366,6 +369,10 @@ class Algorithm:
       first_rows: for one run, ``first_rows() -> [(env_steps, metrics), ...]``:
         rows the initial state made (e.g. distillation's evaluation before
         the first update), logged before the first iteration's.
+      shapes_ahead: ``initial_state`` may run under ``jax.eval_shape`` (it
+        only builds arrays: no side effects, no module changed, no value
+        read on the host), so that the training program can compile from
+        its shapes while the state is built (:func:`compile_ahead`).
     """
 
     initial_state: Callable[[Any, Any, TrainConfig], TrainingState]
@@ -374,6 +381,7 @@ class Algorithm:
     population_step: Callable | None = None
     failed_member_row: Callable[[dict[str, float]], dict[str, float] | None] | None = None
     first_rows: Callable[[], list[tuple[int, dict[str, float]]]] | None = None
+    shapes_ahead: bool = False
 
 
 class TrainOptions(TypedDict, total=False):
@@ -438,7 +446,8 @@ class TrainResult:
       eval_history: ``(env_steps, eval metrics)`` of every evaluation.
       total_steps: env steps trained (a failed seed's: up to its last healthy iteration).
       total_iterations: iterations run (likewise).
-      compile_seconds: time of the first (compiling) call.
+      compile_seconds: time of the first (compiling) call (with the program
+        compiled ahead, :func:`compile_ahead`, what was left of its compile).
       failure: for a seed of a batch whose health failed (non-finite values or a
         replay mismatch), where and why (a :class:`Failure`);
         None when it trained to the end.
@@ -524,7 +533,10 @@ def train(
             checkpoint_dir = output.checkpoint_dir
         if checkpoint_dir is not None and resume_from is None:
             check_fresh_checkpoint_dir(checkpoint_dir)
+        ahead = None
         if state is None:
+            if resume_from is None:  # (a resume's checks need the state: an error there would wait for the compile)
+                ahead = compile_ahead(algorithm, env, config, team, devices, population=members is not None)
             state = initial_state(algorithm, env, team, population=members is not None)
         if resume_from is not None:
             state = resumed(state, team, resume_from, checkpoint_dir, config.ppo, record.get("members"))
@@ -541,7 +553,8 @@ def train(
         return _run(algorithm, env, eval_env, config, team, devices, state,
                     log=log, checkpoint_dir=checkpoint_dir, checkpoint_metadata=metadata or None,
                     on_evaluation=on_evaluation, should_stop=options.get("should_stop"),
-                    failed_before=earlier_failures, record_failure=None if output is None else output.record_failure)
+                    failed_before=earlier_failures, record_failure=None if output is None else output.record_failure,
+                    ahead=ahead)
 
 
 def _named_network(network, make_network, env, eval_env, config: TrainConfig):
@@ -578,7 +591,8 @@ def _both(first, second):
 
 def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members, devices, state: TrainingState, *,
          log, checkpoint_dir: str | None, checkpoint_metadata: dict | None, on_evaluation, should_stop,
-         failed_before: dict[Any, Failure], record_failure) -> list[TrainResult]:
+         failed_before: dict[Any, Failure], record_failure,
+         ahead: concurrent.futures.Future | None = None) -> list[TrainResult]:
     """Place and compile, then drive the iterations with their hooks (steps
     2-5 above). Every member fails alone, kept at its last healthy state; one
     plain run then raises its failure.
@@ -591,7 +605,8 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
     env_steps)`` (one run only); ``should_stop``: polled between compiled
     calls; ``failed_before``: a resumed run directory's failures (name ->
     :class:`Failure`): they stay failures; ``record_failure(failure, name)``
-    writes each new failure into the run directory."""
+    writes each new failure into the run directory; ``ahead``: the training
+    program compiled ahead (:func:`compile_ahead`), used where it takes the state."""
     ppo = config.ppo
     stop = should_stop
     if process_count() > 1:  # a stop asked for in one process stops every process at the same iteration
@@ -601,9 +616,7 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
     start_iteration = int(np.max(iterations))
     state, ppo, shardings, mesh = place(state, ppo, devices, seed_batch=team.stacked,
                                         by_seed=team.stacked and config.shard_seeds)
-    train_fn = compile_iterations(algorithm.iteration(env, team.graphdef, ppo), config.iterations_per_call,
-                                  batched_seeds=team.stacked, shardings=shardings, seed_batching=config.seed_batching,
-                                  population_step=algorithm.population_step, compiler_options=config.compiler_options)
+    train_fn = training_program(algorithm, env, config, team, ppo, shardings)
 
     last_rows: dict[int, dict[str, float]] = {}
     recorded: set[int] = set()  # the failed members whose failure the run directory holds
@@ -629,7 +642,10 @@ def _run(algorithm: Algorithm, env, eval_env, config: TrainConfig, team: Members
         for i in driver.failures:  # (after the healthy members' rows of the step)
             log_failed(i, member_row(row, i), steps)
 
-    evaluate = _run_evaluation(config, team, eval_env, mesh, on_evaluation, train_fn, state)
+    evaluate = _run_evaluation(config, team, eval_env, mesh, on_evaluation, train_fn if ahead is None else None,
+                               state)
+    if ahead is not None:
+        train_fn = program_or(ahead, train_fn)
     if evaluate is not None and checkpoint_dir:
         evaluate = best_policy_hook(evaluate, config, checkpoint_dir, checkpoint_metadata,
                                     team.names if team.stacked else None, mesh, lambda: driver.failures)
@@ -671,12 +687,13 @@ def _run_evaluation(config: TrainConfig, team: Members, eval_env, mesh, on_evalu
     """The run's :func:`evaluation_hook` (None with evaluation off). On an
     accelerator (:func:`compiles_beside_training`) its program compiles
     beside the training program's, which is traced and lowered first
-    (:func:`lower_training_program`), so that the evaluation's program traces
-    while the training program compiles."""
+    (:func:`lower_training_program`; ``train_fn`` None: it is already
+    compiling, :func:`compile_ahead`), so that the evaluation's program
+    traces while the training program compiles."""
     if not config.eval.enabled:
         return None
     beside = compiles_beside_training()
-    if beside:
+    if beside and train_fn is not None:
         with _named_module_errors(team.networks[0]):
             lower_training_program(train_fn, state)
     return evaluation_hook(config, team.networks[0], eval_env, [c.seed for c in team.configs] if team.stacked else None,
@@ -708,7 +725,7 @@ def _results(team: Members, result, final: TrainingState, failures: dict, last_r
 # ----------------------------------------------------------------------------------------------------------------- PPO
 # The one trainer with PPO's first state and iteration (nnx_ppo.algorithms.ppo).
 
-PPO = Algorithm(initial_state=new_training_state, iteration=make_iteration)
+PPO = Algorithm(initial_state=new_training_state, iteration=make_iteration, shapes_ahead=True)
 """PPO for :func:`train`: its first state and its iteration
 (:mod:`nnx_ppo.algorithms.ppo`); also used by
 :func:`~nnx_ppo.algorithms.population.train_seeds` and
@@ -826,6 +843,60 @@ def _named_module_errors(network):
         raise rule_breaking_module_error(err, network) from None
 
 
+def training_program(algorithm: Algorithm, env, config: TrainConfig, team: Members, ppo: PPOConfig, shardings):
+    """The run's iterations as one program (:func:`~nnx_ppo.algorithms.ppo.compile_iterations`),
+    with ``ppo`` and ``shardings`` as :func:`~nnx_ppo.algorithms.distributed.place` gives them."""
+    return compile_iterations(algorithm.iteration(env, team.graphdef, ppo), config.iterations_per_call,
+                              batched_seeds=team.stacked, shardings=shardings, seed_batching=config.seed_batching,
+                              population_step=algorithm.population_step, compiler_options=config.compiler_options)
+
+
+def compile_ahead(algorithm: Algorithm, env, config: TrainConfig, team: Members, devices,
+                  population: bool) -> concurrent.futures.Future | None:
+    """On an accelerator (:func:`compiles_beside_training`) with one device,
+    for an algorithm whose initial state can be shaped ahead
+    (:attr:`Algorithm.shapes_ahead`), trace and lower the training program
+    for the shapes of the state :func:`initial_state` will build
+    (``jax.eval_shape``: nothing runs) and start compiling it on a thread of
+    its own (:func:`compile_in_background`), so that the initial state's own
+    programs compile and run meanwhile (on a TPU v5e 7-11 s of a run's start
+    at the users' scale, bench/README.md, "Seventeenth sitting"), and the
+    evaluation's program traces only after the training program has been
+    lowered (as :func:`lower_training_program` orders it otherwise). The
+    future gives the compiled program, or None; the run calls it through
+    :func:`program_or`. None here (compiled at the first call, as on a CPU)
+    with several devices, whose placement
+    :func:`~nnx_ppo.algorithms.distributed.place` decides on the state
+    itself."""
+    if not (algorithm.shapes_ahead and compiles_beside_training() and len(devices) == 1):
+        return None
+    shapes = jax.eval_shape(lambda: donatable(initial_state(algorithm, env, team, population)))
+    train_fn = training_program(algorithm, env, config, team, config.ppo, None)
+    return compile_in_background(train_fn, shapes, jax.ShapeDtypeStruct((), jnp.int32), lower_now=True)
+
+
+def program_or(ahead: concurrent.futures.Future, train_fn) -> Callable:
+    """``train_fn(state, n)`` that calls the program compiled ahead
+    (:func:`compile_ahead`) instead, once it is ready, unless it failed to
+    compile or refuses the arguments (other shapes or placements, raised
+    before it runs; a resumed state's, say): then ``train_fn``, compiled at
+    its first call, for good."""
+    program = None
+
+    def call(state, n):
+        nonlocal program
+        if program is None:
+            program = ahead.result() or train_fn
+        if program is not train_fn:
+            try:
+                return program(state, n)
+            except (TypeError, ValueError):
+                program = train_fn
+        return train_fn(state, n)
+
+    return call
+
+
 def lower_training_program(train_fn, state: TrainingState) -> None:
     """Trace and lower ``train_fn`` (:func:`~nnx_ppo.algorithms.ppo.compile_iterations`'s)
     for ``state`` now; JAX keeps the lowering, so the first call only compiles it.
@@ -839,7 +910,7 @@ def lower_training_program(train_fn, state: TrainingState) -> None:
     train_fn.lower(state, jnp.zeros((), jnp.int32))
 
 
-def compile_in_background(jitted, *args) -> concurrent.futures.Future:
+def compile_in_background(jitted, *args, lower_now: bool = False) -> concurrent.futures.Future:
     """Start compiling ``jitted`` (a ``jax.jit`` function) for ``args`` on a
     thread of its own; the returned future gives the compiled program
     (``jax.stages.Compiled``, called like ``jitted`` with arguments of the
@@ -850,14 +921,23 @@ def compile_in_background(jitted, *args) -> concurrent.futures.Future:
     before the thread starts (so ``args`` may be donated right after). The
     thread is no daemon: a process that ends while it compiles (a run that
     fails before its first evaluation) waits for the compile to finish
-    rather than tear the compiler down under it."""
+    rather than tear the compiler down under it. With ``lower_now`` the
+    program is traced and lowered here, before the thread starts (both run
+    Python and hold its lock; XLA's compile on the thread does not)."""
     structs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(  # (an array not committed to its device lowers without)
         a.shape, a.dtype, sharding=a.sharding if getattr(a, "committed", True) else None), args)
     program: concurrent.futures.Future = concurrent.futures.Future()
+    lowered = None
+    if lower_now:
+        try:
+            lowered = jitted.lower(*structs)
+        except Exception:  # noqa: BLE001 (the later call raises it, with its own traceback)
+            program.set_result(None)
+            return program
 
     def compile_() -> None:
         try:
-            program.set_result(jitted.lower(*structs).compile())
+            program.set_result((jitted.lower(*structs) if lowered is None else lowered).compile())
         except Exception:  # noqa: BLE001 (the later call raises it, with its own traceback)
             program.set_result(None)
 

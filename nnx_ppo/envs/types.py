@@ -160,7 +160,7 @@ def check_env_structure(env, n_envs: int, actions=None) -> None:
     ``actions`` (shapes suffice) are what ``step`` receives; by default samples
     of ``env.action_space``. ``train_ppo`` calls it with the network's actions
     before compiling anything."""
-    keys = jax.random.split(jax.random.key(0), n_envs)
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), n_envs))  # (shapes: nothing compiles)
     reset = jax.eval_shape(jax.vmap(env.reset), keys)
     for field in ("obs", "reward", "done", "info"):
         if not hasattr(reset, field):

@@ -135,3 +135,38 @@ def test_compiler_options_are_checked_and_saved_with_the_config():
     # how a run compiles may change when it resumes
     assert resume_changes(config_to_dict(TrainConfig()), config) == {
         "compiler_options": [None, {"xla_tpu_scoped_vmem_limit_kib": "8192"}]}
+
+
+def test_the_initial_state_is_one_program_and_draws_what_its_parts_draw():
+    # new_training_state builds the envs' first states, the carry and the optimizer state in one program
+    # (each extra program costs a compile, seconds on a TPU); its values are those of the separate steps:
+    # the same key splits, resets, carry and optimizer init.
+    from flax import nnx
+
+    from nnx_ppo.algorithms import ppo as ppo_module
+    from nnx_ppo.algorithms.config import TrainConfig
+    from nnx_ppo.algorithms.functional import NetworkFn
+    from nnx_ppo.envs import TimeLimit, as_env, make
+    from nnx_ppo.networks.factories import make_actor_critic_for_env
+
+    env = TimeLimit(as_env(make("cue_memory", n_cues=2, delay=3)), 20, random_initial_steps=True)
+    net = make_actor_critic_for_env(env, "lstm", nnx.Rngs(0), hidden_size=8, encoder_sizes=(8,))
+    ppo = PPOConfig(n_envs=4, rollout_length=4, n_minibatches=1)
+    states = [ppo_module.new_training_state(env, net, TrainConfig(ppo=ppo, seed=seed)) for seed in (5, 6)]
+
+    key, reset_key, sync_key = jax.random.split(jax.random.key(5), 3)
+    env_state = jax.vmap(env.reset)(jax.random.split(reset_key, 4))
+    env_state = jax.vmap(env.desynchronize)(env_state, jax.random.split(sync_key, 4))
+    carry, fn = NetworkFn.of(net).initialize(4)
+    expected = {"key": jax.random.key_data(key), "env_state": env_state, "carry": carry, "params": fn.params,
+                "opt_state": ppo_module.make_optimizer(ppo).init(fn.params)}
+    got = {"key": jax.random.key_data(states[0].key), "env_state": states[0].rollout.env_state,
+           "carry": states[0].rollout.carry, "params": states[0].params, "opt_state": states[0].opt_state}
+    for name in expected:
+        for a, b in zip(jax.tree.leaves(got[name]), jax.tree.leaves(expected[name]), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+    assert not np.array_equal(np.asarray(states[0].rollout.env_state.obs), np.asarray(states[1].rollout.env_state.obs))
+    # The run's compiler options reach this program too: a foreign one fails here, naming the field.
+    with pytest.raises(ValueError, match=r"TrainConfig.compiler_options .*xla_tpu_scoped_vmem_limit_kib.*cpu"):
+        ppo_module.new_training_state(env, net, TrainConfig(
+            ppo=ppo, compiler_options={"xla_tpu_scoped_vmem_limit_kib": "4096"}))

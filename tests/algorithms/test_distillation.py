@@ -268,3 +268,29 @@ def test_initial_eval_is_the_first_row_of_a_run_directory(tmp_path):
     assert rows[0]["env_steps"] == 0 and rows[0]["eval"] and "eval/episode_return" in rows[0]
     assert logs[0][0] == 0 and rows[0]["eval/episode_return"] == pytest.approx(logs[0][1]["eval/episode_return"])
     assert [s for s, m in logs if "eval/episode_return" in m] == [0]  # logged once
+
+
+@pytest.mark.parametrize("initial_eval", [False, True])
+def test_distillation_trains_on_an_accelerator_where_its_initial_state_is_built_once(monkeypatch, initial_eval):
+    """Distillation's initial state sets the student's modes and may evaluate
+    the student (side effects), so the training program is not compiled
+    ahead from its shapes (``Algorithm.shapes_ahead``) even where PPO's is:
+    as on an accelerator, it trains as on a CPU."""
+    from nnx_ppo.algorithms import trainer
+
+    env = make("cartpole_no_velocity", full_observation=True)
+    results = []
+    for beside in (True, False):
+        monkeypatch.setattr(trainer, "compiles_beside_training", lambda beside=beside: beside)
+        student = make_actor_critic_for_env(env, "mlp", nnx.Rngs(1), actor_hidden_sizes=(8,),
+                                            critic_hidden_sizes=(8,))
+        logs = []
+        train_distillation(env, lqr_teacher(), student,
+                           dataclasses.replace(config(32 * 32 * 2), eval=EvalConfig(enabled=False)),
+                           initial_eval=initial_eval,
+                           log_fn=lambda m, s, logs=logs: logs.append(
+                               {k: v for k, v in m.items() if not k.startswith("time/")}))
+        results.append((logs, jax.tree.leaves(nnx.state(student, nnx.Param))))
+    assert results[0][0] == results[1][0] and len(results[0][0]) >= 2
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -205,6 +205,64 @@ def test_the_training_program_is_lowered_before_the_evaluation_traces_beside_it(
     assert ("compile", "one") in events
 
 
+def test_the_training_program_compiles_ahead_of_the_initial_state_and_trains_as_compiled_at_its_call(monkeypatch):
+    """On an accelerator with one device the training program compiles on a
+    thread from the initial state's shapes while that state is built; the
+    run calls that program (``run`` traced, lowered and compiled once) and
+    trains exactly as the program compiled at its first call does."""
+    import jax
+    from flax import nnx
+
+    from nnx_ppo.algorithms import trainer
+    from nnx_ppo.algorithms.config import EvalConfig, PPOConfig, TrainConfig
+    from nnx_ppo.networks.factories import make_mlp_actor_critic
+    from tests.algorithms.toy_envs import Target
+
+    config = TrainConfig(ppo=PPOConfig(n_envs=6, rollout_length=5, total_steps=90, n_minibatches=2),
+                         eval=EvalConfig(enabled=False))
+
+    def trained(beside: bool):
+        monkeypatch.setattr(trainer, "compiles_beside_training", lambda: beside)
+        net, rows = make_mlp_actor_critic(3, 2, (8,), (8,), nnx.Rngs(0)), []
+        with compile_events() as events:
+            trainer.train_ppo(Target(), net, config, log_fn=lambda m, s: rows.append(
+                {k: v for k, v in m.items() if not k.startswith("time/")}))
+        return rows, jax.tree.leaves(nnx.state(net, nnx.Param)), [kind for kind, name in events if name == "run"]
+
+    rows, params, run_events = trained(True)
+    rows_at_call, params_at_call, _ = trained(False)
+    assert run_events == ["trace", "lower", "compile"], run_events
+    assert len(rows) == 3 and rows == rows_at_call
+    for a, b in zip(params, params_at_call, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_program_compiled_ahead_gives_way_to_the_plain_one_when_it_fails_or_refuses_the_state():
+    import concurrent.futures
+
+    from nnx_ppo.algorithms.trainer import program_or
+
+    def ready(value):
+        future = concurrent.futures.Future()
+        future.set_result(value)
+        return future
+
+    calls = []
+    plain = lambda state, n: calls.append(("plain", state)) or state  # noqa: E731
+
+    def refusing(state, n):
+        calls.append(("ahead", state))
+        raise TypeError("other shapes")
+
+    accepting = lambda state, n: calls.append(("ahead", state)) or state  # noqa: E731
+    for ahead, expected in ((None, ["plain", "plain"]), (refusing, ["ahead", "plain", "plain"]),
+                            (accepting, ["ahead", "ahead"])):
+        calls.clear()
+        call = program_or(ready(ahead), plain)
+        assert call(1, 1) == 1 and call(2, 1) == 2
+        assert [who for who, _ in calls] == expected, (ahead, calls)
+
+
 @pytest.mark.parametrize("seeds", [None, [3, 5]])
 def test_the_first_evaluation_of_a_run_finds_its_program_compiled(monkeypatch, seeds):
     """On an accelerator the evaluation's program compiles beside the training
