@@ -17,8 +17,9 @@
 #     (bench/peers/original_intention.py; PYTHONPATH for it in $ORIG_PYTHONPATH), one
 #     process at a time, ours then the original's, for each configuration; with $COMPILER_OPTIONS
 #     ('|'-separated NAME=VALUE, default none; e.g. "xla_tpu_scoped_vmem_limit_kib=4096|xla_tpu_scoped_vmem_limit_kib=8192",
-#     bench/README.md, "Sixteenth sitting"), ours also under each option (TrainConfig.compiler_options, the training
-#     program only: bench_intention.py --compiler-option) before the original's;
+#     bench/README.md, "Sixteenth sitting"), ours also under each option (TrainConfig.compiler_options, the run's
+#     programs: bench_intention.py --compiler-option) before the original's; DEFAULT_TOO=0 leaves out ours under
+#     XLA's defaults (so that three configurations with one option fit a call);
 #  8. ours again with PPOConfig.precision="bfloat16", each configuration;
 #  9. the rodent's physics at 4096 envs: the step rate under each physics setting of $PHYSICS (default: sim_dt=0.005
 #     and sim_dt=0.01, 4 and 2 substeps per action, 63.2k and 111.7k env-steps/s in the fourteenth sitting; the other
@@ -69,6 +70,7 @@ CONFIGS=${CONFIGS:-mlp:1024 mlp:4096 lstm:1024 lstm:4096}
 COMPILE_SETTINGS=${COMPILE_SETTINGS:-"JAX_MEMORY_FITTING_LEVEL=O0|LIBTPU_INIT_ARGS=--xla_tpu_enable_latency_hiding_scheduler=false|LIBTPU_INIT_ARGS=--xla_latency_hiding_scheduler_rerun=0"}
 PHYSICS=${PHYSICS:-"sim_dt=0.005|sim_dt=0.01"}
 COMPILER_OPTIONS=${COMPILER_OPTIONS:-}
+DEFAULT_TOO=${DEFAULT_TOO:-1}
 ROWS="${OUT:-/tmp}/device_check.jsonl"
 ERRS="${OUT:-/tmp}/device_check.stderr"  # the scripts' warnings and errors, to tell why a part failed
 mkdir -p "${OUT:-/tmp}"
@@ -104,7 +106,8 @@ part 6 && for config in $CONFIGS; do
 done
 part 7 && for config in $CONFIGS; do
   decoder="--${config%:*}-decoder --n-envs ${config#*:} --iterations 8 --skip 3"
-  timeout 150 "$PY" bench_intention.py $decoder --no-check 2>>"$ERRS" | rows || echo "{\"failed\": \"ours $config\"}"
+  [ "$DEFAULT_TOO" = 0 ] || timeout 150 "$PY" bench_intention.py $decoder --no-check 2>>"$ERRS" | rows \
+    || echo "{\"failed\": \"ours $config\"}"
   IFS='|' read -ra options <<< "$COMPILER_OPTIONS"; for option in "${options[@]}"; do
     timeout 150 "$PY" bench_intention.py $decoder --no-check --compiler-option "$option" 2>>"$ERRS" | rows \
       || echo "{\"failed\": \"ours $config $option\"}"
