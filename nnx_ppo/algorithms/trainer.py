@@ -878,9 +878,9 @@ def compile_ahead(algorithm: Algorithm, env, config: TrainConfig, team: Members,
 def program_or(ahead: concurrent.futures.Future, train_fn) -> Callable:
     """``train_fn(state, n)`` that calls the program compiled ahead
     (:func:`compile_ahead`) instead, once it is ready, unless it failed to
-    compile or refuses the arguments (other shapes or placements, raised
-    before it runs; a resumed state's, say): then ``train_fn``, compiled at
-    its first call, for good."""
+    compile or refuses the arguments (other shapes or placements than the
+    shapes it was compiled for; raised before anything runs, so nothing is
+    donated): then ``train_fn``, compiled at its first call, for good."""
     program = None
 
     def call(state, n):
