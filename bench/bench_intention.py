@@ -317,7 +317,7 @@ def main(argv):
     parser.add_argument("--replay-unroll", type=int, default=None,
                         help="PPOConfig.replay_unroll (default: the whole rollout on an accelerator, 1 on a CPU)")
     parser.add_argument("--compiler-option", action="append", default=[], metavar="NAME=VALUE", type=name_value,
-                        help="TrainConfig.compiler_options for the training program (repeatable), e.g. "
+                        help="TrainConfig.compiler_options for the run's programs (repeatable), e.g. "
                              "xla_tpu_scoped_vmem_limit_kib=8192")
     parser.set_defaults(decoder="mlp")
     args = parser.parse_args(argv)

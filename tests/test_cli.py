@@ -600,8 +600,5 @@ def test_network_defaults_apply_where_no_preset_does():
     for network in ("gru", "mlp"):
         cmd, _ = cli._parse(["train", "gymnax:Acrobot-v1", "--network", network])
         assert network in NETWORK_DEFAULTS or (cmd.config == DEFAULT_CONFIG and cmd.setup.network_kwargs is None)
-    cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--compiler-options", "xla_tpu_scoped_vmem_limit_kib", "8192"])
-    assert cmd.config.compiler_options == {"xla_tpu_scoped_vmem_limit_kib": "8192"}
-
     cmd, _ = cli._parse(["train", "gymnax:Pendulum-v1", "--network", "lstm"])
     assert cmd.config == get_preset("gymnax:Pendulum-v1", "lstm").config and cmd.setup.network_kwargs is None

@@ -1320,14 +1320,24 @@ def check_backend_options(compiler_options: dict[str, Any] | None) -> None:
     compiler for the default backend rejects them (an option of another
     backend's, such as a TPU option on a CPU), by compiling a one-operation
     program with them: before the training program's long compile, not
-    after it. None or empty: nothing to check."""
+    after it. None or empty: nothing to check. Options a backend accepted
+    are not compiled for again (a run checks them for its initial state and
+    for its training program)."""
     if not compiler_options:
+        return
+    checked = (jax.default_backend(), tuple(sorted(compiler_options.items())))
+    if checked in _ACCEPTED_OPTIONS:
         return
     try:
         jax.jit(lambda x: x + 1, compiler_options=compiler_options).lower(jnp.zeros((), jnp.float32)).compile()
     except Exception as err:  # noqa: BLE001 (XLA's error type varies; its message is kept)
         raise ValueError(f"TrainConfig.compiler_options {compiler_options!r}: XLA's compiler for "
                          f"{jax.default_backend()} rejects them: {err}") from None
+    _ACCEPTED_OPTIONS.add(checked)
+
+
+_ACCEPTED_OPTIONS: set[tuple] = set()
+"""``(backend, sorted option items)`` that :func:`check_backend_options` saw compile."""
 
 
 def make_train_fn(env, graphdef, config: PPOConfig, max_iterations: int, batched_seeds: bool = False,

@@ -121,6 +121,20 @@ def test_compiler_options_reach_the_training_program_and_a_foreign_option_fails_
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_options_the_backend_accepted_are_not_compiled_for_again():
+    from nnx_ppo.algorithms.ppo import check_backend_options
+    from tests.algorithms.test_driver import backend_compiles
+
+    options = {"xla_cpu_enable_fast_math": "False", "xla_cpu_fast_math_honor_nans": "True"}
+    with backend_compiles() as compiled:
+        check_backend_options(options)
+        check_backend_options(dict(reversed(options.items())))  # (the same options in another order)
+    assert len(compiled) <= 1, compiled  # (none if an earlier test checked them already)
+    for _ in range(2):  # a rejected option is checked, and refused, every time
+        with pytest.raises(ValueError, match="rejects them"):
+            check_backend_options({"xla_tpu_scoped_vmem_limit_kib": "4096"})
+
+
 def test_compiler_options_are_checked_and_saved_with_the_config():
     from nnx_ppo.algorithms.config import TrainConfig, config_from_dict, config_to_dict, resume_changes
 
